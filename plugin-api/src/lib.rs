@@ -1,0 +1,175 @@
+//! # offstage-plugin-api
+//!
+//! The one crate an [Offstage](https://example.invalid/offstage) plugin
+//! depends on. A plugin is a `cdylib` that implements [`Plugin`] and calls
+//! [`export_plugin!`]; the host loads it at start-up (and reloads it during
+//! development) and gives it a [`Context`]: its options, the session domain
+//! — with `background`, so a plugin can move its own tool call off the
+//! session's turn — tool hooks, events, agents, timers and a task spawner.
+//!
+//! ```
+//! use offstage_plugin_api::prelude::*;
+//!
+//! /// Moves any shell call still running after two seconds to the background.
+//! struct AutoBackground;
+//!
+//! impl Plugin for AutoBackground {
+//!     fn manifest() -> Manifest {
+//!         Manifest::new("auto-background-doc", env!("CARGO_PKG_VERSION"))
+//!             .capabilities([capability::TOOL_WRAP, capability::SESSION_BACKGROUND])
+//!     }
+//!
+//!     fn init(ctx: Context) -> Result<Self> {
+//!         let host = ctx.clone();
+//!         ctx.tools().wrap("shell", move |call: ToolCall, next: Next| {
+//!             let ctx = host.clone();
+//!             async move {
+//!                 let (session, job) = (call.session_id.clone(), call.job_id.clone());
+//!                 let mut run = std::pin::pin!(next.run(call));
+//!                 if ctx.timeout(Duration::from_secs(2), run.as_mut()).await.is_err() {
+//!                     ctx.session().background(BackgroundRequest::job(session, job)).await?;
+//!                 }
+//!                 run.await
+//!             }
+//!         })?;
+//!         Ok(AutoBackground)
+//!     }
+//! }
+//!
+//! export_plugin!(AutoBackground);
+//! ```
+//!
+//! ## What you never write
+//!
+//! `extern "C"`, `R*` types, `FfiFuture`: the [`abi`] module and the macro
+//! hold all of it. Your code uses `async fn`, `?` and [`Result`].
+//!
+//! ## Rules of the road
+//!
+//! - **No tokio inside a plugin.** A plugin links its own copy of every
+//!   crate, so tokio's runtime is not there: use [`Context::sleep`],
+//!   [`Context::timeout`] and [`Context::spawn`], which run on the host's.
+//! - **Panics are contained** — in `init`, in hooks, in futures — and come
+//!   back as [`ErrorKind::PluginFailure`]; the host marks the plugin failed
+//!   and keeps serving. That needs unwinding: a plugin built with
+//!   `panic = "abort"` is refused at load.
+//! - **`tracing` works**: events go to the host's log under the plugin's name.
+//! - **Compatibility**: a plugin built against 1.x loads in any 1.y host. A
+//!   method the host is too old for returns [`ErrorKind::Unsupported`]; a
+//!   host newer than the plugin simply offers more than it uses.
+//! - **Grants** stop mistakes, not malice: a native plugin runs with the
+//!   host's privileges. Ask for the [`capability`] values you use; the host
+//!   refuses calls outside what its config grants, naming the missing grant.
+
+#![warn(missing_docs)]
+
+#[allow(missing_docs)]
+pub mod abi;
+mod context;
+mod error;
+mod futures;
+mod hooks;
+mod logging;
+mod plugin;
+mod session;
+#[allow(missing_docs)]
+pub mod types;
+
+pub use context::Context;
+pub use error::{Error, ErrorKind, Result};
+pub use futures::{Elapsed, JoinHandle};
+pub use hooks::{Agents, Events, Next, Tools};
+pub use plugin::{Manifest, Plugin};
+pub use session::SessionDomain;
+
+/// Names of the capabilities a plugin can ask for in its manifest and a host
+/// config can grant.
+pub mod capability {
+    /// `list`, `get`, `messages`, `jobs`, `wait_idle`.
+    pub const SESSION_READ: &str = "session.read";
+    /// `create`, `rename`, `remove`, `prompt`, `notice`, `interrupt`.
+    pub const SESSION_WRITE: &str = "session.write";
+    /// `call_tool`.
+    pub const TOOL_CALL: &str = "tool.call";
+    /// `background`.
+    pub const SESSION_BACKGROUND: &str = "session.background";
+    /// `tools().wrap`.
+    pub const TOOL_WRAP: &str = "tool.wrap";
+    /// `tools().add`.
+    pub const TOOL_ADD: &str = "tool.add";
+    /// `events().subscribe`.
+    pub const EVENTS: &str = "events";
+    /// `agents().register`.
+    pub const AGENTS: &str = "agents";
+
+    /// Every capability this version of the API knows.
+    pub const ALL: &[&str] = &[
+        SESSION_READ,
+        SESSION_WRITE,
+        TOOL_CALL,
+        SESSION_BACKGROUND,
+        TOOL_WRAP,
+        TOOL_ADD,
+        EVENTS,
+        AGENTS,
+    ];
+}
+
+/// What a plugin usually needs, in one `use`.
+pub mod prelude {
+    pub use crate::capability;
+    pub use crate::types::{
+        AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, Role, Session,
+        SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
+    };
+    pub use crate::{export_plugin, Context, Error, ErrorKind, Manifest, Next, Plugin, Result};
+    pub use serde_json::{json, Value};
+    pub use std::time::Duration;
+}
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::plugin::root_module;
+    pub use abi_stable::library::{
+        CheckTypeLayout, LibHeader, RootModuleResult, __call_root_module_loader,
+    };
+}
+
+/// Exports a [`Plugin`] type as this library's plugin. Call it once, at the
+/// crate root of a `cdylib`.
+#[macro_export]
+macro_rules! export_plugin {
+    ($plugin:ty) => {
+        // The symbol name is abi_stable's root-module loader name; a unit
+        // test in offstage-plugin-api keeps the two in step.
+        #[doc(hidden)]
+        #[export_name = "_1as_0lib_1header_0root_bmodule_bloader"]
+        pub static __OFFSTAGE_PLUGIN_HEADER: $crate::__private::LibHeader = {
+            extern "C" fn __offstage_root_module() -> $crate::__private::RootModuleResult {
+                $crate::__private::__call_root_module_loader(__offstage_module)
+            }
+            fn __offstage_module() -> $crate::abi::PluginModuleRef {
+                $crate::__private::root_module::<$plugin, { cfg!(panic = "abort") }>()
+            }
+            // SAFETY: the constructor returns the root module of the type it
+            // names, as abi_stable's own `export_root_module` does.
+            unsafe {
+                $crate::__private::LibHeader::from_constructor::<$crate::abi::PluginModuleRef>(
+                    __offstage_root_module,
+                    $crate::__private::CheckTypeLayout::Yes,
+                )
+            }
+        };
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn export_name_matches_abi_stable() {
+        assert_eq!(
+            abi_stable::library::ROOT_MODULE_LOADER_NAME,
+            "_1as_0lib_1header_0root_bmodule_bloader"
+        );
+    }
+}

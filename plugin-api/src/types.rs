@@ -1,0 +1,267 @@
+//! The records a plugin sees: sessions, messages, jobs, tool calls, events.
+//!
+//! These are the same JSON shapes the HTTP API serves (CONTRACT.md), so a
+//! field means the same thing whether a plugin, a script or a UI reads it.
+//! Fields may be added in a minor release, never renamed; every field added
+//! after 1.0 has a default so that a newer plugin reads an older host.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Whether a session's turn is running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionStatus {
+    Idle,
+    Busy,
+}
+
+/// A conversation: messages plus the jobs its tool calls started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Session {
+    pub id: String,
+    pub title: String,
+    pub parent_id: Option<String>,
+    pub agent: String,
+    pub status: SessionStatus,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    User,
+    Assistant,
+    Tool,
+    /// Written by the host when background work ends; wakes the session.
+    Notice,
+}
+
+/// One entry in a session's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub id: String,
+    pub session_id: String,
+    pub role: Role,
+    pub text: String,
+    #[serde(default)]
+    pub metadata: Value,
+    pub created_at: String,
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    Running,
+    Completed,
+    Error,
+    Cancelled,
+}
+
+impl JobStatus {
+    /// Whether the job has ended.
+    pub fn is_final(self) -> bool {
+        self != JobStatus::Running
+    }
+}
+
+/// The work a tool call started. Its id is the tool call's id.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub session_id: String,
+    /// The tool that runs it: `shell`, `subagent`, or a plugin's tool.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub title: String,
+    pub status: JobStatus,
+    pub backgrounded: bool,
+    pub started_at: String,
+    pub completed_at: Option<String>,
+    pub exit_code: Option<i32>,
+    pub output_path: Option<String>,
+    pub child_session_id: Option<String>,
+}
+
+/// How a blocking tool call ended for its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolStatus {
+    Completed,
+    Error,
+    Cancelled,
+    /// The job was moved to the background and goes on; a notice follows.
+    Backgrounded,
+}
+
+/// What a blocking tool call returns.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub call_id: String,
+    pub job_id: String,
+    pub status: ToolStatus,
+    /// All output when the job finished, the output so far when it was
+    /// backgrounded; cut to a tail with a marker when long.
+    pub output: String,
+    pub exit_code: Option<i32>,
+    pub output_path: Option<String>,
+}
+
+/// A tool call as a wrapper or a plugin tool sees it. `job_id` is known
+/// before the call runs, so a wrapper can act on its own job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub session_id: String,
+    pub job_id: String,
+    pub tool: String,
+    pub input: Value,
+}
+
+/// A request to run a tool in a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolRequest {
+    pub tool: String,
+    #[serde(default)]
+    pub input: Value,
+    /// The id to give the call and its job; generated when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+}
+
+impl ToolRequest {
+    /// A call of `tool` with `input`.
+    pub fn new(tool: impl Into<String>, input: Value) -> Self {
+        ToolRequest {
+            tool: tool.into(),
+            input,
+            call_id: None,
+        }
+    }
+}
+
+/// Which of a session's blocking jobs to move to the background: all of
+/// them, those of one type, or exactly one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackgroundRequest {
+    pub session_id: String,
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<String>,
+}
+
+impl BackgroundRequest {
+    /// Every blocking job of the session.
+    pub fn all(session_id: impl Into<String>) -> Self {
+        BackgroundRequest {
+            session_id: session_id.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Exactly one job — typically a wrapper's own call.
+    pub fn job(session_id: impl Into<String>, job_id: impl Into<String>) -> Self {
+        BackgroundRequest {
+            session_id: session_id.into(),
+            job_id: Some(job_id.into()),
+            kind: None,
+        }
+    }
+
+    /// The blocking jobs of one type (`shell`, `subagent`, ...).
+    pub fn of_type(session_id: impl Into<String>, kind: impl Into<String>) -> Self {
+        BackgroundRequest {
+            session_id: session_id.into(),
+            kind: Some(kind.into()),
+            job_id: None,
+        }
+    }
+}
+
+/// Fields for a new session.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewSession {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+}
+
+/// Something that happened in the host, as the event stream carries it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub properties: Value,
+}
+
+/// One turn of an agent: the session it runs in and the messages it has
+/// not seen yet (a user prompt, notices from background work, or both).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentTurn {
+    pub session_id: String,
+    pub agent: String,
+    pub messages: Vec<Message>,
+}
+
+/// A tool a plugin adds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// Arguments of the session-domain methods as they cross the boundary.
+/// Not needed by plugin authors; the host parses the same types.
+#[doc(hidden)]
+pub mod args {
+    use serde::{Deserialize, Serialize};
+    use serde_json::Value;
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct SessionId {
+        pub session_id: String,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Rename {
+        pub session_id: String,
+        pub title: String,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Prompt {
+        pub session_id: String,
+        pub text: String,
+        #[serde(default)]
+        pub agent: Option<String>,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Notice {
+        pub session_id: String,
+        pub text: String,
+        #[serde(default)]
+        pub metadata: Value,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct Jobs {
+        #[serde(default)]
+        pub session_id: Option<String>,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct CallTool {
+        pub session_id: String,
+        #[serde(flatten)]
+        pub request: super::ToolRequest,
+    }
+}
