@@ -1,1 +1,20 @@
+//! # offstage
+//!
+//! A session host for agent tools with native, hot-reloadable plugins.
+//! See the repository README for the tour; module docs explain each part.
+//!
+//! Data flows one way: `http`/`cli` → [`session`] → `job`/[`tool`] →
+//! `event`. The [`plugin`] module adapts the same [`SessionService`] to the
+//! plugin ABI and holds no session logic of its own.
 
+pub mod agent;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod job;
+pub mod permission;
+pub mod session;
+pub mod tool;
+
+pub use error::{Result, ServiceError};
+pub use session::{ServiceConfig, SessionService};

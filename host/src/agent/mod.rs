@@ -1,0 +1,138 @@
+//! Agents: what runs a session's turn.
+//!
+//! The built-in `script` agent treats each line of a prompt as a shell
+//! command and runs them in order through the session's tool calls (so
+//! wrappers, permissions and background moves apply as they would to a
+//! model's calls). Plugins register other agents through `ctx.agents()`.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, RwLock},
+};
+
+use offstage_plugin_api::types::{AgentTurn, Role, ToolRequest, ToolStatus};
+use serde_json::json;
+
+use crate::{error::Result, session::SessionService, tool::BoxFuture, tool::Owner};
+
+/// Runs one turn of a session and returns the reply.
+pub trait Agent: Send + Sync {
+    fn turn(&self, service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>>;
+}
+
+struct Registered {
+    owner: Owner,
+    agent: Arc<dyn Agent>,
+}
+
+/// The agents sessions can use, by name.
+#[derive(Default, Clone)]
+pub struct AgentRegistry {
+    agents: Arc<RwLock<HashMap<String, Registered>>>,
+}
+
+impl AgentRegistry {
+    /// Registers `agent` as `name`, replacing an earlier registration by the
+    /// same owner (or an earlier generation of the same plugin).
+    pub fn register(&self, name: &str, owner: Owner, agent: Arc<dyn Agent>) -> Result<()> {
+        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = agents.get(name) {
+            let same = match (&existing.owner, &owner) {
+                (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) => a == b,
+                (a, b) => a == b,
+            };
+            if !same {
+                return Err(crate::ServiceError::Conflict(format!("agent {name} already exists")));
+            }
+        }
+        agents.insert(name.to_string(), Registered { owner, agent });
+        Ok(())
+    }
+
+    /// Removes everything `owner` registered.
+    pub fn remove_owner(&self, owner: &Owner) {
+        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        agents.retain(|_, a| &a.owner != owner);
+    }
+
+    /// The agent called `name`.
+    pub fn get(&self, name: &str) -> Option<Arc<dyn Agent>> {
+        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        agents.get(name).map(|a| a.agent.clone())
+    }
+
+    /// Whether an agent called `name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Every agent's name.
+    pub fn names(&self) -> Vec<String> {
+        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<_> = agents.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+/// Registers the built-in agents.
+pub fn register_builtin(registry: &AgentRegistry) {
+    registry
+        .register("script", Owner::Host, Arc::new(ScriptAgent))
+        .expect("a fresh registry has no agents");
+}
+
+/// Runs each line of a prompt as a `shell` call, in order, and replies with
+/// a summary. Notices get a line saying what ended.
+#[derive(Debug, Default)]
+pub struct ScriptAgent;
+
+impl Agent for ScriptAgent {
+    fn turn(&self, service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {
+        Box::pin(async move {
+            let mut summary = Vec::new();
+            for message in &turn.messages {
+                match message.role {
+                    Role::Notice => {
+                        let meta = &message.metadata;
+                        let job = meta["job_id"].as_str().unwrap_or("?");
+                        let state = meta["state"].as_str().unwrap_or("ended");
+                        let exit = meta["exit_code"]
+                            .as_i64()
+                            .map(|c| format!(", exit code {c}"))
+                            .unwrap_or_default();
+                        summary.push(format!("noticed: job {job} {state}{exit}"));
+                    }
+                    Role::User => {
+                        let lines = message
+                            .text
+                            .lines()
+                            .map(str::trim)
+                            .filter(|l| !l.is_empty() && !l.starts_with('#'));
+                        for line in lines {
+                            let request = ToolRequest::new("shell", json!({ "command": line }));
+                            let line_summary = match service.call_tool(&turn.session_id, request).await {
+                                Ok(result) => match result.status {
+                                    ToolStatus::Backgrounded => {
+                                        format!("`{line}` → moved to the background as {}", result.job_id)
+                                    }
+                                    status => {
+                                        let exit = result.exit_code.map(|c| format!(", exit code {c}")).unwrap_or_default();
+                                        format!("`{line}` → {}{exit}", json!(status).as_str().unwrap_or("done"))
+                                    }
+                                },
+                                Err(error) => format!("`{line}` → refused: {error}"),
+                            };
+                            summary.push(line_summary);
+                        }
+                    }
+                    Role::Assistant | Role::Tool => {}
+                }
+            }
+            if summary.is_empty() {
+                summary.push("nothing to do".to_string());
+            }
+            Ok(summary.join("\n"))
+        })
+    }
+}

@@ -1,0 +1,83 @@
+//! The host's error type: what went wrong, in terms every front end can map
+//! (HTTP status, ABI error kind, CLI exit code).
+
+use offstage_plugin_api::{Error as PluginError, ErrorKind};
+
+/// `Result` with [`ServiceError`].
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+/// An error from the session service.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    Unsupported(String),
+    /// A plugin failed: an error it returned, a panic, bad data.
+    #[error("{0}")]
+    Plugin(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ServiceError {
+    /// A `NotFound` for `what` (e.g. "session") with `id`.
+    pub fn not_found(what: &str, id: &str) -> Self {
+        ServiceError::NotFound(format!("{what} {id} not found"))
+    }
+
+    /// A stable, lower-case code for the error's kind, as the HTTP API uses.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ServiceError::NotFound(_) => "not_found",
+            ServiceError::InvalidInput(_) => "bad_request",
+            ServiceError::Conflict(_) => "conflict",
+            ServiceError::PermissionDenied(_) => "forbidden",
+            ServiceError::Unsupported(_) => "unsupported",
+            ServiceError::Plugin(_) => "plugin_failure",
+            ServiceError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<PluginError> for ServiceError {
+    fn from(error: PluginError) -> Self {
+        let message = error.message().to_string();
+        match error.kind() {
+            ErrorKind::NotFound => ServiceError::NotFound(message),
+            ErrorKind::InvalidInput => ServiceError::InvalidInput(message),
+            ErrorKind::PermissionDenied => ServiceError::PermissionDenied(message),
+            ErrorKind::Unsupported => ServiceError::Unsupported(message),
+            ErrorKind::Conflict => ServiceError::Conflict(message),
+            ErrorKind::HostFailure => ServiceError::Internal(message),
+            _ => ServiceError::Plugin(message),
+        }
+    }
+}
+
+impl From<ServiceError> for PluginError {
+    fn from(error: ServiceError) -> Self {
+        let kind = match &error {
+            ServiceError::NotFound(_) => ErrorKind::NotFound,
+            ServiceError::InvalidInput(_) => ErrorKind::InvalidInput,
+            ServiceError::Conflict(_) => ErrorKind::Conflict,
+            ServiceError::PermissionDenied(_) => ErrorKind::PermissionDenied,
+            ServiceError::Unsupported(_) => ErrorKind::Unsupported,
+            ServiceError::Plugin(_) => ErrorKind::PluginFailure,
+            ServiceError::Internal(_) => ErrorKind::HostFailure,
+        };
+        PluginError::new(kind, error.to_string())
+    }
+}
+
+impl From<std::io::Error> for ServiceError {
+    fn from(error: std::io::Error) -> Self {
+        ServiceError::Internal(format!("I/O error: {error}"))
+    }
+}

@@ -1,0 +1,3 @@
+//! Job pieces that are not session logic: output capture.
+
+pub mod output;

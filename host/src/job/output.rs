@@ -1,0 +1,136 @@
+//! A job's output: every byte in a file under the data dir, and a bounded
+//! tail in memory for the "output so far" a caller or notice gets.
+//!
+//! A command that floods output costs disk, not memory: the tail is capped,
+//! and readers page through the file by byte range.
+
+use std::{
+    fs::File,
+    io::{Read, Seek, SeekFrom, Write},
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use serde::Serialize;
+
+use crate::error::Result;
+
+/// Bytes of output kept in memory per job.
+pub const TAIL_BYTES: usize = 16 * 1024;
+
+/// Where a job's output goes.
+#[derive(Debug)]
+pub struct OutputSink {
+    path: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    file: Option<File>,
+    tail: Vec<u8>,
+    total: u64,
+}
+
+/// A byte range of a job's output file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OutputChunk {
+    pub offset: u64,
+    pub data: String,
+    pub next_offset: u64,
+    pub eof: bool,
+}
+
+impl OutputSink {
+    /// Creates (or truncates) the output file at `path`.
+    pub fn create(path: PathBuf) -> Result<Self> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = File::create(&path)?;
+        Ok(OutputSink {
+            path,
+            inner: Mutex::new(Inner {
+                file: Some(file),
+                tail: Vec::new(),
+                total: 0,
+            }),
+        })
+    }
+
+    /// The file holding all of the output.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Appends `bytes`. A failed write to the file is logged once and the
+    /// file closed; the tail keeps going so the caller still sees output.
+    pub fn write(&self, bytes: &[u8]) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(file) = inner.file.as_mut() {
+            if let Err(error) = file.write_all(bytes) {
+                tracing::error!(path = %self.path.display(), %error, "cannot write job output");
+                inner.file = None;
+            }
+        }
+        inner.total += bytes.len() as u64;
+        inner.tail.extend_from_slice(bytes);
+        if inner.tail.len() > TAIL_BYTES * 2 {
+            let cut = inner.tail.len() - TAIL_BYTES;
+            inner.tail.drain(..cut);
+        }
+    }
+
+    /// Total bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner()).total
+    }
+
+    /// Whether nothing was written.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The output so far as text, cut to the last [`TAIL_BYTES`] with a
+    /// marker naming how much was left out and where the rest is.
+    pub fn tail_text(&self) -> String {
+        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let keep = inner.tail.len().min(TAIL_BYTES);
+        let tail = &inner.tail[inner.tail.len() - keep..];
+        let cut = inner.total - keep as u64;
+        let text = String::from_utf8_lossy(tail);
+        if cut == 0 {
+            text.into_owned()
+        } else {
+            format!(
+                "[... {cut} earlier bytes cut; full output in {} ...]\n{text}",
+                self.path.display()
+            )
+        }
+    }
+
+    /// Flushes and closes the file; later writes only reach the tail.
+    pub fn finish(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut file) = inner.file.take() {
+            let _ = file.flush();
+        }
+    }
+}
+
+/// Reads up to `limit` bytes of the output file at `path` from `offset`.
+pub fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
+    let mut file = File::open(path)?;
+    let size = file.metadata()?.len();
+    let start = offset.min(size);
+    file.seek(SeekFrom::Start(start))?;
+    let mut data = Vec::new();
+    file.take(limit).read_to_end(&mut data)?;
+    let next_offset = start + data.len() as u64;
+    Ok(OutputChunk {
+        offset: start,
+        data: String::from_utf8_lossy(&data).into_owned(),
+        next_offset,
+        eof: next_offset >= size,
+    })
+}

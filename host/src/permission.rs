@@ -1,0 +1,227 @@
+//! Permission rules, checked once before a job starts.
+//!
+//! Rules name a tool and a wildcard pattern (`*` any run of characters, `?`
+//! one) matched against what the call would do — a shell command line, a
+//! subagent's name. The last matching rule wins; no match allows. `ask`
+//! parks the call until someone replies over the API. The decision is made
+//! once and travels with the job: moving it to the background asks nothing.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Mutex, RwLock},
+};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::oneshot;
+
+use crate::{
+    error::Result,
+    event::EventBus,
+    ids::{new_id, now},
+    ServiceError,
+};
+
+/// What a rule does to a matching call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Allow,
+    Ask,
+    Deny,
+}
+
+/// One permission rule, as written in the config's `[[permission]]` tables.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub tool: String,
+    #[serde(default = "any")]
+    pub pattern: String,
+    pub action: Action,
+}
+
+fn any() -> String {
+    "*".to_string()
+}
+
+/// A reply to an `ask`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reply {
+    /// Allow this call.
+    Once,
+    /// Allow this call and every later one with the same tool and pattern.
+    Always,
+    Reject,
+}
+
+/// A pending (or answered) question to the user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PermissionRequest {
+    pub id: String,
+    pub session_id: String,
+    pub tool: String,
+    pub pattern: String,
+    /// `pending`, `allowed` or `rejected`.
+    pub status: String,
+    pub created_at: String,
+}
+
+struct Pending {
+    request: PermissionRequest,
+    reply: oneshot::Sender<Reply>,
+}
+
+/// The rules and the questions waiting for an answer.
+pub struct Permissions {
+    rules: RwLock<Vec<Rule>>,
+    pending: Mutex<BTreeMap<String, Pending>>,
+    events: EventBus,
+}
+
+/// Matches `text` against a wildcard `pattern`.
+pub fn wildcard_match(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+impl Permissions {
+    /// Permissions with `rules`, publishing questions on `events`.
+    pub fn new(rules: Vec<Rule>, events: EventBus) -> Self {
+        Permissions {
+            rules: RwLock::new(rules),
+            pending: Mutex::new(BTreeMap::new()),
+            events,
+        }
+    }
+
+    /// What the rules say of `tool` doing `pattern`.
+    pub fn evaluate(&self, tool: &str, pattern: &str) -> Action {
+        let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        rules
+            .iter()
+            .rev()
+            .find(|rule| wildcard_match(&rule.tool, tool) && wildcard_match(&rule.pattern, pattern))
+            .map_or(Action::Allow, |rule| rule.action)
+    }
+
+    /// Decides whether `tool` may do `pattern` in `session_id`, asking and
+    /// waiting for a reply if a rule says `ask`.
+    pub async fn check(&self, session_id: &str, tool: &str, pattern: &str) -> Result<()> {
+        let denied = || ServiceError::PermissionDenied(format!("permission denied: {tool} {pattern:?}"));
+        match self.evaluate(tool, pattern) {
+            Action::Allow => Ok(()),
+            Action::Deny => Err(denied()),
+            Action::Ask => {
+                let request = PermissionRequest {
+                    id: new_id("per"),
+                    session_id: session_id.to_string(),
+                    tool: tool.to_string(),
+                    pattern: pattern.to_string(),
+                    status: "pending".into(),
+                    created_at: now(),
+                };
+                let (reply, answer) = oneshot::channel();
+                self.pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(request.id.clone(), Pending { request: request.clone(), reply });
+                let id = request.id.clone();
+                self.events.publish("permission.asked", json!(request));
+                // If the caller gives up, the question goes away with it.
+                let _cleanup = RemoveOnDrop { permissions: self, id };
+                match answer.await {
+                    Ok(Reply::Once | Reply::Always) => Ok(()),
+                    Ok(Reply::Reject) | Err(_) => Err(denied()),
+                }
+            }
+        }
+    }
+
+    /// Questions waiting for an answer, oldest first.
+    pub fn pending(&self) -> Vec<PermissionRequest> {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        pending.values().map(|p| p.request.clone()).collect()
+    }
+
+    /// Answers question `id`.
+    pub fn reply(&self, id: &str, reply: Reply) -> Result<PermissionRequest> {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+            .ok_or_else(|| ServiceError::not_found("permission request", id))?;
+        let mut request = pending.request;
+        request.status = if reply == Reply::Reject { "rejected" } else { "allowed" }.into();
+        if reply == Reply::Always {
+            self.rules.write().unwrap_or_else(|e| e.into_inner()).push(Rule {
+                tool: request.tool.clone(),
+                pattern: request.pattern.clone(),
+                action: Action::Allow,
+            });
+        }
+        let _ = pending.reply.send(reply);
+        self.events.publish("permission.replied", json!(request));
+        Ok(request)
+    }
+}
+
+struct RemoveOnDrop<'a> {
+    permissions: &'a Permissions,
+    id: String,
+}
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        self.permissions
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards() {
+        assert!(wildcard_match("*", "anything at all"));
+        assert!(wildcard_match("rm *", "rm -rf /tmp/x"));
+        assert!(!wildcard_match("rm *", "ls"));
+        assert!(wildcard_match("git ?tatus", "git status"));
+        assert!(wildcard_match("*sleep*", "echo a; sleep 3"));
+    }
+
+    #[test]
+    fn last_matching_rule_wins() {
+        let rules = vec![
+            Rule { tool: "shell".into(), pattern: "*".into(), action: Action::Deny },
+            Rule { tool: "shell".into(), pattern: "echo *".into(), action: Action::Allow },
+        ];
+        let permissions = Permissions::new(rules, EventBus::default());
+        assert_eq!(permissions.evaluate("shell", "echo hi"), Action::Allow);
+        assert_eq!(permissions.evaluate("shell", "rm x"), Action::Deny);
+        assert_eq!(permissions.evaluate("subagent", "script"), Action::Allow);
+    }
+}

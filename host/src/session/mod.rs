@@ -1,0 +1,336 @@
+//! The session service: the one implementation of the session domain.
+//!
+//! The HTTP API, the CLI (through HTTP) and native plugins (through the ABI
+//! adapter in `plugin/`) all call this type and hold no session logic of
+//! their own. It owns sessions and their messages, the jobs their tool calls
+//! start (`jobs.rs`), and the agent turns that run in them (`turn.rs`).
+//!
+//! All state sits behind one mutex that is never held across an `.await`;
+//! waiting is done on `watch` channels, so a blocked caller costs no lock.
+
+mod jobs;
+mod turn;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use offstage_plugin_api::types::{Job, Message, NewSession, Role, Session, SessionStatus};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+pub use jobs::JobRuntime;
+
+use crate::{
+    agent::AgentRegistry,
+    error::Result,
+    event::EventBus,
+    ids::{new_id, now},
+    permission::Permissions,
+    tool::ToolRegistry,
+    ServiceError,
+};
+
+/// The agent a session gets when none is named.
+pub const DEFAULT_AGENT: &str = "script";
+
+/// Handle on the session service. Cheap to clone.
+#[derive(Clone)]
+pub struct SessionService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    events: EventBus,
+    tools: ToolRegistry,
+    agents: AgentRegistry,
+    permissions: Permissions,
+    data_dir: PathBuf,
+}
+
+#[derive(Default)]
+struct State {
+    /// Ordered by id, which orders by creation.
+    sessions: BTreeMap<String, SessionEntry>,
+    jobs: HashMap<String, JobEntry>,
+}
+
+struct SessionEntry {
+    session: Session,
+    messages: Vec<Message>,
+    /// User prompts and notices the agent has not seen yet.
+    inbox: Vec<Message>,
+    turn: Option<turn::TurnHandle>,
+    /// Callers currently blocked on a tool call in this session.
+    blocking_calls: usize,
+    status: watch::Sender<SessionStatus>,
+}
+
+struct JobEntry {
+    job: Job,
+    runtime: Arc<JobRuntime>,
+}
+
+/// Everything the service needs at construction.
+pub struct ServiceConfig {
+    pub data_dir: PathBuf,
+    pub permissions: Vec<crate::permission::Rule>,
+}
+
+impl SessionService {
+    /// A service with the built-in tools (`shell`, `subagent`) and agent
+    /// (`script`), storing job output under `config.data_dir`.
+    pub fn new(config: ServiceConfig) -> Self {
+        let events = EventBus::default();
+        let tools = ToolRegistry::default();
+        crate::tool::register_builtin(&tools);
+        let agents = AgentRegistry::default();
+        crate::agent::register_builtin(&agents);
+        SessionService {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                permissions: Permissions::new(config.permissions, events.clone()),
+                events,
+                tools,
+                agents,
+                data_dir: config.data_dir,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The event bus every change is published on.
+    pub fn events(&self) -> &EventBus {
+        &self.inner.events
+    }
+
+    /// Tools and their wrappers.
+    pub fn tools(&self) -> &ToolRegistry {
+        &self.inner.tools
+    }
+
+    /// Agents sessions can run.
+    pub fn agents(&self) -> &AgentRegistry {
+        &self.inner.agents
+    }
+
+    /// Permission rules and pending questions.
+    pub fn permissions(&self) -> &Permissions {
+        &self.inner.permissions
+    }
+
+    /// Where job output files live.
+    pub fn data_dir(&self) -> &Path {
+        &self.inner.data_dir
+    }
+
+    /// Every session, oldest first.
+    pub async fn list(&self) -> Result<Vec<Session>> {
+        Ok(self.state().sessions.values().map(|e| e.session.clone()).collect())
+    }
+
+    /// Creates a session. An unknown agent or parent is refused.
+    pub async fn create(&self, new: NewSession) -> Result<Session> {
+        let agent = new.agent.unwrap_or_else(|| DEFAULT_AGENT.to_string());
+        if !self.inner.agents.contains(&agent) {
+            return Err(ServiceError::InvalidInput(format!("unknown agent {agent:?}")));
+        }
+        let id = new_id("ses");
+        let created_at = now();
+        let session = Session {
+            title: new.title.unwrap_or_else(|| format!("Session {}", &id[id.len() - 6..])),
+            id: id.clone(),
+            parent_id: new.parent_id,
+            agent,
+            status: SessionStatus::Idle,
+            created_at: created_at.clone(),
+            updated_at: created_at,
+        };
+        {
+            let mut state = self.state();
+            if let Some(parent) = &session.parent_id {
+                if !state.sessions.contains_key(parent) {
+                    return Err(ServiceError::not_found("session", parent));
+                }
+            }
+            state.sessions.insert(
+                id,
+                SessionEntry {
+                    session: session.clone(),
+                    messages: Vec::new(),
+                    inbox: Vec::new(),
+                    turn: None,
+                    blocking_calls: 0,
+                    status: watch::channel(SessionStatus::Idle).0,
+                },
+            );
+        }
+        self.inner.events.publish("session.created", json!(session));
+        Ok(session)
+    }
+
+    /// One session.
+    pub async fn get(&self, id: &str) -> Result<Session> {
+        let state = self.state();
+        let entry = state.sessions.get(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+        Ok(entry.session.clone())
+    }
+
+    /// Changes a session's title.
+    pub async fn rename(&self, id: &str, title: &str) -> Result<Session> {
+        if title.trim().is_empty() {
+            return Err(ServiceError::InvalidInput("title must not be empty".into()));
+        }
+        let session = {
+            let mut state = self.state();
+            let entry = state.sessions.get_mut(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+            entry.session.title = title.to_string();
+            entry.session.updated_at = now();
+            entry.session.clone()
+        };
+        self.inner.events.publish("session.updated", json!(session));
+        Ok(session)
+    }
+
+    /// Deletes a session, its child sessions, and its output files; every
+    /// job it has, foreground or background, is cancelled (process groups
+    /// killed) without a notice.
+    pub async fn remove(&self, id: &str) -> Result<()> {
+        let mut doomed = vec![id.to_string()];
+        let (jobs, turns) = {
+            let mut state = self.state();
+            if !state.sessions.contains_key(id) {
+                return Err(ServiceError::not_found("session", id));
+            }
+            // Children, grandchildren, ... by parent_id.
+            let mut index = 0;
+            while index < doomed.len() {
+                let parent = doomed[index].clone();
+                doomed.extend(
+                    state
+                        .sessions
+                        .values()
+                        .filter(|e| e.session.parent_id.as_deref() == Some(parent.as_str()))
+                        .map(|e| e.session.id.clone()),
+                );
+                index += 1;
+            }
+            let jobs: Vec<Arc<JobRuntime>> = state
+                .jobs
+                .values()
+                .filter(|j| doomed.contains(&j.job.session_id) && !j.job.status.is_final())
+                .map(|j| j.runtime.clone())
+                .collect();
+            let mut turns = Vec::new();
+            for session_id in &doomed {
+                if let Some(mut entry) = state.sessions.remove(session_id) {
+                    turns.extend(entry.turn.take());
+                }
+            }
+            state.jobs.retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
+            (jobs, turns)
+        };
+        for turn in turns {
+            turn.abort();
+        }
+        for job in jobs {
+            job.cancel(jobs::CancelReason::SessionRemoved);
+        }
+        for session_id in &doomed {
+            let dir = self.output_dir(session_id);
+            if dir.exists() {
+                if let Err(error) = std::fs::remove_dir_all(&dir) {
+                    tracing::warn!(dir = %dir.display(), %error, "cannot remove session output");
+                }
+            }
+            self.inner.events.publish("session.deleted", json!({ "id": session_id }));
+        }
+        Ok(())
+    }
+
+    /// A session's messages, oldest first.
+    pub async fn messages(&self, id: &str) -> Result<Vec<Message>> {
+        let state = self.state();
+        let entry = state.sessions.get(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+        Ok(entry.messages.clone())
+    }
+
+    /// Adds a notice to a session and wakes it. Background jobs that end do
+    /// this for themselves; plugins and the API may add their own.
+    pub async fn notice(&self, id: &str, text: &str, metadata: Value) -> Result<Message> {
+        let message = self.append(id, Role::Notice, text, metadata)?;
+        self.wake(id);
+        Ok(message)
+    }
+
+    /// Waits until the session is idle and returns it.
+    pub async fn wait_idle(&self, id: &str) -> Result<Session> {
+        let mut status = {
+            let state = self.state();
+            let entry = state.sessions.get(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+            entry.status.subscribe()
+        };
+        status
+            .wait_for(|s| *s == SessionStatus::Idle)
+            .await
+            .map_err(|_| ServiceError::not_found("session", id))?;
+        self.get(id).await
+    }
+
+    /// Appends a message, publishing `message.added`. Prompts and notices
+    /// also go to the agent's inbox.
+    fn append(&self, session_id: &str, role: Role, text: &str, metadata: Value) -> Result<Message> {
+        let message = Message {
+            id: new_id("msg"),
+            session_id: session_id.to_string(),
+            role,
+            text: text.to_string(),
+            metadata,
+            created_at: now(),
+        };
+        {
+            let mut state = self.state();
+            let entry = state
+                .sessions
+                .get_mut(session_id)
+                .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+            entry.messages.push(message.clone());
+            if matches!(role, Role::User | Role::Notice) {
+                entry.inbox.push(message.clone());
+            }
+            entry.session.updated_at = message.created_at.clone();
+        }
+        self.inner.events.publish("message.added", json!(message));
+        Ok(message)
+    }
+
+    /// Recomputes a session's status after its turn or blocking calls
+    /// changed, publishing `session.status` when it flips.
+    fn refresh_status(&self, state: &mut State, session_id: &str) {
+        let Some(entry) = state.sessions.get_mut(session_id) else {
+            return;
+        };
+        let status = if entry.turn.is_some() || entry.blocking_calls > 0 {
+            SessionStatus::Busy
+        } else {
+            SessionStatus::Idle
+        };
+        if entry.session.status != status {
+            entry.session.status = status;
+            entry.status.send_replace(status);
+            self.inner
+                .events
+                .publish("session.status", json!({ "session_id": session_id, "status": status }));
+        }
+    }
+
+    fn output_dir(&self, session_id: &str) -> PathBuf {
+        self.inner.data_dir.join("output").join(session_id)
+    }
+}

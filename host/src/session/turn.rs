@@ -1,0 +1,203 @@
+//! Agent turns: prompts, wake-ups and interrupts.
+//!
+//! A session runs at most one turn at a time. A turn hands the agent the
+//! session's inbox — the prompts and notices it has not seen — and records
+//! its reply. A notice that arrives while a turn runs stays in the inbox and
+//! gets a turn of its own as soon as the current one ends; one that arrives
+//! while the session is idle starts a turn at once (the wake-up).
+
+use offstage_plugin_api::types::{AgentTurn, Message, Role};
+use serde_json::json;
+use tokio::{sync::oneshot, task::AbortHandle};
+
+use super::SessionService;
+use crate::{error::Result, ServiceError};
+
+/// A running turn, so that an interrupt can stop it.
+pub(super) struct TurnHandle {
+    abort: AbortHandle,
+}
+
+impl TurnHandle {
+    pub(super) fn abort(self) {
+        self.abort.abort();
+    }
+}
+
+/// Clears the session's turn when the turn's task ends or is aborted, and
+/// starts the next one if notices are waiting.
+struct TurnGuard {
+    service: SessionService,
+    session_id: String,
+}
+
+impl Drop for TurnGuard {
+    fn drop(&mut self) {
+        let rerun = {
+            let mut state = self.service.state();
+            let rerun = match state.sessions.get_mut(&self.session_id) {
+                Some(entry) => {
+                    entry.turn = None;
+                    !entry.inbox.is_empty()
+                }
+                None => false,
+            };
+            self.service.refresh_status(&mut state, &self.session_id);
+            rerun
+        };
+        if rerun {
+            self.service.wake(&self.session_id);
+        }
+    }
+}
+
+impl SessionService {
+    /// Adds a user message and runs the session's agent (or `agent`) for one
+    /// turn; returns the messages the turn added. Waits for a running turn
+    /// to end first.
+    pub async fn prompt(&self, session_id: &str, text: &str, agent: Option<&str>) -> Result<Vec<Message>> {
+        if let Some(agent) = agent {
+            if !self.inner.agents.contains(agent) {
+                return Err(ServiceError::InvalidInput(format!("unknown agent {agent:?}")));
+            }
+        }
+        self.get(session_id).await?;
+        loop {
+            let (tx, rx) = oneshot::channel();
+            // Append and start under one decision so no wake-up steals the
+            // prompt into a turn without an agent override.
+            let started = {
+                let state = self.state();
+                let entry = state
+                    .sessions
+                    .get(session_id)
+                    .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+                entry.turn.is_none()
+            };
+            if !started {
+                self.wait_turn_end(session_id).await?;
+                continue;
+            }
+            let first_new = self.messages(session_id).await?.len();
+            self.append(session_id, Role::User, text, json!({}))?;
+            if !self.start_turn(session_id, agent.map(str::to_string), Some(tx)) {
+                // Another turn slipped in between; it will have taken our
+                // prompt from the inbox. Wait for it and report its work.
+                self.wait_turn_end(session_id).await?;
+                let messages = self.messages(session_id).await?;
+                return Ok(messages.into_iter().skip(first_new + 1).collect());
+            }
+            return match rx.await {
+                Ok(()) => {
+                    let messages = self.messages(session_id).await?;
+                    Ok(messages.into_iter().skip(first_new + 1).collect())
+                }
+                Err(_) => Err(ServiceError::Conflict("the turn was interrupted".into())),
+            };
+        }
+    }
+
+    async fn wait_turn_end(&self, session_id: &str) -> Result<()> {
+        let mut status = {
+            let state = self.state();
+            let entry = state
+                .sessions
+                .get(session_id)
+                .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+            entry.status.subscribe()
+        };
+        loop {
+            {
+                let state = self.state();
+                match state.sessions.get(session_id) {
+                    None => return Err(ServiceError::not_found("session", session_id)),
+                    Some(entry) if entry.turn.is_none() => return Ok(()),
+                    Some(_) => {}
+                }
+            }
+            if status.changed().await.is_err() {
+                return Err(ServiceError::not_found("session", session_id));
+            }
+        }
+    }
+
+    /// Wakes a session: runs a turn now if it is idle; a running turn is
+    /// followed by another when it ends (see `TurnGuard`).
+    pub(crate) fn wake(&self, session_id: &str) {
+        if self.start_turn(session_id, None, None) {
+            self.inner
+                .events
+                .publish("session.wake", json!({ "session_id": session_id }));
+        }
+    }
+
+    /// Starts a turn if none runs and the inbox has something. Returns
+    /// whether it started one.
+    fn start_turn(&self, session_id: &str, agent: Option<String>, done: Option<oneshot::Sender<()>>) -> bool {
+        let mut state = self.state();
+        let Some(entry) = state.sessions.get_mut(session_id) else {
+            return false;
+        };
+        if entry.turn.is_some() || entry.inbox.is_empty() {
+            return false;
+        }
+        let messages = std::mem::take(&mut entry.inbox);
+        let agent_name = agent.unwrap_or_else(|| entry.session.agent.clone());
+        let service = self.clone();
+        let id = session_id.to_string();
+        let task = tokio::spawn(async move {
+            let _guard = TurnGuard {
+                service: service.clone(),
+                session_id: id.clone(),
+            };
+            let turn = AgentTurn {
+                session_id: id.clone(),
+                agent: agent_name.clone(),
+                messages,
+            };
+            let reply = match service.inner.agents.get(&agent_name) {
+                Some(agent) => agent.turn(service.clone(), turn).await,
+                None => Err(ServiceError::NotFound(format!("agent {agent_name} not found"))),
+            };
+            let (text, metadata) = match reply {
+                Ok(text) => (text, json!({ "agent": agent_name })),
+                Err(error) => (
+                    format!("The agent failed: {error}"),
+                    json!({ "agent": agent_name, "error": error.code() }),
+                ),
+            };
+            let _ = service.append(&id, Role::Assistant, &text, metadata);
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
+        });
+        entry.turn = Some(TurnHandle {
+            abort: task.abort_handle(),
+        });
+        self.refresh_status(&mut state, session_id);
+        true
+    }
+
+    /// Stops the session's running turn and cancels its foreground jobs;
+    /// background jobs go on. Returns whether anything was interrupted.
+    pub async fn interrupt(&self, session_id: &str) -> Result<bool> {
+        let turn = {
+            let mut state = self.state();
+            let entry = state
+                .sessions
+                .get_mut(session_id)
+                .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+            entry.turn.take()
+        };
+        let had_turn = turn.is_some();
+        let jobs = self.cancel_foreground_jobs(session_id);
+        if let Some(turn) = turn {
+            turn.abort();
+        }
+        {
+            let mut state = self.state();
+            self.refresh_status(&mut state, session_id);
+        }
+        Ok(had_turn || jobs > 0)
+    }
+}

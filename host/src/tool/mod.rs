@@ -1,0 +1,222 @@
+//! Tools: what a tool call runs, and the wrappers plugins put around them.
+//!
+//! A tool call becomes a job (see `session::jobs`). The job's task runs the
+//! call through a chain — the tool's wrappers, outermost first, then the
+//! tool itself — while the caller waits separately for the job to end or to
+//! be moved to the background. So a wrapper never has to know about
+//! backgrounding: its `next` simply finishes when the work does.
+
+pub mod shell;
+pub mod subagent;
+
+use std::{
+    collections::HashMap,
+    future::Future,
+    pin::Pin,
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+
+use offstage_plugin_api::types::{JobStatus, ToolCall, ToolResult};
+use serde_json::Value;
+
+use crate::{error::Result, job::output::OutputSink, session::SessionService, ServiceError};
+
+/// A boxed, sendable future: the shape of every hook the host calls.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// How a tool's work ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolOutcome {
+    pub status: JobStatus,
+    pub exit_code: Option<i32>,
+}
+
+/// What a running tool gets besides its input.
+#[derive(Clone)]
+pub struct JobContext {
+    pub service: SessionService,
+    pub job_id: String,
+    pub session_id: String,
+    pub output: Arc<OutputSink>,
+}
+
+/// What the caller of a blocking tool call does when time runs out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeout {
+    Kill,
+    Background,
+}
+
+/// How a call of a tool blocks its caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForegroundPolicy {
+    /// Start in the background: the caller returns at once.
+    pub background: bool,
+    pub timeout: Option<Duration>,
+    pub on_timeout: OnTimeout,
+}
+
+impl Default for ForegroundPolicy {
+    fn default() -> Self {
+        ForegroundPolicy {
+            background: false,
+            timeout: None,
+            on_timeout: OnTimeout::Kill,
+        }
+    }
+}
+
+/// A tool: built in, or added by a plugin.
+pub trait Tool: Send + Sync {
+    /// Does the work, writing output to `ctx.output`. Dropping the future
+    /// cancels the work (a shell tool kills its process group).
+    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>>;
+
+    /// Checks the input before anything starts and says how the call blocks.
+    fn policy(&self, _input: &Value) -> Result<ForegroundPolicy> {
+        Ok(ForegroundPolicy::default())
+    }
+
+    /// A short title for the job, e.g. the command line.
+    fn title(&self, input: &Value) -> String {
+        let text = input.to_string();
+        text.chars().take(80).collect()
+    }
+
+    /// What permission rules match against, e.g. the command line.
+    fn permission_pattern(&self, input: &Value) -> String {
+        self.title(input)
+    }
+}
+
+/// An around-style wrapper of a tool.
+pub trait ToolWrapper: Send + Sync {
+    fn wrap(&self, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>>;
+}
+
+/// The rest of a tool's chain. One-shot.
+pub struct Next {
+    run: Box<dyn FnOnce(ToolCall) -> BoxFuture<Result<ToolResult>> + Send>,
+}
+
+impl Next {
+    pub(crate) fn new(run: impl FnOnce(ToolCall) -> BoxFuture<Result<ToolResult>> + Send + 'static) -> Self {
+        Next { run: Box::new(run) }
+    }
+
+    /// Runs the rest of the chain.
+    pub fn run(self, call: ToolCall) -> BoxFuture<Result<ToolResult>> {
+        (self.run)(call)
+    }
+}
+
+/// Who registered a tool or wrapper: the host itself or a plugin generation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    Host,
+    Plugin { name: String, generation: u64 },
+}
+
+struct Registered<T: ?Sized> {
+    owner: Owner,
+    item: Arc<T>,
+}
+
+impl<T: ?Sized> Clone for Registered<T> {
+    fn clone(&self) -> Self {
+        Registered {
+            owner: self.owner.clone(),
+            item: Arc::clone(&self.item),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    tools: HashMap<String, Registered<dyn Tool>>,
+    wrappers: HashMap<String, Vec<Registered<dyn ToolWrapper>>>,
+}
+
+/// Every tool the host can run, and the wrappers around each.
+#[derive(Default, Clone)]
+pub struct ToolRegistry {
+    inner: Arc<RwLock<Registry>>,
+}
+
+impl ToolRegistry {
+    /// Adds `tool` under `name`. A plugin cannot replace a built-in tool
+    /// (it can wrap it) nor another plugin's.
+    pub fn add(&self, name: &str, owner: Owner, tool: Arc<dyn Tool>) -> Result<()> {
+        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = registry.tools.get(name) {
+            let same_plugin = matches!((&existing.owner, &owner),
+                (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) if a == b);
+            if !same_plugin {
+                return Err(ServiceError::Conflict(format!("tool {name} already exists")));
+            }
+        }
+        registry.tools.insert(name.to_string(), Registered { owner, item: tool });
+        Ok(())
+    }
+
+    /// Wraps `tool`. Wrappers run in registration order, outermost first;
+    /// a newer generation of a plugin takes its predecessor's place.
+    pub fn wrap(&self, tool: &str, owner: Owner, wrapper: Arc<dyn ToolWrapper>) {
+        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let wrappers = registry.wrappers.entry(tool.to_string()).or_default();
+        let predecessor = wrappers.iter().position(|w| match (&w.owner, &owner) {
+            (Owner::Plugin { name: a, generation: old }, Owner::Plugin { name: b, generation: new }) => {
+                a == b && old < new
+            }
+            _ => false,
+        });
+        let entry = Registered { owner, item: wrapper };
+        // Swapping in place keeps the wrapper's position, so there is no
+        // moment where the tool runs without it.
+        match predecessor {
+            Some(index) => wrappers[index] = entry,
+            None => wrappers.push(entry),
+        }
+    }
+
+    /// Removes everything `owner` registered.
+    pub fn remove_owner(&self, owner: &Owner) {
+        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        registry.tools.retain(|_, t| &t.owner != owner);
+        for wrappers in registry.wrappers.values_mut() {
+            wrappers.retain(|w| &w.owner != owner);
+        }
+    }
+
+    /// The tool and its wrappers as they are now; a call keeps this chain
+    /// even if a plugin is reloaded while it runs.
+    pub fn chain(&self, name: &str) -> Option<(Arc<dyn Tool>, Vec<Arc<dyn ToolWrapper>>)> {
+        let registry = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let tool = registry.tools.get(name)?.item.clone();
+        let wrappers = registry
+            .wrappers
+            .get(name)
+            .map(|ws| ws.iter().map(|w| w.item.clone()).collect())
+            .unwrap_or_default();
+        Some((tool, wrappers))
+    }
+
+    /// Names of every tool.
+    pub fn names(&self) -> Vec<String> {
+        let registry = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<_> = registry.tools.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+/// Registers the built-in tools.
+pub fn register_builtin(registry: &ToolRegistry) {
+    registry
+        .add("shell", Owner::Host, Arc::new(shell::Shell))
+        .expect("a fresh registry has no tools");
+    registry
+        .add("subagent", Owner::Host, Arc::new(subagent::Subagent))
+        .expect("a fresh registry has no tools");
+}

@@ -1,0 +1,173 @@
+//! The built-in `shell` tool: a real process in its own process group.
+//!
+//! stdout and stderr share one pipe, so the output file holds them in the
+//! order the process wrote them. Dropping the running future (cancel,
+//! interrupt, session removal, foreground timeout with `kill`) kills the
+//! whole group, grandchildren included; so does the end of the main process,
+//! so nothing a command left behind outlives its job.
+
+use std::{os::fd::OwnedFd, path::PathBuf, process::Stdio, time::Duration};
+
+use offstage_plugin_api::types::JobStatus;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::{io::AsyncReadExt, process::Command};
+
+use super::{BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome};
+use crate::{error::Result, ServiceError};
+
+/// Foreground timeout when the input names none.
+pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+
+/// How long output may keep arriving after the main process exits, from
+/// children that still hold the pipe, before the group is killed.
+const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShellInput {
+    command: String,
+    #[serde(default)]
+    workdir: Option<PathBuf>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    background: bool,
+    #[serde(default)]
+    on_timeout: Option<String>,
+}
+
+fn parse(input: &Value) -> Result<ShellInput> {
+    let parsed: ShellInput = serde_json::from_value(input.clone())
+        .map_err(|e| ServiceError::InvalidInput(format!("shell input: {e}")))?;
+    if parsed.command.trim().is_empty() {
+        return Err(ServiceError::InvalidInput("shell input: empty command".into()));
+    }
+    Ok(parsed)
+}
+
+/// The `shell` tool.
+#[derive(Debug, Default)]
+pub struct Shell;
+
+impl Tool for Shell {
+    fn policy(&self, input: &Value) -> Result<ForegroundPolicy> {
+        let input = parse(input)?;
+        let on_timeout = match input.on_timeout.as_deref() {
+            None | Some("kill") => OnTimeout::Kill,
+            Some("background") => OnTimeout::Background,
+            Some(other) => {
+                return Err(ServiceError::InvalidInput(format!(
+                    "shell input: on_timeout must be \"kill\" or \"background\", not {other:?}"
+                )))
+            }
+        };
+        Ok(ForegroundPolicy {
+            background: input.background,
+            timeout: Some(Duration::from_millis(input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS))),
+            on_timeout,
+        })
+    }
+
+    fn title(&self, input: &Value) -> String {
+        input["command"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+        Box::pin(async move {
+            let input = parse(&input)?;
+            run_command(ctx, input).await
+        })
+    }
+}
+
+/// Kills a process group when dropped, unless disarmed.
+struct GroupGuard {
+    pgid: Option<i32>,
+}
+
+impl GroupGuard {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            // SAFETY: plain syscall; a stale group id fails with ESRCH.
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> {
+    let (reader, writer) = std::io::pipe()?;
+    let mut command = Command::new("/bin/sh");
+    command
+        .arg("-c")
+        .arg(&input.command)
+        .stdin(Stdio::null())
+        .stdout(writer.try_clone()?)
+        .stderr(writer)
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(dir) = &input.workdir {
+        command.current_dir(dir);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| ServiceError::InvalidInput(format!("cannot start shell: {e}")))?;
+    // The command's copies of the write end live in the child now; ours
+    // were moved into `command` and must be gone for EOF to arrive.
+    drop(command);
+    let mut group = GroupGuard {
+        pgid: child.id().map(|pid| pid as i32),
+    };
+
+    let output = ctx.output.clone();
+    let mut pump = tokio::spawn(pump(OwnedFd::from(reader), output));
+
+    let status = child.wait().await?;
+    // Give output still in flight a moment, then end the group and the pump.
+    if tokio::time::timeout(DRAIN_GRACE, &mut pump).await.is_err() {
+        group.kill();
+        let _ = pump.await;
+    }
+    group.kill();
+
+    use std::os::unix::process::ExitStatusExt;
+    let exit_code = status.code().or_else(|| status.signal().map(|s| 128 + s));
+    Ok(ToolOutcome {
+        status: if status.success() {
+            JobStatus::Completed
+        } else {
+            JobStatus::Error
+        },
+        exit_code,
+    })
+}
+
+async fn pump(reader: OwnedFd, output: std::sync::Arc<crate::job::output::OutputSink>) {
+    let mut receiver = match tokio::net::unix::pipe::Receiver::from_owned_fd(reader) {
+        Ok(receiver) => receiver,
+        Err(error) => {
+            tracing::error!(%error, "cannot read command output");
+            return;
+        }
+    };
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        match receiver.read(&mut buffer).await {
+            Ok(0) => break,
+            Ok(n) => output.write(&buffer[..n]),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                tracing::warn!(%error, "reading command output failed");
+                break;
+            }
+        }
+    }
+}

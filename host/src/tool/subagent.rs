@@ -1,0 +1,97 @@
+//! The built-in `subagent` tool: a child session driven by a named agent.
+//! The job ends when the child's turn ends; its output is the child's reply.
+
+use offstage_plugin_api::types::{JobStatus, NewSession, Role};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{BoxFuture, JobContext, Tool, ToolOutcome};
+use crate::{error::Result, session::SessionService, ServiceError};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubagentInput {
+    agent: String,
+    prompt: String,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+fn parse(input: &Value) -> Result<SubagentInput> {
+    serde_json::from_value(input.clone()).map_err(|e| ServiceError::InvalidInput(format!("subagent input: {e}")))
+}
+
+/// The `subagent` tool.
+#[derive(Debug, Default)]
+pub struct Subagent;
+
+/// Interrupts the child session if the job is cancelled mid-turn.
+struct InterruptOnDrop {
+    service: SessionService,
+    child: Option<String>,
+}
+
+impl Drop for InterruptOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.take() {
+            let service = self.service.clone();
+            tokio::spawn(async move {
+                let _ = service.interrupt(&child).await;
+            });
+        }
+    }
+}
+
+impl Tool for Subagent {
+    fn policy(&self, input: &Value) -> Result<super::ForegroundPolicy> {
+        parse(input)?;
+        Ok(super::ForegroundPolicy::default())
+    }
+
+    fn title(&self, input: &Value) -> String {
+        let description = input["description"].as_str();
+        let agent = input["agent"].as_str().unwrap_or_default();
+        description.map_or_else(|| format!("{agent} subagent"), str::to_string)
+    }
+
+    fn permission_pattern(&self, input: &Value) -> String {
+        input["agent"].as_str().unwrap_or_default().to_string()
+    }
+
+    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+        Box::pin(async move {
+            let input = parse(&input)?;
+            let child = ctx
+                .service
+                .create(NewSession {
+                    title: Some(input.description.unwrap_or_else(|| format!("{} subagent", input.agent))),
+                    agent: Some(input.agent),
+                    parent_id: Some(ctx.session_id.clone()),
+                })
+                .await?;
+            ctx.service.set_child_session(&ctx.job_id, &child.id);
+            let mut guard = InterruptOnDrop {
+                service: ctx.service.clone(),
+                child: Some(child.id.clone()),
+            };
+            let added = ctx.service.prompt(&child.id, &input.prompt, None).await?;
+            guard.child = None;
+            let reply = added
+                .iter()
+                .rev()
+                .find(|m| m.role == Role::Assistant)
+                .map(|m| m.text.clone())
+                .unwrap_or_default();
+            ctx.output.write(reply.as_bytes());
+            let failed = added
+                .iter()
+                .rev()
+                .find(|m| m.role == Role::Assistant)
+                .is_some_and(|m| m.metadata.get("error").is_some());
+            Ok(ToolOutcome {
+                status: if failed { JobStatus::Error } else { JobStatus::Completed },
+                exit_code: None,
+            })
+        })
+    }
+}
