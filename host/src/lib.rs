@@ -13,6 +13,7 @@ pub mod event;
 pub mod ids;
 pub mod job;
 pub mod permission;
+pub mod plugin;
 pub mod session;
 pub mod tool;
 

@@ -1,0 +1,689 @@
+//! The host side of the plugin ABI: the vtable a plugin gets at `init`, and
+//! adapters that turn what a plugin registers into the host's own traits.
+//!
+//! Nothing here decides anything about sessions. Every session-domain
+//! method, both faces, goes through one `dispatch` into [`SessionService`],
+//! the same calls the HTTP layer makes; this module only checks the
+//! plugin's grants, converts JSON, and keeps panics from crossing the
+//! boundary in either direction.
+//!
+//! Faces:
+//! - *async*: the host future is wrapped so that each poll enters the host's
+//!   runtime (a plugin may poll it from any executor) and a panic in it
+//!   becomes an error instead of unwinding through `extern "C"`.
+//! - *blocking*: from a thread outside the runtime, `Handle::block_on`; from
+//!   a runtime worker (a plugin hook calling `_blocking`), `block_in_place`
+//!   first, so the worker's other tasks move elsewhere and nothing
+//!   deadlocks. A current-thread runtime cannot do that; the call fails with
+//!   a clear error instead of hanging.
+
+use std::{
+    collections::BTreeSet,
+    ffi::c_void,
+    future::Future,
+    panic::{catch_unwind, AssertUnwindSafe},
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, LazyLock, Mutex,
+    },
+    task::{Context as TaskContext, Poll},
+    time::Duration,
+};
+
+use abi_stable::{
+    prefix_type::PrefixTypeTrait,
+    std_types::{ROption, RResult, RStr, RString},
+    type_layout::TypeLayout,
+};
+use async_ffi::{FfiFuture, FutureExt as _};
+use offstage_plugin_api::{
+    abi::{
+        host_vtable_layout, AbiError, AbiResult, CallbackAbi, CallbackState, HostCtx, HostHandle, HostVtable,
+        HostVtableRef, NextAbi, SessionDomainRef, SessionDomainVtable, WrapperAbi,
+    },
+    capability,
+    types::{args, AgentTurn, BackgroundRequest, NewSession, ToolCall, ToolResult, ToolSpec, ToolStatus},
+    Error as PluginError,
+};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use tokio::runtime::{Handle, RuntimeFlavor};
+
+use crate::{
+    agent::Agent,
+    error::Result,
+    session::SessionService,
+    tool::{BoxFuture, JobContext, Next, Owner, Tool, ToolOutcome, ToolWrapper},
+    ServiceError,
+};
+
+/// The host's state for one plugin generation. Leaked into the plugin as
+/// [`HostCtx`]; lives as long as the process (libraries are never unloaded,
+/// so neither is anything they may still point at).
+pub(crate) struct PluginCtx {
+    service: SessionService,
+    runtime: Handle,
+    owner: Owner,
+    name: String,
+    grants: BTreeSet<String>,
+    options: String,
+    previous_state: Option<String>,
+    on_failure: Arc<dyn Fn(String) + Send + Sync>,
+    failed: AtomicBool,
+    subscriptions: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+/// Creates the host state for one plugin generation.
+pub(crate) fn new_ctx(
+    service: SessionService,
+    runtime: Handle,
+    owner: Owner,
+    grants: BTreeSet<String>,
+    options: Value,
+    previous_state: Option<String>,
+    on_failure: Arc<dyn Fn(String) + Send + Sync>,
+) -> Arc<PluginCtx> {
+    let name = match &owner {
+        Owner::Plugin { name, .. } => name.clone(),
+        Owner::Host => "host".to_string(),
+    };
+    let options = match options {
+        Value::Null => "{}".to_string(),
+        value => value.to_string(),
+    };
+    Arc::new(PluginCtx {
+        service,
+        runtime,
+        owner,
+        name,
+        grants,
+        options,
+        previous_state,
+        on_failure,
+        failed: AtomicBool::new(false),
+        subscriptions: Mutex::new(Vec::new()),
+    })
+}
+
+/// What the plugin's `init` receives. Keeps one strong count of `ctx` for
+/// the life of the process.
+pub(crate) fn host_handle(ctx: &Arc<PluginCtx>) -> HostHandle {
+    let raw = Arc::into_raw(Arc::clone(ctx));
+    HostHandle {
+        ctx: HostCtx(raw as *const c_void),
+        vtable: HOST_VTABLE.0.to_raw_ptr() as *const c_void,
+        vtable_layout: host_vtable_layout() as *const TypeLayout as *const c_void,
+    }
+}
+
+impl PluginCtx {
+    fn check_grant(&self, capability: &str) -> Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(ServiceError::Plugin(format!("plugin {} has failed and is disabled", self.name)));
+        }
+        if self.grants.contains(capability) {
+            Ok(())
+        } else {
+            Err(ServiceError::PermissionDenied(format!(
+                "plugin {} lacks the grant {capability:?}: request it in the manifest and grant it in the \
+                 host config ([plugin.{}] grant = [...])",
+                self.name, self.name
+            )))
+        }
+    }
+
+    /// Marks the plugin failed (once): its hooks are unregistered so the
+    /// host goes on without it, and the loader's registry records why.
+    fn fail(&self, message: String) {
+        if self.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        tracing::error!(plugin = %self.name, "{message}; plugin disabled");
+        self.service.tools().remove_owner(&self.owner);
+        self.service.agents().remove_owner(&self.owner);
+        for task in self.subscriptions.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            task.abort();
+        }
+        (self.on_failure)(message);
+    }
+
+    /// Looks at an error a plugin returned: a contained panic disables it.
+    fn observe(&self, error: &ServiceError) {
+        if let ServiceError::Plugin(message) = error {
+            if message.contains("panicked") {
+                self.fail(message.clone());
+            }
+        }
+    }
+}
+
+fn plugin_ctx(ctx: HostCtx) -> &'static PluginCtx {
+    // SAFETY: `ctx` came from `host_handle`, which leaked a strong count.
+    unsafe { &*(ctx.0 as *const PluginCtx) }
+}
+
+fn to_abi(result: Result<String>) -> AbiResult {
+    match result {
+        Ok(json) => RResult::ROk(RString::from(json)),
+        Err(error) => RResult::RErr(PluginError::from(error).to_abi()),
+    }
+}
+
+fn from_abi(result: AbiResult) -> Result<String> {
+    match result {
+        RResult::ROk(json) => Ok(json.into_string()),
+        RResult::RErr(error) => Err(ServiceError::from(PluginError::from_abi(error))),
+    }
+}
+
+fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
+    serde_json::from_str(json).map_err(|e| ServiceError::InvalidInput(format!("bad arguments for {what}: {e}")))
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
+
+/// Polls a host future inside the host runtime, with panics turned into
+/// errors.
+struct InRuntime<F> {
+    handle: Handle,
+    inner: Pin<Box<F>>,
+}
+
+impl<F: Future<Output = Result<String>>> Future for InRuntime<F> {
+    type Output = AbiResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<AbiResult> {
+        let this = &mut *self;
+        let _entered = this.handle.enter();
+        match catch_unwind(AssertUnwindSafe(|| this.inner.as_mut().poll(cx))) {
+            Ok(poll) => poll.map(to_abi),
+            Err(payload) => Poll::Ready(to_abi(Err(ServiceError::Internal(format!(
+                "host panicked: {}",
+                panic_text(payload.as_ref())
+            ))))),
+        }
+    }
+}
+
+/// Awaits a future a plugin returned; a panic that escaped the plugin's own
+/// guard (async-ffi re-raises it here) becomes an error.
+struct FromPlugin {
+    inner: FfiFuture<AbiResult>,
+}
+
+impl Future for FromPlugin {
+    type Output = Result<String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<String>> {
+        match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut self.inner).poll(cx))) {
+            Ok(poll) => poll.map(from_abi),
+            Err(payload) => Poll::Ready(Err(ServiceError::Plugin(format!(
+                "plugin future panicked: {}",
+                panic_text(payload.as_ref())
+            )))),
+        }
+    }
+}
+
+/// Runs `fut` to completion from synchronous code (the blocking face).
+fn block_on_host<F: Future>(handle: &Handle, fut: F) -> Result<F::Output> {
+    match Handle::try_current() {
+        Err(_) => Ok(handle.block_on(fut)),
+        Ok(current) if current.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            Ok(tokio::task::block_in_place(|| handle.block_on(fut)))
+        }
+        Ok(_) => Err(ServiceError::Unsupported(
+            "a blocking call cannot run on a single-threaded runtime's thread; use the async face".into(),
+        )),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Method {
+    List,
+    Create,
+    Get,
+    Rename,
+    Remove,
+    Messages,
+    Prompt,
+    Notice,
+    Interrupt,
+    Jobs,
+    CallTool,
+    Background,
+    WaitIdle,
+}
+
+impl Method {
+    fn capability(self) -> &'static str {
+        use Method::*;
+        match self {
+            List | Get | Messages | Jobs | WaitIdle => capability::SESSION_READ,
+            Create | Rename | Remove | Prompt | Notice | Interrupt => capability::SESSION_WRITE,
+            CallTool => capability::TOOL_CALL,
+            Background => capability::SESSION_BACKGROUND,
+        }
+    }
+}
+
+/// The one place both faces reach the session service.
+async fn dispatch(service: SessionService, method: Method, args: String) -> Result<String> {
+    let what = format!("{method:?}");
+    let value = match method {
+        Method::List => json!(service.list().await?),
+        Method::Create => json!(service.create(parse::<NewSession>(&what, &args)?).await?),
+        Method::Get => json!(service.get(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+        Method::Rename => {
+            let a: args::Rename = parse(&what, &args)?;
+            json!(service.rename(&a.session_id, &a.title).await?)
+        }
+        Method::Remove => {
+            service.remove(&parse::<args::SessionId>(&what, &args)?.session_id).await?;
+            Value::Null
+        }
+        Method::Messages => json!(service.messages(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+        Method::Prompt => {
+            let a: args::Prompt = parse(&what, &args)?;
+            json!(service.prompt(&a.session_id, &a.text, a.agent.as_deref()).await?)
+        }
+        Method::Notice => {
+            let a: args::Notice = parse(&what, &args)?;
+            json!(service.notice(&a.session_id, &a.text, a.metadata).await?)
+        }
+        Method::Interrupt => json!(service.interrupt(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+        Method::Jobs => json!(service.jobs(parse::<args::Jobs>(&what, &args)?.session_id.as_deref()).await?),
+        Method::CallTool => {
+            let a: args::CallTool = parse(&what, &args)?;
+            json!(service.call_tool(&a.session_id, a.request).await?)
+        }
+        Method::Background => json!(service.background(parse::<BackgroundRequest>(&what, &args)?).await?),
+        Method::WaitIdle => json!(service.wait_idle(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+    };
+    Ok(value.to_string())
+}
+
+fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult> {
+    let plugin = plugin_ctx(ctx);
+    let checked = plugin.check_grant(method.capability());
+    let service = plugin.service.clone();
+    let fut = async move {
+        checked?;
+        dispatch(service, method, args.into_string()).await
+    };
+    InRuntime {
+        handle: plugin.runtime.clone(),
+        inner: Box::pin(fut),
+    }
+    .into_ffi()
+}
+
+fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
+    let plugin = plugin_ctx(ctx);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        plugin.check_grant(method.capability())?;
+        let fut = dispatch(plugin.service.clone(), method, args.into_string());
+        block_on_host(&plugin.runtime, fut)?
+    }));
+    to_abi(outcome.unwrap_or_else(|payload| {
+        Err(ServiceError::Internal(format!("host panicked: {}", panic_text(payload.as_ref()))))
+    }))
+}
+
+macro_rules! faces {
+    ($($method:ident => $async_name:ident, $blocking_name:ident;)*) => {$(
+        extern "C" fn $async_name(ctx: HostCtx, args: RString) -> FfiFuture<AbiResult> {
+            run_async(ctx, Method::$method, args)
+        }
+        extern "C" fn $blocking_name(ctx: HostCtx, args: RString) -> AbiResult {
+            run_blocking(ctx, Method::$method, args)
+        }
+    )*};
+}
+
+faces! {
+    List => list, list_blocking;
+    Create => create, create_blocking;
+    Get => get, get_blocking;
+    Rename => rename, rename_blocking;
+    Remove => remove, remove_blocking;
+    Messages => messages, messages_blocking;
+    Prompt => prompt, prompt_blocking;
+    Notice => notice, notice_blocking;
+    Interrupt => interrupt, interrupt_blocking;
+    Jobs => jobs, jobs_blocking;
+    CallTool => call_tool, call_tool_blocking;
+    Background => background, background_blocking;
+    WaitIdle => wait_idle, wait_idle_blocking;
+}
+
+static SESSION_DOMAIN: LazyLock<SessionDomainRef> = LazyLock::new(|| {
+    SessionDomainVtable {
+        list,
+        list_blocking,
+        create,
+        create_blocking,
+        get,
+        get_blocking,
+        rename,
+        rename_blocking,
+        remove,
+        remove_blocking,
+        messages,
+        messages_blocking,
+        prompt,
+        prompt_blocking,
+        notice,
+        notice_blocking,
+        interrupt,
+        interrupt_blocking,
+        jobs,
+        jobs_blocking,
+        call_tool,
+        call_tool_blocking,
+        background,
+        background_blocking,
+        wait_idle,
+        wait_idle_blocking,
+    }
+    .leak_into_prefix()
+});
+
+static HOST_VTABLE: LazyLock<HostVtableRef> = LazyLock::new(|| {
+    HostVtable {
+        session: *SESSION_DOMAIN,
+        log,
+        max_log_level,
+        sleep,
+        spawn,
+        options,
+        previous_state,
+        wrap_tool,
+        add_tool,
+        subscribe,
+        register_agent,
+    }
+    .leak_into_prefix()
+});
+
+extern "C" fn log(ctx: HostCtx, level: u8, target: RStr<'_>, message: RStr<'_>) {
+    let plugin = plugin_ctx(ctx);
+    let (name, target, message) = (plugin.name.as_str(), target.as_str(), message.as_str());
+    match level {
+        1 => tracing::error!(plugin = name, target, "{message}"),
+        2 => tracing::warn!(plugin = name, target, "{message}"),
+        3 => tracing::info!(plugin = name, target, "{message}"),
+        4 => tracing::debug!(plugin = name, target, "{message}"),
+        _ => tracing::trace!(plugin = name, target, "{message}"),
+    }
+}
+
+extern "C" fn max_log_level(_: HostCtx) -> u8 {
+    use tracing::level_filters::LevelFilter;
+    match LevelFilter::current() {
+        LevelFilter::OFF => 0,
+        LevelFilter::ERROR => 1,
+        LevelFilter::WARN => 2,
+        LevelFilter::INFO => 3,
+        LevelFilter::DEBUG => 4,
+        _ => 5,
+    }
+}
+
+extern "C" fn sleep(ctx: HostCtx, millis: u64) -> FfiFuture<()> {
+    let handle = plugin_ctx(ctx).runtime.clone();
+    // The timer is created on first poll, inside the runtime.
+    let inner = async move {
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+        Ok(String::new())
+    };
+    let sleeping = InRuntime {
+        handle,
+        inner: Box::pin(inner),
+    };
+    async move {
+        let _ = sleeping.await;
+    }
+    .into_ffi()
+}
+
+extern "C" fn spawn(ctx: HostCtx, task: FfiFuture<()>) {
+    let plugin = plugin_ctx(ctx);
+    let name = plugin.name.clone();
+    plugin.runtime.spawn(async move {
+        let guarded = FromPlugin {
+            inner: async move {
+                task.await;
+                RResult::ROk(RString::new())
+            }
+            .into_ffi(),
+        };
+        if let Err(error) = guarded.await {
+            tracing::error!(plugin = %name, %error, "a task the plugin spawned failed");
+        }
+    });
+}
+
+extern "C" fn options(ctx: HostCtx) -> RString {
+    RString::from(plugin_ctx(ctx).options.as_str())
+}
+
+extern "C" fn previous_state(ctx: HostCtx) -> ROption<RString> {
+    match &plugin_ctx(ctx).previous_state {
+        Some(state) => ROption::RSome(RString::from(state.as_str())),
+        None => ROption::RNone,
+    }
+}
+
+fn registered(result: Result<()>) -> RResult<(), AbiError> {
+    match result {
+        Ok(()) => RResult::ROk(()),
+        Err(error) => RResult::RErr(PluginError::from(error).to_abi()),
+    }
+}
+
+/// A plugin callback the host holds; frees the plugin's state when the
+/// last holder lets go.
+struct Callback {
+    abi: CallbackAbi,
+    plugin: &'static PluginCtx,
+}
+
+impl Callback {
+    async fn call(&self, input: String) -> Result<String> {
+        let result = FromPlugin {
+            inner: (self.abi.call)(self.abi.state, RString::from(input)),
+        }
+        .await;
+        if let Err(error) = &result {
+            self.plugin.observe(error);
+        }
+        result
+    }
+}
+
+impl Drop for Callback {
+    fn drop(&mut self) {
+        (self.abi.drop)(self.abi.state);
+    }
+}
+
+struct Wrapper {
+    abi: WrapperAbi,
+    plugin: &'static PluginCtx,
+}
+
+impl Drop for Wrapper {
+    fn drop(&mut self) {
+        (self.abi.drop)(self.abi.state);
+    }
+}
+
+/// Hands the host's `next` to a plugin: a boxed [`Next`] behind the state
+/// pointer, consumed by `call` or freed by `drop`.
+extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiResult> {
+    // SAFETY: `state` is the `Box<(Next, Handle)>` made in `Wrapper::wrap`;
+    // the plugin calls `call` or `drop`, once.
+    let (next, handle) = *unsafe { Box::from_raw(state.0 as *mut (Next, Handle)) };
+    let fut = async move {
+        let call: ToolCall = parse("next", input.as_str())?;
+        let result = next.run(call).await?;
+        Ok(json!(result).to_string())
+    };
+    InRuntime {
+        handle,
+        inner: Box::pin(fut),
+    }
+    .into_ffi()
+}
+
+extern "C" fn next_drop(state: CallbackState) {
+    // SAFETY: see `next_call`.
+    drop(unsafe { Box::from_raw(state.0 as *mut (Next, Handle)) });
+}
+
+impl ToolWrapper for Arc<Wrapper> {
+    fn wrap(&self, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let state = Box::into_raw(Box::new((next, this.plugin.runtime.clone())));
+            let next = NextAbi {
+                state: CallbackState(state as *const c_void),
+                call: next_call,
+                drop: next_drop,
+            };
+            let started = (this.abi.call)(this.abi.state, RString::from(json!(call).to_string()), next);
+            let result = FromPlugin { inner: started }.await;
+            if let Err(error) = &result {
+                this.plugin.observe(error);
+            }
+            let json = result?;
+            serde_json::from_str(&json)
+                .map_err(|e| ServiceError::Plugin(format!("plugin {} returned a bad tool result: {e}", this.plugin.name)))
+        })
+    }
+}
+
+struct PluginTool {
+    callback: Callback,
+    name: String,
+}
+
+impl Tool for Arc<PluginTool> {
+    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let call = ToolCall {
+                session_id: ctx.session_id.clone(),
+                job_id: ctx.job_id.clone(),
+                tool: this.name.clone(),
+                input,
+            };
+            let json = this.callback.call(json!(call).to_string()).await?;
+            let result: ToolResult = serde_json::from_str(&json)
+                .map_err(|e| ServiceError::Plugin(format!("plugin tool {} returned a bad result: {e}", this.name)))?;
+            ctx.output.write(result.output.as_bytes());
+            Ok(ToolOutcome {
+                status: match result.status {
+                    ToolStatus::Completed | ToolStatus::Backgrounded => offstage_plugin_api::types::JobStatus::Completed,
+                    ToolStatus::Error => offstage_plugin_api::types::JobStatus::Error,
+                    ToolStatus::Cancelled => offstage_plugin_api::types::JobStatus::Cancelled,
+                },
+                exit_code: result.exit_code,
+            })
+        })
+    }
+}
+
+struct PluginAgent {
+    callback: Callback,
+}
+
+impl Agent for Arc<PluginAgent> {
+    fn turn(&self, _service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let json = this.callback.call(json!(turn).to_string()).await?;
+            serde_json::from_str::<String>(&json)
+                .map_err(|e| ServiceError::Plugin(format!("agent reply is not a string: {e}")))
+        })
+    }
+}
+
+extern "C" fn wrap_tool(ctx: HostCtx, tool: RString, abi: WrapperAbi) -> RResult<(), AbiError> {
+    let plugin = plugin_ctx(ctx);
+    let wrapper = Arc::new(Wrapper { abi, plugin });
+    registered(plugin.check_grant(capability::TOOL_WRAP).map(|()| {
+        plugin
+            .service
+            .tools()
+            .wrap(tool.as_str(), plugin.owner.clone(), Arc::new(wrapper));
+    }))
+}
+
+extern "C" fn add_tool(ctx: HostCtx, spec: RString, abi: CallbackAbi) -> RResult<(), AbiError> {
+    let plugin = plugin_ctx(ctx);
+    let callback = Callback { abi, plugin };
+    registered((|| {
+        plugin.check_grant(capability::TOOL_ADD)?;
+        let spec: ToolSpec = parse("add_tool", spec.as_str())?;
+        let tool = Arc::new(PluginTool {
+            callback,
+            name: spec.name.clone(),
+        });
+        plugin.service.tools().add(&spec.name, plugin.owner.clone(), Arc::new(tool))
+    })())
+}
+
+extern "C" fn register_agent(ctx: HostCtx, name: RString, abi: CallbackAbi) -> RResult<(), AbiError> {
+    let plugin = plugin_ctx(ctx);
+    let callback = Callback { abi, plugin };
+    registered((|| {
+        plugin.check_grant(capability::AGENTS)?;
+        let agent = Arc::new(PluginAgent { callback });
+        plugin
+            .service
+            .agents()
+            .register(name.as_str(), plugin.owner.clone(), Arc::new(agent))
+    })())
+}
+
+extern "C" fn subscribe(ctx: HostCtx, types: RString, abi: CallbackAbi) -> RResult<(), AbiError> {
+    let plugin = plugin_ctx(ctx);
+    let callback = Callback { abi, plugin };
+    registered((|| {
+        plugin.check_grant(capability::EVENTS)?;
+        let types: Vec<String> = parse("subscribe", types.as_str())?;
+        let mut events = plugin.service.events().subscribe();
+        let task = plugin.runtime.spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(event) => {
+                        if types.is_empty() || types.contains(&event.kind) {
+                            if let Err(error) = callback.call(json!(event).to_string()).await {
+                                tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
+                            }
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
+                        tracing::warn!(plugin = %callback.plugin.name, lost, "event handler fell behind; events lost");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        plugin
+            .subscriptions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(task.abort_handle());
+        Ok(())
+    })())
+}
