@@ -1,0 +1,268 @@
+//! Why a plugin file could not be loaded, one variant per cause.
+//!
+//! Each error is shown to a person reading a log line or the output of
+//! `offstage plugin check`, so its `Display` is exactly one line that names
+//! the file and the cause. Anything long (abi_stable's layout reports can
+//! run to hundreds of lines) is trimmed here and logged in full at debug
+//! level where it is produced.
+
+use std::path::PathBuf;
+
+/// Why a plugin file was refused or failed to start.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read or copied.
+    #[error("{}: cannot read plugin file: {message}", path.display())]
+    Io { path: PathBuf, message: String },
+
+    /// The file or its directory may be changed by other users, who could
+    /// then run code inside the host. Refused as ssh refuses such keys.
+    #[error(
+        "{}: refused: {what} is writable by group or other users (mode {mode:03o}); \
+         run `chmod go-w` on it, or allow insecure permissions for development",
+        path.display()
+    )]
+    InsecurePermissions {
+        path: PathBuf,
+        /// `the plugin file` or `its directory <dir>`.
+        what: String,
+        mode: u32,
+    },
+
+    /// Not an ELF / Mach-O / PE file at all.
+    #[error("{}: not a shared library ({detail})", path.display())]
+    NotSharedLibrary { path: PathBuf, detail: String },
+
+    /// A shared library whose headers point past the end of the file.
+    #[error("{}: truncated file ({detail})", path.display())]
+    Truncated { path: PathBuf, detail: String },
+
+    /// The dynamic loader refused the file for another reason (a missing
+    /// dependency, a library for another platform).
+    #[error("{}: cannot open library: {detail}", path.display())]
+    Open { path: PathBuf, detail: String },
+
+    /// A shared library, but not an Offstage plugin: it does not export
+    /// abi_stable's root module symbol.
+    #[error(
+        "{}: no root module: symbol `{symbol}` not found (is it built with offstage_plugin_api::export_plugin!?)",
+        path.display()
+    )]
+    NoRootModule { path: PathBuf, symbol: String },
+
+    /// Built with an abi_stable whose ABI differs from the host's.
+    #[error(
+        "{}: incompatible abi_stable: the plugin's abi_stable ABI is {found}, this host's is {expected}",
+        path.display()
+    )]
+    IncompatibleAbiStable {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+
+    /// Built against another major version of `offstage-plugin-api`.
+    #[error(
+        "{}: incompatible API major version: built against offstage-plugin-api {plugin}, \
+         this host uses {host}",
+        path.display()
+    )]
+    IncompatibleApiVersion {
+        path: PathBuf,
+        plugin: String,
+        host: String,
+    },
+
+    /// A type the plugin and host share has a different layout: the final
+    /// `Error:`/`Expected:`/`Found:` lines of abi_stable's report.
+    #[error("{}: layout mismatch: {summary}", path.display())]
+    LayoutMismatch { path: PathBuf, summary: String },
+
+    /// `manifest()` failed; nothing is known about the plugin.
+    #[error("{}: manifest failed: {message}", path.display())]
+    Manifest { path: PathBuf, message: String },
+
+    /// Built with `panic = "abort"`: a panic in it would kill the host.
+    #[error(
+        "{}: plugin `{name}` is built with panic = \"abort\", so its panics cannot be contained; \
+         rebuild it with panic = \"unwind\"",
+        path.display()
+    )]
+    PanicAbort { path: PathBuf, name: String },
+
+    /// Another file already provides a plugin of that name.
+    #[error(
+        "{}: duplicate plugin name `{name}`: already loaded from {}",
+        path.display(),
+        other.display()
+    )]
+    DuplicateName {
+        path: PathBuf,
+        name: String,
+        other: PathBuf,
+    },
+
+    /// The plugin panicked in `init`.
+    #[error("{}: plugin `{name}` panicked in init: {message}", path.display())]
+    InitPanic {
+        path: PathBuf,
+        name: String,
+        message: String,
+    },
+
+    /// The plugin's `init` returned an error.
+    #[error("{}: plugin `{name}` failed in init: {message}", path.display())]
+    InitError {
+        path: PathBuf,
+        name: String,
+        message: String,
+    },
+
+    /// The host itself could not load the plugin (no tokio runtime, ...).
+    #[error("{}: host error: {message}", path.display())]
+    Host { path: PathBuf, message: String },
+}
+
+impl LoadError {
+    /// The plugin file the error is about.
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            LoadError::Io { path, .. }
+            | LoadError::InsecurePermissions { path, .. }
+            | LoadError::NotSharedLibrary { path, .. }
+            | LoadError::Truncated { path, .. }
+            | LoadError::Open { path, .. }
+            | LoadError::NoRootModule { path, .. }
+            | LoadError::IncompatibleAbiStable { path, .. }
+            | LoadError::IncompatibleApiVersion { path, .. }
+            | LoadError::LayoutMismatch { path, .. }
+            | LoadError::Manifest { path, .. }
+            | LoadError::PanicAbort { path, .. }
+            | LoadError::DuplicateName { path, .. }
+            | LoadError::InitPanic { path, .. }
+            | LoadError::InitError { path, .. }
+            | LoadError::Host { path, .. } => path,
+        }
+    }
+
+    /// The plugin's name when the error happened after its manifest was read.
+    pub fn plugin_name(&self) -> Option<&str> {
+        match self {
+            LoadError::PanicAbort { name, .. }
+            | LoadError::DuplicateName { name, .. }
+            | LoadError::InitPanic { name, .. }
+            | LoadError::InitError { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+}
+
+/// Squeezes text that may span lines (an error a plugin returned, a
+/// dynamic-loader message) into one line.
+pub(crate) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Reduces abi_stable's layout report to its final `Error:`, `Expected:`
+/// and `Found:` entries, as one line: `mismatched type: expected X, found Y`.
+/// Falls back to the report's last non-empty line when it has no `Error:`.
+pub(crate) fn trim_layout_report(report: &str) -> String {
+    let lines: Vec<&str> = report.lines().collect();
+    let Some(start) = lines
+        .iter()
+        .rposition(|l| l.trim_start().starts_with("Error:"))
+    else {
+        return one_line(
+            lines
+                .iter()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or(&""),
+        );
+    };
+    let error = lines[start]
+        .trim_start()
+        .trim_start_matches("Error:")
+        .trim();
+    let (mut expected, mut found) = (Vec::new(), Vec::new());
+    let mut section = 0; // 0 = none, 1 = expected, 2 = found
+    for line in &lines[start + 1..] {
+        match line.trim() {
+            "Expected:" => section = 1,
+            "Found:" => section = 2,
+            "" => {}
+            other if other.starts_with("Extra:") => section = 0,
+            other if section == 1 => expected.push(other),
+            other if section == 2 => found.push(other),
+            _ => {}
+        }
+    }
+    let mut summary = error.to_string();
+    if let Some(place) = error_place(&lines[..start]) {
+        summary.push_str(&format!(" in {place}"));
+    }
+    if !expected.is_empty() {
+        summary.push_str(&format!(": expected {}", expected.join(" ")));
+    }
+    if !found.is_empty() {
+        summary.push_str(&format!(", found {}", found.join(" ")));
+    }
+    one_line(&summary)
+}
+
+/// Where the last error sits: the field path of the report's last
+/// `N error(s)inside:` stack, e.g. `field session.get_blocking (return type)`.
+fn error_place(lines: &[&str]) -> Option<String> {
+    let stack = lines.iter().rposition(|l| l.contains("error(s)inside:"))?;
+    let mut path: Vec<&str> = lines[stack..]
+        .iter()
+        .take_while(|l| !l.starts_with("Layout of expected type:"))
+        .filter_map(|l| l.trim().strip_prefix("field_name:"))
+        .filter(|name| !name.is_empty() && !name.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    let returns = path.last() == Some(&"__returns");
+    if returns {
+        path.pop();
+    }
+    if path.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "field {}{}",
+        path.join("."),
+        if returns { " (return type)" } else { "" }
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trims_to_the_final_error() {
+        // The shape of abi_stable's report, shortened.
+        let report = "incompatible host vtable layout:\nCompared <this>:\n    A\nTo <other>:\n    B\n\n\
+                      0 error(s).\n\n1 error(s)inside:\n    <other>\n\n    field_name:0\n    type:HostVtable\n\n\
+                      \x20   field_name:session\n\n    field_name:get_blocking\n    type:AFunctionPointer\n\n\
+                      \x20   field_name:__returns\n    type:RResult\n\nLayout of expected type:\n    field_name:x\n\n\
+                      Error:too many fields\nExpected:\n    3\nFound:\n    2\n\n\
+                      Error:mismatched type\nExpected:\n    u64\nFound:\n    RResult\n";
+        assert_eq!(
+            trim_layout_report(report),
+            "mismatched type in field session.get_blocking (return type): expected u64, found RResult"
+        );
+    }
+
+    #[test]
+    fn falls_back_to_the_last_line() {
+        assert_eq!(
+            trim_layout_report("something\n  went wrong \n\n"),
+            "went wrong"
+        );
+    }
+
+    #[test]
+    fn one_line_joins_lines() {
+        assert_eq!(one_line(" a\n b\tc \n"), "a b c");
+    }
+}

@@ -1,0 +1,190 @@
+//! Opening one plugin library and calling its frozen root module.
+//!
+//! This is the part of loading that talks to abi_stable and to the plugin's
+//! code; the registry in `mod.rs` decides *whether* to load (permissions,
+//! settings, duplicates) and records the outcome. Every failure here is
+//! turned into one [`LoadError`] variant, so a user sees one line naming the
+//! cause, never abi_stable's multi-line dumps (those go to the debug log).
+//!
+//! Why the library is opened the way it is (DESIGN.md §2):
+//!
+//! - `RootModule::load_from_file` keeps one module per interface type in a
+//!   static, so a second plugin would get the first one's module. Each file
+//!   is opened with [`lib_header_from_path`] and its own header is asked for
+//!   its root module.
+//! - abi_stable never unloads a library, and opening a path that is already
+//!   open returns the image already mapped. The caller therefore hands us a
+//!   fresh copy at a unique path for every load.
+//! - The root module holds only `manifest` and `init`, so abi_stable's own
+//!   layout check at this point never grows; the host vtable's layout is
+//!   checked by the plugin inside `init` and comes back as an
+//!   `Incompatible` error, reported here as a layout mismatch.
+
+use std::path::Path;
+
+use abi_stable::{
+    library::{lib_header_from_path, AbiHeader, LibraryError, RootModule},
+    std_types::RResult,
+};
+use offstage_plugin_api::abi::{
+    error_kind, AbiError, HostHandle, PluginInstance, PluginModuleRef, PANIC_ABORT,
+};
+
+use super::error::{one_line, trim_layout_report, LoadError};
+
+/// What a plugin says about itself, in host types.
+#[derive(Debug, Clone)]
+pub(crate) struct ManifestInfo {
+    pub name: String,
+    pub version: String,
+    pub api_version: String,
+    pub description: String,
+    pub capabilities: Vec<String>,
+    pub panic_abort: bool,
+}
+
+/// Opens the library at `copy` (a private copy of `path`, which is the name
+/// errors use) and returns its checked root module.
+pub(crate) fn open(path: &Path, copy: &Path) -> Result<PluginModuleRef, LoadError> {
+    let header = lib_header_from_path(copy).map_err(|e| classify(path, e))?;
+    header
+        .init_root_module::<PluginModuleRef>()
+        .map_err(|e| classify(path, e))
+}
+
+/// Calls the plugin's `manifest()`.
+pub(crate) fn manifest(path: &Path, module: PluginModuleRef) -> Result<ManifestInfo, LoadError> {
+    match (module.manifest())() {
+        RResult::ROk(m) => Ok(ManifestInfo {
+            name: m.name.into_string(),
+            version: m.version.into_string(),
+            api_version: m.api_version.into_string(),
+            description: m.description.into_string(),
+            capabilities: m
+                .capabilities
+                .into_iter()
+                .map(|c| c.into_string())
+                .collect(),
+            panic_abort: m.panic_strategy == PANIC_ABORT,
+        }),
+        RResult::RErr(e) => Err(LoadError::Manifest {
+            path: path.to_path_buf(),
+            message: one_line(e.message.as_str()),
+        }),
+    }
+}
+
+/// Calls the plugin's `init` with the host handle of its generation.
+pub(crate) fn init(
+    path: &Path,
+    name: &str,
+    module: PluginModuleRef,
+    handle: HostHandle,
+) -> Result<PluginInstance, LoadError> {
+    match (module.init())(handle) {
+        RResult::ROk(instance) => Ok(instance),
+        RResult::RErr(error) => Err(classify_init_error(path, name, error)),
+    }
+}
+
+/// The prefix the plugin-api's panic guard puts on a panic in `init`.
+const INIT_PANIC_PREFIX: &str = "plugin panicked in init:";
+
+fn classify_init_error(path: &Path, name: &str, error: AbiError) -> LoadError {
+    let message = error.message.as_str();
+    match error.kind {
+        error_kind::INCOMPATIBLE => {
+            tracing::debug!(plugin = name, path = %path.display(), "full layout report:\n{message}");
+            LoadError::LayoutMismatch {
+                path: path.to_path_buf(),
+                summary: trim_layout_report(message),
+            }
+        }
+        error_kind::PLUGIN_FAILURE if message.starts_with(INIT_PANIC_PREFIX) => {
+            LoadError::InitPanic {
+                path: path.to_path_buf(),
+                name: name.to_string(),
+                message: one_line(&message[INIT_PANIC_PREFIX.len()..]),
+            }
+        }
+        _ => LoadError::InitError {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            message: one_line(message),
+        },
+    }
+}
+
+fn abi_header_version(header: &AbiHeader) -> String {
+    format!("{}.{}", header.abi_major, header.abi_minor)
+}
+
+/// Maps abi_stable's errors to ours. `path` is the user's file, not the copy
+/// abi_stable saw.
+fn classify(path: &Path, error: LibraryError) -> LoadError {
+    let path = path.to_path_buf();
+    match error {
+        LibraryError::OpenError { err, .. } => {
+            let detail = one_line(&err.to_string());
+            if detail.contains("file too short") {
+                LoadError::Truncated { path, detail }
+            } else if detail.contains("invalid ELF header") {
+                LoadError::NotSharedLibrary { path, detail }
+            } else {
+                LoadError::Open { path, detail }
+            }
+        }
+        LibraryError::GetSymbolError { symbol, .. } => LoadError::NoRootModule {
+            path,
+            symbol: String::from_utf8_lossy(&symbol)
+                .trim_end_matches('\0')
+                .to_string(),
+        },
+        LibraryError::InvalidAbiHeader(found) => {
+            let expected = AbiHeader::VALUE;
+            let found = if found.magic_string == expected.magic_string {
+                abi_header_version(&found)
+            } else {
+                "unknown (its header has no abi_stable magic string)".to_string()
+            };
+            LoadError::IncompatibleAbiStable {
+                path,
+                found,
+                expected: abi_header_version(&expected),
+            }
+        }
+        LibraryError::IncompatibleVersionNumber {
+            expected_version,
+            actual_version,
+            ..
+        } => LoadError::IncompatibleApiVersion {
+            path,
+            plugin: actual_version.to_string(),
+            host: expected_version.to_string(),
+        },
+        LibraryError::AbiInstability(report) => {
+            let report = report.to_string();
+            tracing::debug!(path = %path.display(), "full root module layout report:\n{report}");
+            LoadError::LayoutMismatch {
+                summary: trim_layout_report(&report),
+                path,
+            }
+        }
+        LibraryError::RootModule { err, .. } => LoadError::Manifest {
+            path,
+            message: format!(
+                "the root module constructor failed: {}",
+                one_line(&err.to_string())
+            ),
+        },
+        LibraryError::ParseVersionError(e) => LoadError::IncompatibleApiVersion {
+            path,
+            plugin: format!("an unreadable version ({})", one_line(&e.to_string())),
+            host: PluginModuleRef::VERSION_STRINGS.version.to_string(),
+        },
+        other => LoadError::Open {
+            path,
+            detail: one_line(&other.to_string()),
+        },
+    }
+}

@@ -1,0 +1,714 @@
+//! Native plugins: finding, loading and keeping track of them.
+//!
+//! A plugin is a `cdylib` built against `offstage-plugin-api`. At start-up
+//! the host loads every file with the platform's library suffix from each
+//! configured plugin directory ([`PluginHost::load_all`]). Loading one file
+//! (`loader.rs` does the abi_stable part) goes:
+//!
+//! 1. **Permissions.** The file and its directory must not be writable by
+//!    group or other users: a plugin runs with the host's privileges, so such
+//!    a file lets other users run code as us. Refused like ssh refuses keys,
+//!    unless [`PluginHostConfig::allow_insecure_permissions`] is set.
+//! 2. **Format.** The bytes must be a complete shared library (`file.rs`):
+//!    clear causes for text files and truncated builds, and no `SIGBUS` from
+//!    mapping a segment past the end of a file.
+//! 3. **Private copy.** The bytes are written to a unique path under
+//!    `<data_dir>/plugins/` and that copy is opened: abi_stable never unloads
+//!    a library and reopening a path can return the image already mapped,
+//!    so every load needs a path of its own (hot reload relies on it).
+//! 4. **Root module and manifest**, checked by abi_stable: its ABI header,
+//!    the API's major version, the frozen root module's layout.
+//! 5. **Refusals by policy**: `panic = "abort"` builds (their panics cannot be
+//!    contained), disabled plugins (listed as `unloaded`), duplicate names.
+//! 6. **`init`** with a host handle for the new generation (from
+//!    `adapter.rs`), its granted capabilities and its options. The plugin
+//!    checks the host vtable's layout itself; a mismatch comes back as a
+//!    layout error naming both types.
+//!
+//! Every failure is one [`LoadError`] — one line naming the file and the
+//! cause — logged at `warn`, published as a `plugin.failed` event and kept
+//! in [`PluginHost::list`] with status `failed`. One plugin's failure never
+//! stops the others, and a plugin that panics later (in a hook or a future)
+//! is marked failed by the adapter's failure callback while the host goes on.
+
+mod adapter;
+mod error;
+mod file;
+mod loader;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    panic::{catch_unwind, AssertUnwindSafe},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard, Weak,
+    },
+};
+
+use abi_stable::std_types::RResult;
+use offstage_plugin_api::abi::PluginInstance;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::runtime::Handle;
+
+pub use error::LoadError;
+
+use crate::{session::SessionService, tool::Owner};
+use loader::ManifestInfo;
+
+/// How the host config treats one plugin (its `[plugin.NAME]` table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSettings {
+    /// `false` skips the plugin; it is listed as `unloaded`.
+    pub enabled: bool,
+    /// Capabilities granted. `None` grants everything the manifest asks for;
+    /// a list grants at most those.
+    pub grant: Option<Vec<String>>,
+    /// The plugin's options (the table's other keys), a JSON object.
+    pub options: Value,
+}
+
+impl Default for PluginSettings {
+    fn default() -> Self {
+        PluginSettings {
+            enabled: true,
+            grant: None,
+            options: Value::Null,
+        }
+    }
+}
+
+/// Where plugins come from and how they are treated.
+#[derive(Debug, Clone, Default)]
+pub struct PluginHostConfig {
+    /// Directories searched by [`PluginHost::load_all`].
+    pub dirs: Vec<PathBuf>,
+    /// The host's data dir; private copies of loaded libraries go to
+    /// `<data_dir>/plugins/`.
+    pub data_dir: PathBuf,
+    /// Load plugin files (or dirs) writable by other users. For development.
+    pub allow_insecure_permissions: bool,
+    /// Per-plugin settings by plugin name.
+    pub settings: BTreeMap<String, PluginSettings>,
+}
+
+/// Where a plugin is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginStatus {
+    /// Initialised and serving.
+    Loaded,
+    /// Refused at load, failed in `init`, or panicked later.
+    Failed,
+    /// Disabled by config, or shut down.
+    Unloaded,
+}
+
+/// A plugin as `GET /api/plugin` and `offstage plugin check` show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PluginInfo {
+    /// The manifest's name; for a file refused before its manifest was read,
+    /// the file's stem.
+    pub name: String,
+    pub version: String,
+    /// The plugin file as found in the plugin dir (not the private copy).
+    pub path: PathBuf,
+    /// 1 for the first `init` of a name, 0 when `init` was never reached.
+    pub generation: u64,
+    pub status: PluginStatus,
+    /// Why it failed: the one-line [`LoadError`] or the panic message.
+    pub error: Option<String>,
+    /// Capabilities granted (requested ∩ config's grant list).
+    pub capabilities: Vec<String>,
+    pub description: String,
+    /// The `offstage-plugin-api` version it was built against.
+    pub api_version: String,
+}
+
+/// Loads plugins and keeps track of them. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginHost {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    service: SessionService,
+    config: PluginHostConfig,
+    state: Mutex<State>,
+    /// Loads run one at a time, so a duplicate-name check and the insert
+    /// that follows it cannot interleave with another load. Never held by
+    /// anything a plugin can call back into.
+    loading: Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    entries: Vec<Entry>,
+    /// Last generation handed out per plugin name.
+    generations: HashMap<String, u64>,
+}
+
+struct Entry {
+    info: PluginInfo,
+    live: Option<Live>,
+}
+
+/// A plugin generation that has been initialised: what `shutdown` needs.
+struct Live {
+    instance: PluginInstance,
+    owner: Owner,
+    /// Keeps the state behind the plugin's `HostHandle` alive.
+    _ctx: Arc<adapter::PluginCtx>,
+}
+
+/// Distinguishes private copies made by this process.
+static COPY_SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A load that failed, with what was learnt before it did.
+struct Failure {
+    error: LoadError,
+    manifest: Option<Box<ManifestInfo>>,
+    generation: u64,
+}
+
+impl From<LoadError> for Failure {
+    fn from(error: LoadError) -> Self {
+        Failure {
+            error,
+            manifest: None,
+            generation: 0,
+        }
+    }
+}
+
+impl PluginHost {
+    /// A plugin host for `service`. Loads nothing yet.
+    pub fn new(service: SessionService, config: PluginHostConfig) -> Self {
+        PluginHost {
+            inner: Arc::new(Inner {
+                service,
+                config,
+                state: Mutex::new(State::default()),
+                loading: Mutex::new(()),
+            }),
+        }
+    }
+
+    /// Loads every plugin file (platform library suffix) in every plugin
+    /// dir, in name order. One failure never stops the others; never panics.
+    /// Must run inside a multi-thread tokio runtime: plugins get its handle.
+    pub fn load_all(&self) -> Vec<PluginInfo> {
+        let mut infos = Vec::new();
+        for dir in &self.inner.config.dirs {
+            let files = match plugin_files(dir) {
+                Ok(files) => files,
+                Err(e) => {
+                    tracing::warn!("plugin dir {}: cannot read it: {e}", dir.display());
+                    continue;
+                }
+            };
+            for path in files {
+                infos.push(self.load_recorded(&path).0);
+            }
+        }
+        infos
+    }
+
+    /// Loads one plugin file. A disabled plugin is `Ok` with status
+    /// `unloaded`. The outcome, failure included, is kept for [`list`](Self::list).
+    pub fn load_file(&self, path: &Path) -> Result<PluginInfo, LoadError> {
+        let (info, result) = self.load_recorded(path);
+        result.map(|()| info)
+    }
+
+    /// Every plugin the host knows: loaded, failed and unloaded.
+    pub fn list(&self) -> Vec<PluginInfo> {
+        lock(&self.inner.state)
+            .entries
+            .iter()
+            .map(|e| e.info.clone())
+            .collect()
+    }
+
+    /// The plugin called `name`: the loaded one if there is one, else the
+    /// latest attempt.
+    pub fn get(&self, name: &str) -> Option<PluginInfo> {
+        let state = lock(&self.inner.state);
+        let mut named = state.entries.iter().filter(|e| e.info.name == name);
+        named
+            .clone()
+            .find(|e| e.info.status == PluginStatus::Loaded)
+            .or_else(|| named.next_back())
+            .map(|e| e.info.clone())
+    }
+
+    /// Retires every loaded plugin: removes its tools and agents, calls its
+    /// `shutdown`, frees its state, and lists it as `unloaded`. Safe to call
+    /// twice.
+    pub fn shutdown(&self) {
+        let retiring: Vec<(String, Live)> = {
+            let mut state = lock(&self.inner.state);
+            state
+                .entries
+                .iter_mut()
+                .filter(|e| e.info.status == PluginStatus::Loaded)
+                .filter_map(|e| {
+                    e.info.status = PluginStatus::Unloaded;
+                    e.live.take().map(|live| (e.info.name.clone(), live))
+                })
+                .collect()
+        };
+        for (name, live) in retiring {
+            self.remove_registrations(&live.owner);
+            let instance = &live.instance;
+            if let RResult::RErr(e) = (instance.shutdown)(instance.state) {
+                tracing::warn!(plugin = %name, "plugin shutdown failed: {}", error::one_line(&e.message));
+            }
+            (instance.drop)(instance.state);
+            tracing::info!(plugin = %name, "plugin shut down");
+        }
+    }
+
+    fn remove_registrations(&self, owner: &Owner) {
+        self.inner.service.tools().remove_owner(owner);
+        self.inner.service.agents().remove_owner(owner);
+    }
+
+    /// Loads `path` and records the outcome; the info is the recorded one.
+    fn load_recorded(&self, path: &Path) -> (PluginInfo, Result<(), LoadError>) {
+        let _serial = lock(&self.inner.loading);
+        let outcome =
+            catch_unwind(AssertUnwindSafe(|| self.load(path))).unwrap_or_else(|payload| {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(LoadError::Host {
+                    path: path.to_path_buf(),
+                    message: format!("the loader panicked: {message}"),
+                }
+                .into())
+            });
+        match outcome {
+            Ok((info, live)) => {
+                self.record(info.clone(), live);
+                match info.status {
+                    PluginStatus::Unloaded => {
+                        tracing::info!(plugin = %info.name, path = %path.display(), "plugin disabled by config")
+                    }
+                    _ => {
+                        tracing::info!(
+                            plugin = %info.name,
+                            version = %info.version,
+                            generation = info.generation,
+                            path = %path.display(),
+                            "plugin loaded"
+                        );
+                        self.inner
+                            .service
+                            .events()
+                            .publish("plugin.loaded", json!(info));
+                    }
+                }
+                // A hook may have panicked between `init` and `record`.
+                let info = self
+                    .get_generation(&info.name, info.generation)
+                    .unwrap_or(info);
+                (info, Ok(()))
+            }
+            Err(failure) => {
+                let info = failed_info(path, &failure);
+                tracing::warn!("{}", failure.error);
+                self.record(info.clone(), None);
+                self.inner
+                    .service
+                    .events()
+                    .publish("plugin.failed", json!(info));
+                (info, Err(failure.error))
+            }
+        }
+    }
+
+    fn get_generation(&self, name: &str, generation: u64) -> Option<PluginInfo> {
+        lock(&self.inner.state)
+            .entries
+            .iter()
+            .find(|e| e.info.name == name && e.info.generation == generation)
+            .map(|e| e.info.clone())
+    }
+
+    /// Adds an entry, replacing an earlier failed or unloaded attempt at the
+    /// same file so that repeated loads do not pile up.
+    fn record(&self, info: PluginInfo, live: Option<Live>) {
+        let mut state = lock(&self.inner.state);
+        state
+            .entries
+            .retain(|e| !(e.info.path == info.path && e.info.status != PluginStatus::Loaded));
+        state.entries.push(Entry { info, live });
+    }
+
+    /// Marks generation `generation` of `name` failed, if it is loaded. Its
+    /// instance is neither shut down nor freed: a plugin that panicked is not
+    /// trusted to shut down cleanly, and the adapter has already unhooked it.
+    fn mark_failed(&self, name: &str, generation: u64, message: &str) {
+        let info = {
+            let mut state = lock(&self.inner.state);
+            let Some(entry) = state.entries.iter_mut().find(|e| {
+                e.info.name == name
+                    && e.info.generation == generation
+                    && e.info.status == PluginStatus::Loaded
+            }) else {
+                return;
+            };
+            entry.info.status = PluginStatus::Failed;
+            entry.info.error = Some(error::one_line(message));
+            entry.info.clone()
+        };
+        tracing::warn!(plugin = %name, generation, "plugin failed: {}", error::one_line(message));
+        self.inner
+            .service
+            .events()
+            .publish("plugin.failed", json!(info));
+    }
+
+    fn load(&self, path: &Path) -> Result<(PluginInfo, Option<Live>), Failure> {
+        let config = &self.inner.config;
+        let runtime = Handle::try_current().map_err(|_| LoadError::Host {
+            path: path.to_path_buf(),
+            message: "plugins must be loaded inside a tokio runtime".into(),
+        })?;
+        if !config.allow_insecure_permissions {
+            file::check_permissions(path)?;
+        }
+        let io = |e: std::io::Error| LoadError::Io {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        };
+        let bytes = std::fs::read(path).map_err(io)?;
+        file::check_format(path, &bytes)?;
+        let copy = private_copy(&config.data_dir, path, &bytes).map_err(io)?;
+        let opened = loader::open(path, &copy);
+        // The mapping stays valid after the copy is gone; removing it keeps
+        // the data dir from growing with every start. (Windows cannot remove
+        // a loaded library; there the copy stays.)
+        if cfg!(unix) || opened.is_err() {
+            let _ = std::fs::remove_file(&copy);
+        }
+        let module = opened?;
+        let manifest = loader::manifest(path, module)?;
+        let with_manifest = |error: LoadError, generation: u64| Failure {
+            error,
+            manifest: Some(Box::new(manifest.clone())),
+            generation,
+        };
+        if manifest.panic_abort {
+            return Err(with_manifest(
+                LoadError::PanicAbort {
+                    path: path.to_path_buf(),
+                    name: manifest.name.clone(),
+                },
+                0,
+            ));
+        }
+        let settings = config
+            .settings
+            .get(&manifest.name)
+            .cloned()
+            .unwrap_or_default();
+        if !settings.enabled {
+            let info = info_from(path, &manifest, 0, PluginStatus::Unloaded, Vec::new());
+            return Ok((info, None));
+        }
+        let duplicate = lock(&self.inner.state)
+            .entries
+            .iter()
+            .find(|e| e.info.name == manifest.name && e.info.status == PluginStatus::Loaded)
+            .map(|e| e.info.path.clone());
+        if let Some(other) = duplicate {
+            return Err(with_manifest(
+                LoadError::DuplicateName {
+                    path: path.to_path_buf(),
+                    name: manifest.name.clone(),
+                    other,
+                },
+                0,
+            ));
+        }
+
+        let grants = granted(&manifest.capabilities, settings.grant.as_deref());
+        let options = match settings.options {
+            Value::Object(map) => Value::Object(map),
+            _ => json!({}),
+        };
+        let generation = {
+            let mut state = lock(&self.inner.state);
+            let last = state.generations.entry(manifest.name.clone()).or_insert(0);
+            *last += 1;
+            *last
+        };
+        let owner = Owner::Plugin {
+            name: manifest.name.clone(),
+            generation,
+        };
+        let ctx = adapter::new_ctx(
+            self.inner.service.clone(),
+            runtime.clone(),
+            owner.clone(),
+            grants.clone(),
+            options,
+            None,
+            self.failure_callback(&manifest.name, generation),
+        );
+        let handle = adapter::host_handle(&ctx);
+        let initialised = {
+            let _runtime = runtime.enter();
+            loader::init(path, &manifest.name, module, handle)
+        };
+        let instance = match initialised {
+            Ok(instance) => instance,
+            Err(error) => {
+                // Whatever it registered before failing must not stay.
+                self.remove_registrations(&owner);
+                return Err(with_manifest(error, generation));
+            }
+        };
+        let info = info_from(
+            path,
+            &manifest,
+            generation,
+            PluginStatus::Loaded,
+            grants.into_iter().collect(),
+        );
+        Ok((
+            info,
+            Some(Live {
+                instance,
+                owner,
+                _ctx: ctx,
+            }),
+        ))
+    }
+
+    /// What the adapter calls when a hook or future of this generation
+    /// panics. Holds the host weakly: the host owns the generation's context,
+    /// which owns this callback.
+    fn failure_callback(&self, name: &str, generation: u64) -> Arc<dyn Fn(String) + Send + Sync> {
+        let host = Arc::downgrade(&self.inner);
+        let name = name.to_string();
+        Arc::new(move |message: String| {
+            if let Some(inner) = Weak::upgrade(&host) {
+                PluginHost { inner }.mark_failed(&name, generation, &message);
+            }
+        })
+    }
+}
+
+/// Plugin files in `dir`: regular files (or links to them) with the
+/// platform's library suffix, sorted by name.
+fn plugin_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let is_library = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(std::env::consts::DLL_SUFFIX));
+        if is_library && path.is_file() {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Writes `bytes` to `<data_dir>/plugins/<stem>-<n>-<pid>.<ext>`, a path no
+/// earlier load in any process has used (`create_new` makes sure).
+fn private_copy(data_dir: &Path, source: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+
+    let dir = data_dir.join("plugins");
+    std::fs::create_dir_all(&dir)?;
+    let stem = file_stem(source);
+    loop {
+        let n = COPY_SEQUENCE.fetch_add(1, Ordering::Relaxed) + 1;
+        let copy = dir.join(format!(
+            "{stem}-{n}-{}.{}",
+            std::process::id(),
+            std::env::consts::DLL_EXTENSION
+        ));
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o700);
+        match options.open(&copy) {
+            Ok(mut file) => {
+                file.write_all(bytes)?;
+                file.sync_all()?;
+                return Ok(copy);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// `libfoo_bar.so` → `foo_bar`.
+fn file_stem(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("plugin");
+    let name = name
+        .strip_suffix(std::env::consts::DLL_SUFFIX)
+        .unwrap_or(name);
+    let name = name
+        .strip_prefix(std::env::consts::DLL_PREFIX)
+        .unwrap_or(name);
+    if name.is_empty() {
+        "plugin".to_string()
+    } else {
+        name.to_string()
+    }
+}
+
+/// Requested ∩ granted; everything requested when the config lists nothing.
+fn granted(requested: &[String], grant: Option<&[String]>) -> BTreeSet<String> {
+    requested
+        .iter()
+        .filter(|c| grant.is_none_or(|g| g.contains(c)))
+        .cloned()
+        .collect()
+}
+
+fn info_from(
+    path: &Path,
+    manifest: &ManifestInfo,
+    generation: u64,
+    status: PluginStatus,
+    capabilities: Vec<String>,
+) -> PluginInfo {
+    PluginInfo {
+        name: manifest.name.clone(),
+        version: manifest.version.clone(),
+        path: path.to_path_buf(),
+        generation,
+        status,
+        error: None,
+        capabilities,
+        description: manifest.description.clone(),
+        api_version: manifest.api_version.clone(),
+    }
+}
+
+fn failed_info(path: &Path, failure: &Failure) -> PluginInfo {
+    let mut info = match &failure.manifest {
+        Some(manifest) => info_from(
+            path,
+            manifest,
+            failure.generation,
+            PluginStatus::Failed,
+            Vec::new(),
+        ),
+        None => PluginInfo {
+            name: file_stem(path),
+            version: String::new(),
+            path: path.to_path_buf(),
+            generation: 0,
+            status: PluginStatus::Failed,
+            error: None,
+            capabilities: Vec::new(),
+            description: String::new(),
+            api_version: String::new(),
+        },
+    };
+    info.error = Some(failure.error.to_string());
+    info
+}
+
+/// Loads one plugin file in isolation, as `offstage plugin check FILE` does:
+/// the full load including `init`, against a fresh session service in a
+/// temporary data dir, then shuts it down. Uses the current tokio runtime if
+/// there is one, else starts its own. Insecure permissions are refused.
+pub fn check_file(path: &Path) -> Result<PluginInfo, LoadError> {
+    check_file_with(path, false)
+}
+
+/// [`check_file`], optionally allowing files writable by other users.
+pub fn check_file_with(
+    path: &Path,
+    allow_insecure_permissions: bool,
+) -> Result<PluginInfo, LoadError> {
+    let host_error = |message: String| LoadError::Host {
+        path: path.to_path_buf(),
+        message,
+    };
+    let temp = tempfile::tempdir()
+        .map_err(|e| host_error(format!("cannot create a temporary dir: {e}")))?;
+    let check = || {
+        let service = SessionService::new(crate::session::ServiceConfig {
+            data_dir: temp.path().join("data"),
+            permissions: Vec::new(),
+        });
+        let host = PluginHost::new(
+            service,
+            PluginHostConfig {
+                dirs: Vec::new(),
+                data_dir: temp.path().to_path_buf(),
+                allow_insecure_permissions,
+                settings: BTreeMap::new(),
+            },
+        );
+        let result = host.load_file(path);
+        host.shutdown();
+        result
+    };
+    if Handle::try_current().is_ok() {
+        return check();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| host_error(format!("cannot start a tokio runtime: {e}")))?;
+    let result = {
+        let _enter = runtime.enter();
+        check()
+    };
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_are_the_intersection() {
+        let requested = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(
+            granted(&requested, None),
+            BTreeSet::from(["a".into(), "b".into()])
+        );
+        assert_eq!(
+            granted(&requested, Some(&["b".to_string(), "c".to_string()])),
+            BTreeSet::from(["b".into()])
+        );
+        assert!(granted(&requested, Some(&[])).is_empty());
+    }
+
+    #[test]
+    fn stems_drop_prefix_and_suffix() {
+        let name = format!(
+            "{}offstage_test_hello{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        );
+        assert_eq!(file_stem(Path::new(&name)), "offstage_test_hello");
+    }
+}
