@@ -1,0 +1,237 @@
+//! Opening the database file without harming what is already there.
+//!
+//! The order matters, and each step only reads until the file is known to
+//! be ours and of a version this build understands:
+//!
+//! 1. the first 100 bytes (the SQLite header) read as a plain file: a file
+//!    that is not SQLite at all is refused before SQLite sees it;
+//! 2. a *read-only* SQLite connection reads `application_id` and
+//!    `user_version` (read-only, so that it cannot checkpoint a WAL into the
+//!    file or roll back a hot journal; see [`open_probe`]), then closes;
+//! 3. an exclusive lock (`flock`) on `<data dir>/offstage.lock`, held as
+//!    long as the store: two hosts on one data dir would each "recover" the
+//!    other's running jobs as crashed. The kernel lets go of it when the
+//!    process dies, however it dies. (Unix only; elsewhere there is no lock.)
+//! 4. only then the read-write connection: WAL mode, synchronous, foreign
+//!    keys, and the migrations in one `IMMEDIATE` transaction that checks
+//!    the version again under the write lock.
+
+use std::{
+    fs::File,
+    io::Read,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+
+use super::{
+    schema::{APPLICATION_ID, MIGRATIONS, SCHEMA_VERSION},
+    Durability, StoreError,
+};
+
+/// Name of the database file inside the data dir.
+pub const DB_FILE: &str = "offstage.db";
+/// Name of the lock file inside the data dir.
+pub const LOCK_FILE: &str = "offstage.lock";
+
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+
+/// Takes the data dir's lock, or says who holds it.
+pub(super) fn lock_data_dir(data_dir: &Path) -> Result<File, StoreError> {
+    let path = data_dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|source| StoreError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a descriptor we own; no memory is involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let source = std::io::Error::last_os_error();
+            return Err(if source.kind() == std::io::ErrorKind::WouldBlock {
+                StoreError::Locked { path }
+            } else {
+                StoreError::Io { path, source }
+            });
+        }
+    }
+    Ok(file)
+}
+
+/// Steps 1 and 2: refuses a file that is not an Offstage database of a
+/// version this build knows. Writes nothing.
+pub(super) fn probe(path: &Path) -> Result<(), StoreError> {
+    let corrupt = |cause: String| StoreError::Corrupt {
+        path: path.to_path_buf(),
+        cause,
+    };
+    let mut header = Vec::with_capacity(100);
+    match File::open(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+        Ok(file) => file
+            .take(100)
+            .read_to_end(&mut header)
+            .map_err(|source| StoreError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?,
+    };
+    if header.is_empty() {
+        // SQLite treats an empty file as an empty database.
+        return Ok(());
+    }
+    if header.len() < 100 || !header.starts_with(SQLITE_MAGIC) {
+        return Err(corrupt(format!(
+            "not an SQLite database: its first {} bytes are not an SQLite header",
+            header.len()
+        )));
+    }
+
+    let probe = open_probe(path).map_err(|e| classify(path, e))?;
+    let application_id: i32 = probe
+        .pragma_query_value(None, "application_id", |row| row.get(0))
+        .map_err(|e| classify(path, e))?;
+    let version: i64 = probe
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| classify(path, e))?;
+    drop(probe);
+    if application_id != 0 && application_id != APPLICATION_ID {
+        return Err(StoreError::NotOffstage {
+            path: path.to_path_buf(),
+            application_id,
+        });
+    }
+    check_version(path, version)
+}
+
+/// A read-only connection that leaves no trace. Without a write-ahead log
+/// beside the file (a clean shutdown removes it), the file alone is the
+/// database, and `immutable=1` reads it without creating `-wal`/`-shm`
+/// files or taking locks. With a log, its contents count (it may hold the
+/// newer version), so the probe reads it the ordinary read-only way, which
+/// never checkpoints it into the file.
+fn open_probe(path: &Path) -> rusqlite::Result<Connection> {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    let has_wal = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if has_wal {
+        return Connection::open_with_flags(path, flags);
+    }
+    let uri = format!("file:{}?immutable=1", uri_escape(path));
+    Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
+}
+
+/// Percent-escapes a path for an SQLite `file:` URI.
+fn uri_escape(path: &Path) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for &byte in path.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-_.~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+fn check_version(path: &Path, found: i64) -> Result<(), StoreError> {
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::NewerVersion {
+            found,
+            supported: SCHEMA_VERSION,
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// Maps an SQLite error met while opening `path` to what it means here.
+pub(super) fn classify(path: &Path, error: rusqlite::Error) -> StoreError {
+    match error.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) => StoreError::Corrupt {
+            path: path.to_path_buf(),
+            cause: error.to_string(),
+        },
+        _ => StoreError::Open {
+            path: path.to_path_buf(),
+            source: error,
+        },
+    }
+}
+
+/// Step 4: the read-write connection with its settings, migrated.
+pub(super) fn connect(
+    path: Option<&Path>,
+    durability: Durability,
+) -> Result<Connection, StoreError> {
+    let shown: PathBuf = path.map_or_else(|| PathBuf::from(":memory:"), Path::to_path_buf);
+    let conn = match path {
+        Some(path) => Connection::open(path),
+        None => Connection::open_in_memory(),
+    }
+    .map_err(|e| classify(&shown, e))?;
+    // Another process (an `sqlite3` shell) may hold a lock briefly.
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| classify(&shown, e))?;
+    if path.is_some() {
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
+            .map_err(|e| classify(&shown, e))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::NoWal { path: shown, mode });
+        }
+    }
+    conn.pragma_update(None, "synchronous", durability.pragma())
+        .map_err(|e| classify(&shown, e))?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(|e| classify(&shown, e))?;
+    migrate(conn, &shown)
+}
+
+fn migrate(mut conn: Connection, path: &Path) -> Result<Connection, StoreError> {
+    {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| classify(path, e))?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |row| row.get(0))
+            .map_err(|e| classify(path, e))?;
+        // Checked again under the write lock: the probe ran without one. On
+        // any early return the transaction rolls back when dropped.
+        check_version(path, version)?;
+        let from = usize::try_from(version).unwrap_or(0);
+        if from < MIGRATIONS.len() {
+            for (index, sql) in MIGRATIONS.iter().enumerate().skip(from) {
+                tx.execute_batch(sql)
+                    .map_err(|source| StoreError::Migration {
+                        path: path.to_path_buf(),
+                        version: index as i64 + 1,
+                        source,
+                    })?;
+            }
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(|e| classify(path, e))?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                .map_err(|e| classify(path, e))?;
+            tx.commit().map_err(|e| classify(path, e))?;
+        }
+    }
+    Ok(conn)
+}

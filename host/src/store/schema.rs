@@ -1,0 +1,91 @@
+//! The schema, as an ordered list of migrations.
+//!
+//! `PRAGMA user_version` holds how many of [`MIGRATIONS`] a database has had.
+//! At open the store applies the missing ones, in order, in one transaction
+//! together with the new version number: a crash half-way leaves the old
+//! version intact, never a half-migrated file. A migration, once released,
+//! is never edited; a change is a new entry at the end.
+//!
+//! Enumerations are stored as the same lower-case words the JSON API uses
+//! (`running`, `notice`, ...), with `CHECK` constraints, so the file reads
+//! well with the `sqlite3` shell and a bad value is refused at write time.
+
+/// Marks the file as Offstage's (`PRAGMA application_id`, "OFST"), so that
+/// another program's SQLite file at the same path is refused, not migrated.
+pub(crate) const APPLICATION_ID: i32 = 0x4F46_5354;
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Migration `i` takes a database from version `i` to version `i + 1`.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: sessions, messages, jobs, owed notices, permission rules.
+    r#"
+    CREATE TABLE sessions (
+        id          TEXT PRIMARY KEY NOT NULL,
+        title       TEXT NOT NULL,
+        -- A child session goes with its parent, as in the service.
+        parent_id   TEXT REFERENCES sessions(id) ON DELETE CASCADE,
+        agent       TEXT NOT NULL,
+        status      TEXT NOT NULL CHECK (status IN ('idle', 'busy')),
+        created_at  TEXT NOT NULL,
+        updated_at  TEXT NOT NULL
+    );
+    CREATE INDEX sessions_by_parent ON sessions(parent_id);
+
+    CREATE TABLE messages (
+        -- Insertion order; AUTOINCREMENT so a number is never reused, even
+        -- after the newest messages of a removed session are gone.
+        seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+        id          TEXT NOT NULL UNIQUE,
+        session_id  TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        role        TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool', 'notice')),
+        text        TEXT NOT NULL,
+        metadata    TEXT NOT NULL,   -- JSON
+        created_at  TEXT NOT NULL,
+        -- 0 while the message waits in the session's inbox (a prompt or a
+        -- notice no agent turn has been handed yet), 1 once handed over.
+        delivered   INTEGER NOT NULL CHECK (delivered IN (0, 1))
+    );
+    CREATE INDEX messages_by_session ON messages(session_id, seq);
+    CREATE INDEX messages_undelivered ON messages(session_id, seq) WHERE delivered = 0;
+
+    CREATE TABLE jobs (
+        id                TEXT PRIMARY KEY NOT NULL,
+        session_id        TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        type              TEXT NOT NULL,
+        title             TEXT NOT NULL,
+        status            TEXT NOT NULL
+                          CHECK (status IN ('running', 'completed', 'error', 'cancelled')),
+        backgrounded      INTEGER NOT NULL CHECK (backgrounded IN (0, 1)),
+        started_at        TEXT NOT NULL,
+        completed_at      TEXT,
+        exit_code         INTEGER,
+        output_path       TEXT,
+        child_session_id  TEXT,
+        -- The id of the one notice written for this job, once written. Set
+        -- in the same transaction as the notice's insert: the guard that
+        -- makes a job's notice exactly-once across crashes and restarts.
+        notice_message_id TEXT
+    );
+    CREATE INDEX jobs_by_session ON jobs(session_id);
+    CREATE INDEX jobs_running ON jobs(status) WHERE status = 'running';
+
+    -- Notices owed but not written yet: a job ended (or was cancelled by a
+    -- restart) and its session has not got the message saying so.
+    CREATE TABLE pending_notices (
+        job_id  TEXT PRIMARY KEY NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        reason  TEXT NOT NULL CHECK (reason IN ('job_ended', 'host_restarted'))
+    );
+
+    -- Permission decisions replied `always`, in the order they were made
+    -- (the last matching rule wins, so order matters).
+    CREATE TABLE permission_rules (
+        seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+        tool     TEXT NOT NULL,
+        pattern  TEXT NOT NULL,
+        action   TEXT NOT NULL CHECK (action IN ('allow', 'ask', 'deny')),
+        UNIQUE (tool, pattern, action)
+    );
+    "#,
+];

@@ -1,0 +1,476 @@
+//! Unit tests of the store against real SQLite files in temporary dirs.
+//! Restart scenarios through the public API are in
+//! `tests/tests/store_restart.rs`; these need raw SQLite access.
+
+use std::path::Path;
+
+use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};
+use rusqlite::Connection;
+use serde_json::json;
+
+use super::*;
+use crate::permission::{Action, Rule};
+
+fn session(id: &str, parent: Option<&str>) -> Session {
+    Session {
+        id: id.into(),
+        title: format!("title of {id}"),
+        parent_id: parent.map(Into::into),
+        agent: "script".into(),
+        status: SessionStatus::Idle,
+        created_at: "2026-01-01T00:00:00.000Z".into(),
+        updated_at: "2026-01-01T00:00:00.000Z".into(),
+    }
+}
+
+fn message(id: &str, session_id: &str, role: Role) -> Message {
+    Message {
+        id: id.into(),
+        session_id: session_id.into(),
+        role,
+        text: format!("text of {id}"),
+        metadata: json!({ "k": [1, 2, { "n": null }] }),
+        created_at: format!("2026-01-01T00:00:01.{:0>3}Z", id.len()),
+    }
+}
+
+fn job(id: &str, session_id: &str, status: JobStatus) -> Job {
+    Job {
+        id: id.into(),
+        session_id: session_id.into(),
+        kind: "shell".into(),
+        title: "sleep 5".into(),
+        status,
+        backgrounded: true,
+        started_at: format!("2026-01-01T00:00:02.000Z{id}"),
+        completed_at: None,
+        exit_code: None,
+        output_path: Some(format!("/data/output/{session_id}/{id}.log")),
+        child_session_id: None,
+    }
+}
+
+/// Every file in `dir` with its length and a hash of its
+/// bytes, to show that nothing changed.
+fn snapshot(dir: &Path) -> Vec<(String, usize, u64)> {
+    use std::hash::{Hash, Hasher};
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut hasher);
+            (
+                p.file_name().unwrap().to_string_lossy().into_owned(),
+                bytes.len(),
+                hasher.finish(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn fresh_file_is_wal_versioned_and_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let mode: String = raw
+        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+        .unwrap();
+    let version: i64 = raw
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    let app: i32 = raw
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(app, schema::APPLICATION_ID);
+}
+
+#[test]
+fn settings_of_the_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let conn = store.conn();
+    let sync: i64 = conn
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .unwrap();
+    let fk: bool = conn
+        .pragma_query_value(None, "foreign_keys", |r| r.get(0))
+        .unwrap();
+    assert_eq!(sync, 2, "FULL");
+    assert!(fk);
+    drop(conn);
+    drop(store);
+    let store = Store::open_with(dir.path(), Durability::Normal).unwrap();
+    let sync: i64 = store
+        .conn()
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .unwrap();
+    assert_eq!(sync, 1, "NORMAL");
+}
+
+#[test]
+fn newer_version_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    {
+        let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        raw.pragma_update(None, "user_version", SCHEMA_VERSION + 7)
+            .unwrap();
+    }
+    let before = snapshot(dir.path());
+    let error = Store::open(dir.path()).unwrap_err();
+    match &error {
+        StoreError::NewerVersion {
+            found,
+            supported,
+            path,
+        } => {
+            assert_eq!(*found, SCHEMA_VERSION + 7);
+            assert_eq!(*supported, SCHEMA_VERSION);
+            assert_eq!(path, &dir.path().join(DB_FILE));
+        }
+        other => panic!("expected NewerVersion, got {other:?}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.contains("newer") && text.contains("left untouched"),
+        "{text}"
+    );
+    assert_eq!(snapshot(dir.path()), before, "the data dir changed");
+}
+
+/// The newer version may sit in the write-ahead log of a live (or
+/// crashed) newer host, not yet in the main file: still refused, and the
+/// log is not checkpointed into the file.
+#[test]
+fn newer_version_in_the_wal_is_refused_too() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    raw.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+    raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    let main_file = std::fs::read(dir.path().join(DB_FILE)).unwrap();
+    let error = Store::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(error, StoreError::NewerVersion { .. }),
+        "{error:?}"
+    );
+    assert_eq!(std::fs::read(dir.path().join(DB_FILE)).unwrap(), main_file);
+}
+
+#[test]
+fn garbage_is_refused_and_left_untouched() {
+    for garbage in [
+        b"hello, I am a text file, not a database\n".repeat(50),
+        b"tiny".to_vec(),
+        // The right magic, then nonsense: SQLite itself has to say no.
+        [b"SQLite format 3\0".as_slice(), &[0xAB; 4080]].concat(),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(DB_FILE), &garbage).unwrap();
+        let before = snapshot(dir.path());
+        let error = Store::open(dir.path()).unwrap_err();
+        match &error {
+            StoreError::Corrupt { path, cause } => {
+                assert_eq!(path, &dir.path().join(DB_FILE));
+                assert!(!cause.is_empty());
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+        assert!(error.to_string().contains("left untouched"), "{error}");
+        assert_eq!(snapshot(dir.path()), before, "the data dir changed");
+    }
+}
+
+#[test]
+fn another_applications_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let raw = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        raw.pragma_update(None, "application_id", 0x1234_5678)
+            .unwrap();
+        raw.execute_batch("CREATE TABLE notes (text TEXT)").unwrap();
+    }
+    let before = snapshot(dir.path());
+    let error = Store::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            StoreError::NotOffstage {
+                application_id: 0x1234_5678,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(snapshot(dir.path()), before);
+}
+
+#[test]
+fn an_empty_file_becomes_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(DB_FILE), b"").unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert!(store.sessions().unwrap().is_empty());
+}
+
+#[test]
+fn a_second_open_of_the_same_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let error = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(error, StoreError::Locked { .. }), "{error:?}");
+    assert!(error
+        .to_string()
+        .contains("in use by another offstage process"));
+    drop(store);
+    Store::open(dir.path()).unwrap();
+}
+
+#[test]
+fn upserts_update_in_place_and_keep_children() {
+    let store = Store::open_in_memory().unwrap();
+    let mut s = session("ses_1", None);
+    store.put_session(&s).unwrap();
+    store
+        .append_message(&message("msg_1", "ses_1", Role::User))
+        .unwrap();
+    let mut j = job("job_1", "ses_1", JobStatus::Running);
+    store.put_job(&j).unwrap();
+    // An upsert must not delete-and-reinsert (that would cascade).
+    s.title = "renamed".into();
+    store.put_session(&s).unwrap();
+    j.status = JobStatus::Completed;
+    j.exit_code = Some(-3);
+    store.put_job(&j).unwrap();
+    assert_eq!(store.sessions().unwrap()[0].title, "renamed");
+    assert_eq!(store.messages("ses_1").unwrap().len(), 1);
+    assert_eq!(store.jobs().unwrap(), vec![j]);
+}
+
+#[test]
+fn append_sets_updated_at_and_refuses_bad_records() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let m = message("msg_12345", "ses_1", Role::Assistant);
+    store.append_message(&m).unwrap();
+    assert_eq!(store.sessions().unwrap()[0].updated_at, m.created_at);
+
+    let error = store.append_message(&m).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            StoreError::Duplicate {
+                what: "message",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = store
+        .append_message(&message("msg_2", "ses_gone", Role::User))
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::NotFound { what: "session", id } if id == "ses_gone"),
+        "{error:?}"
+    );
+    let error = store
+        .put_job(&job("job_1", "ses_gone", JobStatus::Running))
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            StoreError::NotFound {
+                what: "session",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = store
+        .put_session(&session("ses_2", Some("ses_gone")))
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            StoreError::NotFound {
+                what: "session",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(ServiceError::from(error).code(), "not_found");
+}
+
+#[test]
+fn delete_cascades_to_children_messages_jobs_and_notices() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    store.put_session(&session("ses_2", Some("ses_1"))).unwrap();
+    store.put_session(&session("ses_3", Some("ses_2"))).unwrap();
+    store.put_session(&session("ses_other", None)).unwrap();
+    for (n, s) in ["ses_1", "ses_2", "ses_3", "ses_other"].iter().enumerate() {
+        store
+            .append_message(&message(&format!("msg_{n}"), s, Role::Notice))
+            .unwrap();
+        store
+            .put_job(&job(&format!("job_{n}"), s, JobStatus::Completed))
+            .unwrap();
+        store.mark_notice_pending(&format!("job_{n}")).unwrap();
+    }
+    assert!(store.delete_session("ses_1").unwrap());
+    assert!(!store.delete_session("ses_1").unwrap());
+    let ids = |v: Vec<Session>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.sessions().unwrap()), ["ses_other"]);
+    assert_eq!(store.jobs().unwrap().len(), 1);
+    assert_eq!(store.pending_notices().unwrap().len(), 1);
+    let count: i64 = store
+        .conn()
+        .query_row("SELECT count(*) FROM messages", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(count, 1);
+}
+
+#[test]
+fn a_jobs_notice_is_written_once() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let mut j = job("job_1", "ses_1", JobStatus::Running);
+    store.put_job(&j).unwrap();
+    j.status = JobStatus::Completed;
+    j.exit_code = Some(0);
+    let first = message("msg_a", "ses_1", Role::Notice);
+    assert!(store.finish_job(&j, Some(&first)).unwrap());
+    // Neither a second end nor a late owed mark writes another.
+    assert!(!store
+        .finish_job(&j, Some(&message("msg_b", "ses_1", Role::Notice)))
+        .unwrap());
+    assert!(!store.mark_notice_pending("job_1").unwrap());
+    assert!(!store
+        .append_notice_and_clear("job_1", &message("msg_c", "ses_1", Role::Notice))
+        .unwrap());
+    assert_eq!(store.messages("ses_1").unwrap(), vec![first]);
+    assert!(store.pending_notices().unwrap().is_empty());
+
+    let error = store
+        .append_notice_and_clear("job_x", &message("msg_d", "ses_1", Role::Notice))
+        .unwrap_err();
+    assert!(
+        matches!(error, StoreError::NotFound { what: "job", .. }),
+        "{error:?}"
+    );
+    assert!(matches!(
+        store.mark_notice_pending("job_x"),
+        Err(StoreError::NotFound { .. })
+    ));
+}
+
+#[test]
+fn a_failed_notice_insert_keeps_the_notice_owed() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    store
+        .append_message(&message("msg_taken", "ses_1", Role::User))
+        .unwrap();
+    store
+        .put_job(&job("job_1", "ses_1", JobStatus::Completed))
+        .unwrap();
+    assert!(store.mark_notice_pending("job_1").unwrap());
+    // Same id as an existing message: the insert fails, and with it the
+    // whole transaction, so the notice stays owed.
+    let error = store
+        .append_notice_and_clear("job_1", &message("msg_taken", "ses_1", Role::Notice))
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Duplicate { .. }), "{error:?}");
+    assert_eq!(store.pending_notices().unwrap().len(), 1);
+    assert!(store.clear_notice_pending("job_1").unwrap());
+    assert!(!store.clear_notice_pending("job_1").unwrap());
+}
+
+#[test]
+fn inbox_holds_prompts_and_notices_until_delivered() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    for (id, role) in [
+        ("msg_1", Role::User),
+        ("msg_2", Role::Assistant),
+        ("msg_3", Role::Tool),
+        ("msg_4", Role::Notice),
+    ] {
+        store.append_message(&message(id, "ses_1", role)).unwrap();
+    }
+    let ids = |v: Vec<Message>| v.into_iter().map(|m| m.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.inbox("ses_1").unwrap()), ["msg_1", "msg_4"]);
+    store.mark_delivered(&["msg_1", "msg_unknown"]).unwrap();
+    store.mark_delivered::<&str>(&[]).unwrap();
+    assert_eq!(ids(store.inbox("ses_1").unwrap()), ["msg_4"]);
+    let recovery = store.recover("2026-01-02T00:00:00.000Z").unwrap();
+    assert_eq!(ids(recovery.sessions[0].inbox.clone()), ["msg_4"]);
+    assert_eq!(recovery.sessions[0].messages.len(), 4);
+}
+
+#[test]
+fn always_rules_keep_their_order_and_no_duplicates() {
+    let store = Store::open_in_memory().unwrap();
+    let rule = |tool: &str, pattern: &str| Rule {
+        tool: tool.into(),
+        pattern: pattern.into(),
+        action: Action::Allow,
+    };
+    store.add_always_rule(&rule("shell", "git *")).unwrap();
+    store.add_always_rule(&rule("subagent", "script")).unwrap();
+    store.add_always_rule(&rule("shell", "git *")).unwrap();
+    assert_eq!(
+        store.always_rules().unwrap(),
+        vec![rule("shell", "git *"), rule("subagent", "script")]
+    );
+}
+
+#[test]
+fn recover_resets_busy_sessions_and_cancels_running_jobs() {
+    let store = Store::open_in_memory().unwrap();
+    let mut busy = session("ses_1", None);
+    busy.status = SessionStatus::Busy;
+    store.put_session(&busy).unwrap();
+    store
+        .put_job(&job("job_run", "ses_1", JobStatus::Running))
+        .unwrap();
+    store
+        .put_job(&job("job_done", "ses_1", JobStatus::Completed))
+        .unwrap();
+    let recovery = store.recover("2026-01-02T00:00:00.000Z").unwrap();
+    assert_eq!(recovery.sessions[0].session.status, SessionStatus::Idle);
+    assert_eq!(recovery.cancelled.len(), 1);
+    let cancelled = &recovery.cancelled[0];
+    assert_eq!(cancelled.id, "job_run");
+    assert_eq!(cancelled.status, JobStatus::Cancelled);
+    assert_eq!(
+        cancelled.completed_at.as_deref(),
+        Some("2026-01-02T00:00:00.000Z")
+    );
+    assert_eq!(
+        recovery.notices,
+        vec![PendingNotice {
+            job: cancelled.clone(),
+            reason: NoticeReason::HostRestarted
+        }]
+    );
+    assert!(recovery.jobs.contains(cancelled));
+    let again = store.recover("2026-01-03T00:00:00.000Z").unwrap();
+    assert!(again.cancelled.is_empty());
+    assert_eq!(again.notices, recovery.notices, "still owed until written");
+}
+
+#[test]
+fn store_can_be_shared_between_threads() {
+    fn shared<T: Send + Sync>() {}
+    shared::<Store>();
+}
