@@ -8,13 +8,18 @@
 //! plugin ABI and holds no session logic of its own.
 
 pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod demo;
 pub mod error;
 pub mod event;
+pub mod http;
 pub mod ids;
 pub mod job;
 pub mod permission;
 pub mod plugin;
 pub mod session;
+pub mod store;
 pub mod tool;
 
 pub use error::{Result, ServiceError};

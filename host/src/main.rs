@@ -1,1 +1,5 @@
-fn main() {}
+//! The `offstage` binary; everything is in [`offstage::cli`].
+
+fn main() -> std::process::ExitCode {
+    offstage::cli::main()
+}

@@ -11,6 +11,7 @@ use serde_json::Value;
 /// Whether a session's turn is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum SessionStatus {
     Idle,
     Busy,
@@ -18,6 +19,7 @@ pub enum SessionStatus {
 
 /// A conversation: messages plus the jobs its tool calls started.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Session {
     pub id: String,
     pub title: String,
@@ -31,6 +33,7 @@ pub struct Session {
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Role {
     User,
     Assistant,
@@ -41,6 +44,7 @@ pub enum Role {
 
 /// One entry in a session's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Message {
     pub id: String,
     pub session_id: String,
@@ -54,6 +58,7 @@ pub struct Message {
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum JobStatus {
     Running,
     Completed,
@@ -70,6 +75,7 @@ impl JobStatus {
 
 /// The work a tool call started. Its id is the tool call's id.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Job {
     pub id: String,
     pub session_id: String,
@@ -89,6 +95,7 @@ pub struct Job {
 /// How a blocking tool call ended for its caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ToolStatus {
     Completed,
     Error,
@@ -99,6 +106,7 @@ pub enum ToolStatus {
 
 /// What a blocking tool call returns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolResult {
     pub call_id: String,
     pub job_id: String,
@@ -113,6 +121,7 @@ pub struct ToolResult {
 /// A tool call as a wrapper or a plugin tool sees it. `job_id` is known
 /// before the call runs, so a wrapper can act on its own job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCall {
     pub session_id: String,
     pub job_id: String,
@@ -122,6 +131,7 @@ pub struct ToolCall {
 
 /// A request to run a tool in a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolRequest {
     pub tool: String,
     #[serde(default)]
@@ -145,6 +155,7 @@ impl ToolRequest {
 /// Which of a session's blocking jobs to move to the background: all of
 /// them, those of one type, or exactly one.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BackgroundRequest {
     pub session_id: String,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
@@ -183,6 +194,7 @@ impl BackgroundRequest {
 
 /// Fields for a new session.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NewSession {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
@@ -194,6 +206,7 @@ pub struct NewSession {
 
 /// Something that happened in the host, as the event stream carries it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
     #[serde(rename = "type")]
     pub kind: String,

@@ -6,6 +6,8 @@
 //! holds the lock on the main one. Cargo's own lock makes concurrent builds
 //! from parallel test binaries safe; the second one finds everything fresh.
 
+pub mod server;
+
 use std::{
     path::{Path, PathBuf},
     process::Command,

@@ -1,0 +1,314 @@
+//! The client commands: one API call (or two), then text for a person or,
+//! with `--json`, the API's JSON for a script. Errors go to stderr with
+//! exit status 1; `tool` exits with the job's own exit code.
+
+use std::{io::Write, path::Path, process::ExitCode};
+
+use offstage_plugin_api::types::{Job, Message, Session, ToolResult, ToolStatus};
+use serde_json::{json, Value};
+use ureq::http::Method;
+
+use super::{
+    client::{Client, ClientError},
+    BackgroundArgs, ClientArgs, SessionCommand, ToolArgs,
+};
+
+fn client(args: &ClientArgs) -> Result<Client, ClientError> {
+    Client::new(&args.server, args.token.clone())
+}
+
+/// Runs `body`, printing its error to stderr.
+fn report(body: impl FnOnce() -> Result<ExitCode, ClientError>) -> ExitCode {
+    match body() {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("offstage: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) {
+    let text = serde_json::to_string_pretty(value).unwrap_or_else(|_| "null".into());
+    println!("{text}");
+}
+
+/// A path segment with everything but unreserved characters escaped.
+fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+fn session_row(session: &Session) -> String {
+    let status = serde_json::to_value(session.status).ok();
+    format!(
+        "{}  {:<4}  {:<8}  {}",
+        session.id,
+        status.as_ref().and_then(Value::as_str).unwrap_or("?"),
+        session.agent,
+        session.title
+    )
+}
+
+fn job_row(job: &Job) -> String {
+    let status = serde_json::to_value(job.status).ok();
+    format!(
+        "{}  {:<9}  {:<2}  {:<8}  {:>4}  {}",
+        job.id,
+        status.as_ref().and_then(Value::as_str).unwrap_or("?"),
+        if job.backgrounded { "bg" } else { "fg" },
+        job.kind,
+        job.exit_code
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| "-".into()),
+        job.title
+    )
+}
+
+pub fn session(args: &ClientArgs, command: SessionCommand) -> ExitCode {
+    report(|| {
+        let client = client(args)?;
+        match command {
+            SessionCommand::List => {
+                let sessions: Vec<Session> = client.get("/api/session")?;
+                if args.json {
+                    print_json(&sessions);
+                } else if sessions.is_empty() {
+                    println!("no sessions");
+                } else {
+                    for session in &sessions {
+                        println!("{}", session_row(session));
+                    }
+                }
+            }
+            SessionCommand::Create {
+                title,
+                agent,
+                parent,
+            } => {
+                let body = json!({ "title": title, "agent": agent, "parent_id": parent });
+                let session: Session = client.call(Method::POST, "/api/session", Some(&body))?;
+                if args.json {
+                    print_json(&session);
+                } else {
+                    println!("{}", session_row(&session));
+                }
+            }
+            SessionCommand::Show { id } => {
+                let session: Session = client.get(&format!("/api/session/{}", segment(&id)))?;
+                let messages: Vec<Message> =
+                    client.get(&format!("/api/session/{}/message", segment(&id)))?;
+                if args.json {
+                    print_json(&json!({ "session": session, "messages": messages }));
+                } else {
+                    println!("{}", session_row(&session));
+                    if let Some(parent) = &session.parent_id {
+                        println!("parent: {parent}");
+                    }
+                    println!(
+                        "created {}, updated {}",
+                        session.created_at, session.updated_at
+                    );
+                    for message in &messages {
+                        let role = serde_json::to_value(message.role).ok();
+                        let role = role.as_ref().and_then(Value::as_str).unwrap_or("?");
+                        println!("\n[{role}] {}", message.created_at);
+                        println!("{}", message.text.trim_end());
+                    }
+                }
+            }
+            SessionCommand::Rm { id } => {
+                let _: Value = client.call(
+                    Method::DELETE,
+                    &format!("/api/session/{}", segment(&id)),
+                    None::<&()>,
+                )?;
+                if args.json {
+                    print_json(&json!({ "removed": id }));
+                } else {
+                    println!("removed {id}");
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The tool's input: `--input` JSON, with a shell command after `--`
+/// merged in as `command`.
+fn tool_input(args: &ToolArgs) -> Result<Value, ClientError> {
+    let mut input = match &args.input {
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| ClientError::Protocol(format!("--input is not valid JSON: {e}")))?,
+        None => json!({}),
+    };
+    if !args.args.is_empty() {
+        let Some(object) = input.as_object_mut() else {
+            return Err(ClientError::Protocol(
+                "--input must be a JSON object to add a command to".into(),
+            ));
+        };
+        object.insert("command".into(), Value::String(args.args.join(" ")));
+    }
+    Ok(input)
+}
+
+pub fn tool(args: ToolArgs) -> ExitCode {
+    report(|| {
+        let client = client(&args.client)?;
+        let input = tool_input(&args)?;
+        let body = json!({ "tool": args.tool, "input": input, "call_id": args.call_id });
+        let path = format!("/api/session/{}/tool", segment(&args.session));
+        let result: ToolResult = client.call(Method::POST, &path, Some(&body))?;
+        if args.client.json {
+            print_json(&result);
+        } else {
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout.write_all(result.output.as_bytes());
+            if !result.output.is_empty() && !result.output.ends_with('\n') {
+                let _ = writeln!(stdout);
+            }
+            let _ = stdout.flush();
+            let path = result.output_path.as_deref().unwrap_or("-");
+            match result.status {
+                ToolStatus::Backgrounded => eprintln!(
+                    "[job {} moved to the background; a notice follows when it ends; full output: {path}]",
+                    result.job_id
+                ),
+                ToolStatus::Cancelled => eprintln!("[job {} cancelled]", result.job_id),
+                ToolStatus::Error => eprintln!(
+                    "[job {} failed{}]",
+                    result.job_id,
+                    result.exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default()
+                ),
+                ToolStatus::Completed => {}
+            }
+        }
+        Ok(match result.status {
+            ToolStatus::Backgrounded => ExitCode::SUCCESS,
+            ToolStatus::Completed | ToolStatus::Error => match result.exit_code {
+                Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+                None if result.status == ToolStatus::Completed => ExitCode::SUCCESS,
+                None => ExitCode::FAILURE,
+            },
+            ToolStatus::Cancelled => ExitCode::from(130),
+        })
+    })
+}
+
+pub fn background(args: BackgroundArgs) -> ExitCode {
+    report(|| {
+        let client = client(&args.client)?;
+        let body = json!({ "type": args.kind, "job_id": args.job_id });
+        let path = format!("/api/session/{}/background", segment(&args.session));
+        let answer: Value = client.call(Method::POST, &path, Some(&body))?;
+        if args.client.json {
+            print_json(&answer);
+            return Ok(ExitCode::SUCCESS);
+        }
+        let jobs: Vec<Job> = serde_json::from_value(answer["backgrounded"].clone())
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        if jobs.is_empty() {
+            println!(
+                "nothing to move: no blocking job matches in {}",
+                args.session
+            );
+        } else {
+            println!("moved to the background:");
+            for job in &jobs {
+                println!("{}", job_row(job));
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn jobs(args: &ClientArgs, session: Option<&str>) -> ExitCode {
+    report(|| {
+        let client = client(args)?;
+        let path = match session {
+            Some(id) => format!("/api/job?session_id={}", segment(id)),
+            None => "/api/job".to_string(),
+        };
+        let jobs: Vec<Job> = client.get(&path)?;
+        if args.json {
+            print_json(&jobs);
+        } else if jobs.is_empty() {
+            println!("no jobs");
+        } else {
+            for job in &jobs {
+                println!("{}", job_row(job));
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn events(args: &ClientArgs) -> ExitCode {
+    report(|| {
+        let client = client(args)?;
+        for event in client.events()? {
+            let event = event?;
+            let line = if args.json {
+                event.to_string()
+            } else {
+                format!(
+                    "{:<20} {}",
+                    event["type"].as_str().unwrap_or("?"),
+                    event.get("properties").unwrap_or(&Value::Null)
+                )
+            };
+            let mut stdout = std::io::stdout().lock();
+            // A closed pipe (`offstage events | head`) ends the command.
+            if writeln!(stdout, "{line}")
+                .and_then(|()| stdout.flush())
+                .is_err()
+            {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        eprintln!("offstage: the host closed the event stream");
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+pub fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
+    // The answer is the one line below; the loader's own log of the same
+    // failure would only repeat it.
+    super::init_logging("error");
+    match crate::plugin::check_file_with(file, allow_insecure) {
+        Ok(info) => {
+            if json {
+                print_json(&info);
+            } else {
+                println!("name:         {}", info.name);
+                println!("version:      {}", info.version);
+                println!("api version:  {}", info.api_version);
+                let capabilities = if info.capabilities.is_empty() {
+                    "(none)".to_string()
+                } else {
+                    info.capabilities.join(", ")
+                };
+                println!("capabilities: {capabilities}");
+                println!("description:  {}", info.description);
+                println!("file:         {}", file.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            if json {
+                print_json(&json!({ "error": error.to_string() }));
+            } else {
+                eprintln!("{error}");
+            }
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! The `offstage` command line (CONTRACT.md, "Binary and commands").
+//!
+//! `serve` runs the host (`serve.rs`), and `dev` the same host with the
+//! plugin watcher of [`crate::plugin::watch`]; `demo` runs [`crate::demo`];
+//! `plugin check` loads one plugin file in isolation; the other commands
+//! are thin clients of a running host's HTTP API (`client.rs` speaks HTTP, `commands.rs` prints), so they show
+//! exactly what the API says and never touch the host's state themselves.
+
+pub mod client;
+mod commands;
+mod serve;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Parser, Subcommand};
+
+/// Session host for agent tools with native, hot-reloadable plugins.
+#[derive(Debug, Parser)]
+#[command(name = "offstage", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the host: HTTP API, plugins from the plugin dirs.
+    Serve(ServeArgs),
+    /// `serve`, plus hot reload: watches the plugin dirs (and plugin crate
+    /// sources, rebuilding them with cargo) and reloads what changes.
+    Dev {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// A plugin crate to rebuild on change and install into the first
+        /// plugin dir; repeat for more.
+        #[arg(long = "watch-src", value_name = "DIR")]
+        watch_src: Vec<PathBuf>,
+    },
+    /// Run the background scenario end to end in a temporary data dir with
+    /// the example plugins, printing a transcript.
+    Demo,
+    /// Work with plugin files.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+    /// Sessions of a running host.
+    Session {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: SessionCommand,
+    },
+    /// Run a tool in a session and wait until it ends or is backgrounded.
+    ///
+    /// For `shell`, the words after `--` are joined with spaces into the
+    /// command line, as ssh does: `offstage tool S shell -- 'ls | wc -l'`.
+    /// Exits with the job's exit code. Stopping this command (Ctrl-C) does
+    /// not stop the job: use `offstage background` to release it with the
+    /// output so far, or cancel it over the API.
+    Tool(ToolArgs),
+    /// Move a session's blocking jobs to the background.
+    Background(BackgroundArgs),
+    /// List jobs, of one session or all.
+    Jobs {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// Only this session's jobs.
+        session: Option<String>,
+    },
+    /// Print the host's events as they happen, until interrupted.
+    Events {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+}
+
+/// Flags of `offstage serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// TOML config file; flags override its values.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:4545]. Port 0 picks a free port.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+    /// Where job output and plugin copies live [default: $XDG_DATA_HOME/offstage].
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// A directory of plugin libraries to load; repeat for more.
+    #[arg(long = "plugin-dir", value_name = "DIR")]
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Bearer token every route but /api/health then needs. Prefer the
+    /// environment variable: other users can see command lines.
+    #[arg(
+        long,
+        env = "OFFSTAGE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Load plugin files that other users can write (development only).
+    #[arg(long)]
+    pub allow_insecure_plugins: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    /// Load one plugin file in isolation and print its manifest, or why it
+    /// cannot be loaded (exit status 1).
+    Check {
+        file: PathBuf,
+        /// Accept a file that other users can write.
+        #[arg(long)]
+        allow_insecure: bool,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// How a client command reaches the host.
+#[derive(Debug, Clone, Args)]
+pub struct ClientArgs {
+    /// The host's URL.
+    #[arg(
+        long,
+        global = true,
+        env = "OFFSTAGE_SERVER",
+        default_value = "http://127.0.0.1:4545",
+        value_name = "URL"
+    )]
+    pub server: String,
+    /// Bearer token for a host that has one.
+    #[arg(
+        long,
+        global = true,
+        env = "OFFSTAGE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Print the API's JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// List sessions, oldest first.
+    List,
+    /// Create a session.
+    Create {
+        #[arg(long)]
+        title: Option<String>,
+        /// The agent that runs its turns [default: script].
+        #[arg(long)]
+        agent: Option<String>,
+        /// Make it a child of this session.
+        #[arg(long, value_name = "SESSION")]
+        parent: Option<String>,
+    },
+    /// Show a session and its messages.
+    Show { id: String },
+    /// Delete a session; its jobs are cancelled.
+    Rm { id: String },
+}
+
+/// `offstage tool SESSION TOOL [-- ARGS...]`.
+#[derive(Debug, Args)]
+pub struct ToolArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub session: String,
+    /// `shell`, `subagent`, or a plugin's tool.
+    pub tool: String,
+    /// The tool's input as a JSON object; for `shell`, the command after
+    /// `--` is merged into it as `command`.
+    #[arg(long, value_name = "JSON")]
+    pub input: Option<String>,
+    /// Id for the call and its job.
+    #[arg(long, value_name = "ID")]
+    pub call_id: Option<String>,
+    /// The command line (shell) after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub args: Vec<String>,
+}
+
+/// `offstage background SESSION [--type T] [--job ID]`.
+#[derive(Debug, Args)]
+pub struct BackgroundArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    pub session: String,
+    /// Only jobs of this type (shell, subagent, ...).
+    #[arg(long = "type", value_name = "T")]
+    pub kind: Option<String>,
+    /// Only this job.
+    #[arg(long = "job", value_name = "ID")]
+    pub job_id: Option<String>,
+}
+
+/// Runs the command line and returns the process's exit status.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve::run(args, None),
+        Command::Dev { serve, watch_src } => serve::run(serve, Some(watch_src)),
+        Command::Demo => crate::demo::run(),
+        Command::Plugin {
+            command:
+                PluginCommand::Check {
+                    file,
+                    allow_insecure,
+                    json,
+                },
+        } => commands::plugin_check(&file, allow_insecure, json),
+        Command::Session { client, command } => commands::session(&client, command),
+        Command::Tool(args) => commands::tool(args),
+        Command::Background(args) => commands::background(args),
+        Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
+        Command::Events { client } => commands::events(&client),
+    }
+}
+
+/// Logs to stderr, filtered by `OFFSTAGE_LOG`, else `RUST_LOG`, else
+/// `default` (e.g. `info`).
+pub fn init_logging(default: &str) {
+    use std::io::IsTerminal;
+
+    use tracing_subscriber::EnvFilter;
+    let spec = std::env::var("OFFSTAGE_LOG")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .or_else(|| {
+            std::env::var("RUST_LOG")
+                .ok()
+                .filter(|s| !s.trim().is_empty())
+        });
+    let (filter, bad) = match spec {
+        Some(spec) => match EnvFilter::try_new(&spec) {
+            Ok(filter) => (filter, None),
+            Err(error) => (
+                EnvFilter::new(default),
+                Some(format!("ignoring log filter {spec:?}: {error}")),
+            ),
+        },
+        None => (EnvFilter::new(default), None),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none())
+        .try_init();
+    if let Some(bad) = bad {
+        tracing::warn!("{bad}");
+    }
+}

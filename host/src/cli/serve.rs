@@ -1,0 +1,231 @@
+//! `offstage serve` (and `offstage dev`, the same with the plugin watcher):
+//! config, plugins, the HTTP server, and shutdown.
+//!
+//! Start-up either fails with one clear line on stderr and a non-zero exit,
+//! or prints exactly one line on stdout, `listening on http://ADDR`, once the
+//! socket accepts connections (with port 0, the port chosen). Scripts and
+//! tests wait for that line; logs go to stderr.
+//!
+//! On SIGINT or SIGTERM the host stops accepting connections, cancels every
+//! running job (so requests holding a tool call get their answer), waits a
+//! bounded time for open requests, retires its plugins, and exits 0. A
+//! second signal exits at once.
+
+use std::{
+    collections::BTreeMap, io::Write, path::PathBuf, process::ExitCode, sync::Arc, time::Duration,
+};
+
+use tokio::{net::TcpListener, sync::watch};
+
+use super::{init_logging, ServeArgs};
+use crate::{
+    config::{Overrides, ServeConfig},
+    http::{self, AppState},
+    plugin::{PluginHost, PluginHostConfig, PluginSettings},
+    ServiceConfig, SessionService,
+};
+
+/// How long open requests get to finish after a shutdown signal.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// Runs the host; with `watch_src` (`offstage dev`), also the plugin
+/// watcher, rebuilding the crates in `watch_src`.
+pub fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode {
+    init_logging("info");
+    let overrides = Overrides {
+        config: args.config,
+        addr: args.addr,
+        data_dir: args.data_dir,
+        plugin_dirs: args.plugin_dirs,
+        token: args.token,
+        allow_insecure_plugins: args.allow_insecure_plugins,
+    };
+    let config = match ServeConfig::resolve(overrides) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("offstage: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("offstage: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(config, watch_src)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("offstage: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(), String> {
+    for warning in &config.warnings {
+        tracing::warn!("{warning}");
+    }
+    // Bind first: a busy port fails before any plugin is loaded. Clients
+    // that connect early wait in the backlog until the server runs.
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.addr))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read the listening address: {e}"))?;
+    // Installed before the "listening" line, so a signal sent as soon as
+    // it appears shuts down cleanly.
+    let mut signals =
+        Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
+    let service = SessionService::new(ServiceConfig {
+        data_dir: config.data_dir.clone(),
+        permissions: config.permissions.clone(),
+    });
+    let settings: BTreeMap<String, PluginSettings> = config
+        .plugins
+        .iter()
+        .map(|(name, table)| {
+            let settings = PluginSettings {
+                enabled: table.enabled,
+                grant: table.grant.clone(),
+                options: table.options.clone(),
+            };
+            (name.clone(), settings)
+        })
+        .collect();
+    let plugins = PluginHost::new(
+        service.clone(),
+        PluginHostConfig {
+            dirs: config.plugin_dirs.clone(),
+            data_dir: config.data_dir.clone(),
+            allow_insecure_permissions: config.allow_insecure_plugins,
+            settings,
+        },
+    );
+    // Loading is synchronous work (file checks, dlopen, `init`).
+    let loaded = tokio::task::block_in_place(|| plugins.load_all());
+    for info in &loaded {
+        match &info.error {
+            None => {
+                tracing::info!(plugin = %info.name, version = %info.version, status = ?info.status, "plugin")
+            }
+            Some(error) => tracing::warn!(plugin = %info.name, "plugin not loaded: {error}"),
+        }
+    }
+
+    let watcher = match watch_src {
+        None => None,
+        Some(sources) => {
+            if config.plugin_dirs.is_empty() {
+                tracing::warn!("offstage dev without a plugin dir has nothing to watch");
+            }
+            let watcher =
+                crate::plugin::watch::watch(plugins.clone(), config.plugin_dirs.clone(), sources)?;
+            tracing::info!(dirs = ?config.plugin_dirs, "watching for plugin changes");
+            Some(watcher)
+        }
+    };
+
+    let (stop, stopped) = watch::channel(false);
+    let state = AppState {
+        service: service.clone(),
+        plugins: plugins.clone(),
+        token: config.token.as_deref().map(Arc::from),
+        shutdown: stopped.clone(),
+    };
+    let mut until_stop = stopped;
+    let mut server = tokio::spawn(http::serve(listener, http::router(state), async move {
+        let _ = until_stop.wait_for(|stop| *stop).await;
+    }));
+    tracing::info!(
+        data_dir = %config.data_dir.display(),
+        token = config.token.is_some(),
+        plugins = loaded.len(),
+        "host ready"
+    );
+    {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "listening on http://{local}");
+        let _ = stdout.flush();
+    }
+
+    tokio::select! {
+        signal = signals.recv() => tracing::info!("{signal}: shutting down"),
+        // The server ended on its own: its accept loop failed.
+        ended = &mut server => return Err(server_ended(ended)),
+    }
+    tokio::spawn(async move {
+        let signal = signals.recv().await;
+        eprintln!("offstage: {signal} again: exiting now");
+        std::process::exit(130);
+    });
+    // Stop accepting; event streams end.
+    let _ = stop.send(true);
+    // Cancelling jobs releases requests that hold a tool call, so the
+    // server's drain can finish.
+    service.shutdown().await;
+    match tokio::time::timeout(DRAIN, server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(ended) => tracing::warn!("{}", server_ended(ended)),
+        Err(_) => tracing::warn!("requests still open after {DRAIN:?}; closing them"),
+    }
+    // No reloads while the plugins are retired.
+    drop(watcher);
+    tokio::task::block_in_place(|| plugins.shutdown());
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn server_ended(ended: Result<std::io::Result<()>, tokio::task::JoinError>) -> String {
+    match ended {
+        Ok(Ok(())) => "the server stopped unexpectedly".into(),
+        Ok(Err(error)) => format!("the server failed: {error}"),
+        Err(error) => format!("the server task failed: {error}"),
+    }
+}
+
+/// SIGINT and SIGTERM (Ctrl-C elsewhere), listened for from installation.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// Waits for the next signal and names it.
+    async fn recv(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.interrupt.recv() => "SIGINT",
+                _ = self.terminate.recv() => "SIGTERM",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "interrupt"
+        }
+    }
+}

@@ -1,0 +1,450 @@
+//! The host's configuration: a TOML file (`--config`) with command-line
+//! flags on top.
+//!
+//! ```toml
+//! addr = "127.0.0.1:4545"
+//! token = "..."                 # or OFFSTAGE_TOKEN / --token
+//! data_dir = "/var/lib/offstage" # relative paths are relative to this file
+//! plugin_dirs = ["plugins"]
+//! allow_insecure_plugins = false
+//!
+//! [plugin.auto-background]      # keys but `enabled` and `grant` are options
+//! grant = ["session.background"]
+//! after_ms = 5000
+//!
+//! [[permission]]
+//! tool = "shell"
+//! pattern = "rm *"
+//! action = "ask"                # allow | ask | deny
+//! ```
+//!
+//! The file is strict: an unknown key or a value of the wrong type is an
+//! error naming the key, the file and the line, because a typo in a
+//! security setting (`tokn = ...`) must not silently mean "no token".
+//! A flag given on the command line wins over the file's value.
+
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, ToSocketAddrs},
+    path::{Path, PathBuf},
+};
+
+use serde::{de, Deserialize, Deserializer};
+use serde_json::Value;
+
+use crate::permission::Rule;
+
+/// Where the host listens when nothing else is said: loopback only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:4545";
+
+/// A configuration problem, worded for the person who wrote the config.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The config file as written. Every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub addr: Option<String>,
+    pub token: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub plugin_dirs: Option<Vec<PathBuf>>,
+    pub allow_insecure_plugins: Option<bool>,
+    #[serde(default)]
+    pub plugin: BTreeMap<String, PluginTable>,
+    #[serde(default)]
+    pub permission: Vec<Rule>,
+}
+
+/// One `[plugin.NAME]` table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginTable {
+    /// `enabled = false` keeps the plugin from loading.
+    pub enabled: bool,
+    /// `grant = [..]`: the capabilities given; all it asks for when absent.
+    pub grant: Option<Vec<String>>,
+    /// Every other key, as a JSON object: the plugin's options.
+    pub options: Value,
+}
+
+impl<'de> Deserialize<'de> for PluginTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let enabled = match table.remove("enabled") {
+            None => true,
+            Some(toml::Value::Boolean(enabled)) => enabled,
+            Some(other) => {
+                return Err(de::Error::custom(format!(
+                    "`enabled` must be true or false, not {}",
+                    other.type_str()
+                )))
+            }
+        };
+        let grant = match table.remove("grant") {
+            None => None,
+            Some(toml::Value::Array(items)) => Some(
+                items
+                    .into_iter()
+                    .map(|item| match item {
+                        toml::Value::String(s) => Ok(s),
+                        other => Err(de::Error::custom(format!(
+                            "`grant` must list capability names (strings), found a {}",
+                            other.type_str()
+                        ))),
+                    })
+                    .collect::<Result<Vec<_>, D::Error>>()?,
+            ),
+            Some(other) => {
+                return Err(de::Error::custom(format!(
+                    "`grant` must be a list of capability names, not {}",
+                    other.type_str()
+                )))
+            }
+        };
+        let options = Value::Object(
+            table
+                .into_iter()
+                .map(|(k, v)| (k, toml_to_json(v)))
+                .collect(),
+        );
+        Ok(PluginTable {
+            enabled,
+            grant,
+            options,
+        })
+    }
+}
+
+/// TOML to JSON; dates and times become RFC 3339 strings.
+fn toml_to_json(value: toml::Value) -> Value {
+    match value {
+        toml::Value::String(s) => Value::String(s),
+        toml::Value::Integer(i) => Value::from(i),
+        toml::Value::Float(f) => serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number),
+        toml::Value::Boolean(b) => Value::Bool(b),
+        toml::Value::Datetime(d) => Value::String(d.to_string()),
+        toml::Value::Array(items) => Value::Array(items.into_iter().map(toml_to_json).collect()),
+        toml::Value::Table(table) => Value::Object(
+            table
+                .into_iter()
+                .map(|(k, v)| (k, toml_to_json(v)))
+                .collect(),
+        ),
+    }
+}
+
+impl FileConfig {
+    /// Reads and checks the file at `path`. Relative paths in it are made
+    /// relative to the file's directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut config = Self::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let rebase = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        if let Some(dir) = config.data_dir.as_mut() {
+            rebase(dir);
+        }
+        for dir in config.plugin_dirs.iter_mut().flatten() {
+            rebase(dir);
+        }
+        Ok(config)
+    }
+
+    /// Parses config text; the error names the key, line and column.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    }
+}
+
+/// Values given on the command line; each wins over the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub addr: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    /// Replaces the file's `plugin_dirs` when not empty.
+    pub plugin_dirs: Vec<PathBuf>,
+    pub token: Option<String>,
+    /// `--allow-insecure-plugins`: only ever turns the setting on.
+    pub allow_insecure_plugins: bool,
+}
+
+/// Everything `offstage serve` runs with, after file and flags are merged.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The address to bind, resolved.
+    pub addr: SocketAddr,
+    pub token: Option<String>,
+    pub data_dir: PathBuf,
+    pub plugin_dirs: Vec<PathBuf>,
+    pub allow_insecure_plugins: bool,
+    pub plugins: BTreeMap<String, PluginTable>,
+    pub permissions: Vec<Rule>,
+    /// Things worth a warning in the log, e.g. a token in a file that
+    /// other users can read.
+    pub warnings: Vec<String>,
+}
+
+impl ServeConfig {
+    /// Reads the config file if one is named, applies `overrides`, and
+    /// checks the result: a resolvable address, a non-empty token, and no
+    /// non-loopback address without a token.
+    pub fn resolve(overrides: Overrides) -> Result<Self, ConfigError> {
+        let file = match &overrides.config {
+            Some(path) => FileConfig::load(path)?,
+            None => FileConfig::default(),
+        };
+        let addr_text = overrides
+            .addr
+            .or(file.addr)
+            .unwrap_or_else(|| DEFAULT_ADDR.to_string());
+        let addr = resolve_addr(&addr_text)?;
+        let mut warnings = Vec::new();
+        if let (None, Some(_), Some(path)) = (&overrides.token, &file.token, &overrides.config) {
+            if readable_by_others(path) {
+                warnings.push(format!(
+                    "{} holds the token and other users can read it; chmod 600 it",
+                    path.display()
+                ));
+            }
+        }
+        let token = overrides.token.or(file.token);
+        if let Some(token) = &token {
+            if token.trim().is_empty() {
+                return Err(ConfigError::Invalid("the token must not be empty".into()));
+            }
+            if token.trim() != token || token.chars().any(char::is_control) {
+                return Err(ConfigError::Invalid(
+                    "the token must not contain spaces at its ends or control characters".into(),
+                ));
+            }
+        }
+        if token.is_none() && !addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on {addr_text} ({addr}) without a token: anyone who can reach it could run \
+                 commands as you. Set --token, OFFSTAGE_TOKEN or `token` in the config, or use a loopback \
+                 address such as {DEFAULT_ADDR}"
+            )));
+        }
+        let data_dir = match overrides.data_dir.or(file.data_dir) {
+            Some(dir) => dir,
+            None => default_data_dir()?,
+        };
+        // The data dir's `plugins/` holds the host's private copies of
+        // loaded libraries, so it is never a default source: no flag and
+        // no `plugin_dirs` means no plugins.
+        let plugin_dirs = if overrides.plugin_dirs.is_empty() {
+            file.plugin_dirs.unwrap_or_default()
+        } else {
+            overrides.plugin_dirs
+        };
+        Ok(ServeConfig {
+            addr,
+            token,
+            data_dir,
+            plugin_dirs,
+            allow_insecure_plugins: overrides.allow_insecure_plugins
+                || file.allow_insecure_plugins.unwrap_or(false),
+            plugins: file.plugin,
+            permissions: file.permission,
+            warnings,
+        })
+    }
+}
+
+/// Whether group or other users may read the file at `path`.
+#[cfg(unix)]
+fn readable_by_others(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o044 != 0)
+}
+
+#[cfg(not(unix))]
+fn readable_by_others(_: &Path) -> bool {
+    false
+}
+
+/// `HOST:PORT` to a socket address; a name is looked up, and a name with
+/// several addresses uses the first.
+pub fn resolve_addr(text: &str) -> Result<SocketAddr, ConfigError> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let bad = |why: String| {
+        ConfigError::Invalid(format!("bad address {text:?}: {why} (expected HOST:PORT)"))
+    };
+    let mut addrs = text.to_socket_addrs().map_err(|e| bad(e.to_string()))?;
+    addrs
+        .next()
+        .ok_or_else(|| bad("it resolves to no address".into()))
+}
+
+/// `$XDG_DATA_HOME/offstage`, else `~/.local/share/offstage`.
+pub fn default_data_dir() -> Result<PathBuf, ConfigError> {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").map(PathBuf::from) {
+        if dir.is_absolute() {
+            return Ok(dir.join("offstage"));
+        }
+    }
+    match std::env::var_os("HOME").map(PathBuf::from) {
+        Some(home) if home.is_absolute() => Ok(home.join(".local/share/offstage")),
+        _ => Err(ConfigError::Invalid(
+            "cannot choose a data dir: neither XDG_DATA_HOME nor HOME is set; pass --data-dir"
+                .into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::permission::Action;
+
+    #[test]
+    fn parses_a_full_file() {
+        let config = FileConfig::parse(
+            r#"
+addr = "127.0.0.1:0"
+token = "t0k"
+data_dir = "/tmp/x"
+plugin_dirs = ["a", "b"]
+allow_insecure_plugins = true
+
+[plugin.auto-background]
+grant = ["session.background"]
+after_ms = 5000
+nested = { k = [1, 2] }
+
+[plugin.off]
+enabled = false
+
+[[permission]]
+tool = "shell"
+pattern = "rm *"
+action = "ask"
+
+[[permission]]
+tool = "subagent"
+action = "deny"
+"#,
+        )
+        .unwrap();
+        assert_eq!(config.token.as_deref(), Some("t0k"));
+        assert_eq!(config.plugin_dirs.unwrap().len(), 2);
+        let auto = &config.plugin["auto-background"];
+        assert!(auto.enabled);
+        assert_eq!(auto.grant, Some(vec!["session.background".to_string()]));
+        assert_eq!(
+            auto.options,
+            json!({"after_ms": 5000, "nested": {"k": [1, 2]}})
+        );
+        assert!(!config.plugin["off"].enabled);
+        assert_eq!(config.permission.len(), 2);
+        assert_eq!(config.permission[0].action, Action::Ask);
+        assert_eq!(config.permission[1].pattern, "*");
+    }
+
+    #[test]
+    fn errors_name_key_and_line() {
+        let error = FileConfig::parse("addr = \"127.0.0.1:1\"\ntokn = \"x\"\n").unwrap_err();
+        assert!(error.contains("line 2"), "{error}");
+        assert!(error.contains("tokn"), "{error}");
+
+        let error = FileConfig::parse("\n\nallow_insecure_plugins = \"yes\"\n").unwrap_err();
+        assert!(error.contains("line 3"), "{error}");
+
+        let error = FileConfig::parse("[[permission]]\ntool = \"shell\"\naction = \"maybe\"\n")
+            .unwrap_err();
+        assert!(
+            error.contains("line 3") && error.contains("maybe"),
+            "{error}"
+        );
+
+        let error = FileConfig::parse("[plugin.x]\nenabled = 1\n").unwrap_err();
+        assert!(
+            error.contains("enabled") && error.contains("line"),
+            "{error}"
+        );
+
+        let error =
+            FileConfig::parse("[[permission]]\ntool = \"shell\"\naction = \"deny\"\ncolour = 1\n")
+                .unwrap_err();
+        assert!(error.contains("colour"), "{error}");
+    }
+
+    #[test]
+    fn flags_win_and_relative_paths_follow_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("offstage.toml");
+        std::fs::write(
+            &path,
+            "addr = \"127.0.0.1:1\"\ndata_dir = \"data\"\nplugin_dirs = [\"p\"]\n",
+        )
+        .unwrap();
+        let config = ServeConfig::resolve(Overrides {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(config.addr.port(), 1);
+        assert_eq!(config.data_dir, dir.path().join("data"));
+        assert_eq!(config.plugin_dirs, vec![dir.path().join("p")]);
+
+        let config = ServeConfig::resolve(Overrides {
+            config: Some(path),
+            addr: Some("127.0.0.1:2".into()),
+            data_dir: Some("/elsewhere".into()),
+            plugin_dirs: vec!["/q".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(config.addr.port(), 2);
+        assert_eq!(config.data_dir, PathBuf::from("/elsewhere"));
+        assert_eq!(config.plugin_dirs, vec![PathBuf::from("/q")]);
+    }
+
+    #[test]
+    fn refuses_open_addresses_without_a_token() {
+        let open = |token: Option<&str>| {
+            ServeConfig::resolve(Overrides {
+                addr: Some("0.0.0.0:0".into()),
+                data_dir: Some("/tmp".into()),
+                token: token.map(str::to_string),
+                ..Default::default()
+            })
+        };
+        let error = open(None).unwrap_err().to_string();
+        assert!(error.contains("without a token"), "{error}");
+        assert!(open(Some("secret")).is_ok());
+        assert!(open(Some("")).is_err());
+        assert!(ServeConfig::resolve(Overrides {
+            addr: Some("nonsense".into()),
+            data_dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .is_err());
+    }
+}

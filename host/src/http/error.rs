@@ -1,0 +1,135 @@
+//! The API's one error shape, `{"error": {"code", "message"}}`, and how
+//! service errors and request rejections map onto HTTP statuses.
+//!
+//! Everything a client can cause — a malformed or oversized body, a wrong
+//! type, an unknown id — is a 4xx. A 5xx means the host itself is at fault,
+//! so the mapping keeps `ServiceError::Internal` as the only way to get one.
+
+use axum::{
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    Json,
+};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::ServiceError;
+
+/// An error answer: status, stable code, human message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// The JSON body of an error answer, as the OpenAPI document describes it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, lower-case: `not_found`, `bad_request`, `conflict`,
+    /// `forbidden`, `unauthorized`, `unsupported`, `payload_too_large`, ...
+    pub code: String,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+}
+
+/// The status for each kind of service error.
+///
+/// - `Unsupported` is 422: the request is well-formed but asks for
+///   something this host (or plugin) does not do; 501 would blame the
+///   server for what is a client's choice.
+/// - `Plugin` is 424 (Failed Dependency): a plugin the request went through
+///   failed. It is not the host's fault, and the host keeps serving.
+pub fn status_of(error: &ServiceError) -> StatusCode {
+    match error {
+        ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
+        ServiceError::InvalidInput(_) => StatusCode::BAD_REQUEST,
+        ServiceError::Conflict(_) => StatusCode::CONFLICT,
+        ServiceError::PermissionDenied(_) => StatusCode::FORBIDDEN,
+        ServiceError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        ServiceError::Plugin(_) => StatusCode::FAILED_DEPENDENCY,
+        ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(error: ServiceError) -> Self {
+        ApiError {
+            status: status_of(&error),
+            code: error.code(),
+            message: error.to_string(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(code = self.code, message = %self.message, "request failed");
+        } else {
+            tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
+        }
+        let body = json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_internal_errors_are_5xx() {
+        let errors = [
+            ServiceError::NotFound("x".into()),
+            ServiceError::InvalidInput("x".into()),
+            ServiceError::Conflict("x".into()),
+            ServiceError::PermissionDenied("x".into()),
+            ServiceError::Unsupported("x".into()),
+            ServiceError::Plugin("x".into()),
+        ];
+        for error in errors {
+            let api = ApiError::from(error.clone());
+            assert!(api.status.is_client_error(), "{error:?} -> {}", api.status);
+            assert_eq!(api.code, error.code());
+        }
+        assert!(ApiError::from(ServiceError::Internal("x".into()))
+            .status
+            .is_server_error());
+    }
+}

@@ -1,0 +1,120 @@
+//! `GET /api/plugin` and `POST /api/plugin/:name/reload`: the plugin host's
+//! view of its plugins, and hot reload on request, both as the plugin host
+//! does them.
+
+use axum::{extract::State, Json};
+use utoipa::ToSchema;
+
+use super::{
+    error::{ApiError, ErrorBody},
+    extract::PathId,
+    AppState,
+};
+use crate::plugin::{LoadError, PluginInfo};
+
+/// A plugin as the host knows it.
+#[derive(ToSchema)]
+#[schema(as = Plugin)]
+#[allow(dead_code)]
+pub struct PluginSchema {
+    pub name: String,
+    pub version: String,
+    /// The plugin file as found in the plugin dir.
+    pub path: String,
+    /// 1 for the first load, +1 per reload; 0 when `init` was never reached.
+    pub generation: u64,
+    pub status: PluginStatusSchema,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// Capabilities granted.
+    pub capabilities: Vec<String>,
+    pub description: String,
+    /// The `offstage-plugin-api` version it was built against.
+    pub api_version: String,
+}
+
+/// Where a plugin is in its life.
+#[derive(ToSchema)]
+#[schema(as = PluginStatus)]
+#[allow(dead_code)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginStatusSchema {
+    Loaded,
+    Failed,
+    Unloaded,
+}
+
+#[utoipa::path(get, path = "/api/plugin", tag = "plugin",
+    responses((status = 200, description = "Loaded, failed and unloaded plugins", body = [PluginSchema])))]
+pub async fn list_plugins(State(state): State<AppState>) -> Json<Vec<PluginInfo>> {
+    Json(state.plugins.list())
+}
+
+#[utoipa::path(post, path = "/api/plugin/{name}/reload", tag = "plugin",
+    params(("name" = String, Path, description = "Plugin name")),
+    responses((status = 200, description = "The plugin after the reload: its new generation", body = PluginSchema),
+        (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
+pub async fn reload_plugin(
+    State(state): State<AppState>,
+    PathId(name): PathId,
+) -> Result<Json<PluginInfo>, ApiError> {
+    // Reloading blocks (file checks, dlopen, the plugin's `init`); it runs
+    // to its end even if the client hangs up.
+    let plugins = state.plugins.clone();
+    match tokio::task::spawn_blocking(move || plugins.reload(&name)).await {
+        Ok(Ok(info)) => Ok(Json(info)),
+        Ok(Err(error)) => Err(load_error(&error)),
+        Err(error) => Err(ApiError::internal(format!("reload task failed: {error}"))),
+    }
+}
+
+/// A failed reload: an unknown name is 404; a new build that cannot be
+/// loaded is the plugin's failure (424, the old generation keeps serving);
+/// only the host's own trouble is a 5xx.
+fn load_error(error: &LoadError) -> ApiError {
+    let message = error.to_string();
+    match error {
+        LoadError::Unknown { .. } => ApiError::not_found(message),
+        LoadError::Host { .. } => ApiError::internal(message),
+        _ => ApiError::from(crate::ServiceError::Plugin(message)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use utoipa::OpenApi;
+
+    use crate::plugin::{PluginInfo, PluginStatus};
+
+    #[test]
+    fn mirror_matches_plugin_info() {
+        let doc = serde_json::to_value(super::super::openapi::ApiDoc::openapi()).unwrap();
+        let described: BTreeSet<String> = doc["components"]["schemas"]["Plugin"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        let info = PluginInfo {
+            name: "x".into(),
+            version: "1.0.0".into(),
+            path: "/x.so".into(),
+            generation: 1,
+            status: PluginStatus::Loaded,
+            error: None,
+            capabilities: vec![],
+            description: String::new(),
+            api_version: "1.1.0".into(),
+        };
+        let real: BTreeSet<String> = serde_json::to_value(info)
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(described, real);
+    }
+}

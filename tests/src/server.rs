@@ -1,0 +1,447 @@
+//! A real `offstage` process for end-to-end tests of the HTTP API and the
+//! CLI, and a deliberately small HTTP/1.1 client over `std::net` to talk to
+//! it: raw enough to send malformed bodies and wrong headers, and to read
+//! a Server-Sent Events stream chunk by chunk.
+//!
+//! The binary is built once per test process with `cargo build -p offstage
+//! --bin offstage` into the workspace's own target dir.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::OnceLock,
+    time::Duration,
+};
+
+use serde_json::Value;
+
+use crate::workspace_root;
+
+/// How long a test read may block before the test fails instead of
+/// hanging. A safety net, never an assertion about speed.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `offstage` binary, built on first use.
+pub fn offstage_binary() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let status = Command::new(env!("CARGO"))
+                .current_dir(workspace_root())
+                .args(["build", "--quiet", "-p", "offstage", "--bin", "offstage"])
+                .status()
+                .expect("run cargo");
+            assert!(status.success(), "cargo build -p offstage failed");
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("target"));
+            let path = target
+                .join("debug")
+                .join(format!("offstage{}", std::env::consts::EXE_SUFFIX));
+            assert!(path.exists(), "{} missing after build", path.display());
+            path
+        })
+        .clone()
+}
+
+/// A running `offstage serve` on a free loopback port with its own data
+/// dir. Killed when dropped; [`Server::stop`] asks it to shut down.
+pub struct Server {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub url: String,
+    pub token: Option<String>,
+    _data: tempfile::TempDir,
+    stdout: Option<std::thread::JoinHandle<String>>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Server {
+    /// `offstage serve --addr 127.0.0.1:0 --data-dir TEMP` plus `args`.
+    pub fn start(args: &[&str]) -> Server {
+        Self::start_with("serve", args, None)
+    }
+
+    /// As [`Server::start`], with `--token TOKEN`.
+    pub fn start_with_token(args: &[&str], token: &str) -> Server {
+        Self::start_with("serve", args, Some(token))
+    }
+
+    /// `offstage dev` (serve with hot reload) with the same defaults.
+    pub fn start_dev(args: &[&str]) -> Server {
+        Self::start_with("dev", args, None)
+    }
+
+    fn start_with(command_name: &str, args: &[&str], token: Option<&str>) -> Server {
+        let data = tempfile::tempdir().unwrap();
+        let mut command = Command::new(offstage_binary());
+        command
+            .args([command_name, "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path().join("data"))
+            .args(args)
+            .env_remove("OFFSTAGE_TOKEN")
+            .env("OFFSTAGE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(token) = token {
+            command.args(["--token", token]);
+        }
+        let mut child = command.spawn().expect("start offstage serve");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut stderr = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = stderr.read_to_string(&mut text);
+            text
+        });
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let Some(url) = line
+            .trim()
+            .strip_prefix("listening on ")
+            .map(str::to_string)
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "offstage serve did not start: stdout {line:?}, stderr:\n{}",
+                stderr.join().unwrap_or_default()
+            );
+        };
+        // Keep reading stdout so the child never blocks on a full pipe;
+        // `stop` checks that nothing followed the one line.
+        let stdout = std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stdout.read_to_string(&mut rest);
+            rest
+        });
+        let addr: SocketAddr = url.strip_prefix("http://").unwrap().parse().unwrap();
+        Server {
+            child: Some(child),
+            addr,
+            url,
+            token: token.map(str::to_string),
+            _data: data,
+            stdout: Some(stdout),
+            stderr: Some(stderr),
+        }
+    }
+
+    /// A request with the server's token (if any).
+    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Response {
+        let mut headers = Vec::new();
+        let auth;
+        if let Some(token) = &self.token {
+            auth = format!("Bearer {token}");
+            headers.push(("Authorization", auth.as_str()));
+        }
+        let body = body.map(|b| b.to_string());
+        if body.is_some() {
+            headers.push(("Content-Type", "application/json"));
+        }
+        http(
+            self.addr,
+            method,
+            path,
+            &headers,
+            body.as_deref().unwrap_or("").as_bytes(),
+        )
+    }
+
+    /// A request that must answer `status`; returns the JSON body.
+    pub fn expect(&self, method: &str, path: &str, body: Option<&Value>, status: u16) -> Value {
+        let response = self.request(method, path, body);
+        assert_eq!(
+            response.status, status,
+            "{method} {path} answered {}: {}",
+            response.status, response.body
+        );
+        response.json()
+    }
+
+    /// Opens `GET /api/event` with the server's token.
+    pub fn events(&self) -> EventStream {
+        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+        EventStream::open(self.addr, &headers)
+    }
+
+    /// Sends SIGTERM and waits for the exit; returns the status and stderr.
+    /// Asserts that stdout held nothing but the `listening on` line.
+    pub fn stop(mut self) -> (ExitStatus, String) {
+        let mut child = self.child.take().unwrap();
+        terminate(&child);
+        let status = child.wait().unwrap();
+        let stderr = self.stderr.take().unwrap().join().unwrap_or_default();
+        let rest = self.stdout.take().unwrap().join().unwrap_or_default();
+        assert!(
+            rest.is_empty(),
+            "offstage serve printed more than one line: {rest}"
+        );
+        (status, stderr)
+    }
+}
+
+/// Asks `child` to shut down (SIGTERM), as a supervisor would.
+fn terminate(child: &Child) {
+    #[cfg(unix)]
+    {
+        let sent = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+    }
+    #[cfg(not(unix))]
+    let _ = child;
+}
+
+impl Drop for Server {
+    /// Shuts the host down gracefully, so its jobs' process groups are
+    /// killed too; kills it if it has not exited after a while.
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if !std::thread::panicking() {
+                terminate(&child);
+                for _ in 0..200 {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// An HTTP answer.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    /// The body as JSON (`null` when empty).
+    pub fn json(&self) -> Value {
+        if self.body.trim().is_empty() {
+            return Value::Null;
+        }
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// A header's value, by case-insensitive name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Asserts this is an error answer with `status` and `code`.
+    pub fn assert_error(&self, status: u16, code: &str) {
+        assert_eq!(self.status, status, "body: {}", self.body);
+        let body = self.json();
+        assert_eq!(body["error"]["code"], code, "body: {}", self.body);
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "no message: {}",
+            self.body
+        );
+    }
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).expect("connect to offstage");
+    stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+    stream
+}
+
+fn write_request(
+    stream: &mut TcpStream,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || matches!(method, "POST" | "PUT" | "PATCH") {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer (413) and close before reading a large body.
+    let _ = stream.write_all(body);
+}
+
+fn read_head(reader: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad status line {line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        let trimmed = line.trim_end();
+        if trimmed.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = trimmed.split_once(':') {
+            headers.push((name.trim().to_string(), value.trim().to_string()));
+        }
+    }
+    (status, headers)
+}
+
+/// One request on a fresh connection (`Connection: close`); any headers,
+/// any bytes as the body.
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let mut stream = connect(addr);
+    write_request(&mut stream, addr, method, path, headers, body);
+    let mut reader = BufReader::new(stream);
+    let (status, headers) = read_head(&mut reader);
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let mut raw = Vec::new();
+    if chunked {
+        while let Some(chunk) = read_chunk(&mut reader) {
+            raw.extend(chunk);
+        }
+    } else {
+        // Connection: close — the body ends with the connection.
+        let _ = reader.read_to_end(&mut raw);
+    }
+    Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&raw).into_owned(),
+    }
+}
+
+/// Reads one chunk of a chunked body; `None` at the last one.
+fn read_chunk(reader: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let size = usize::from_str_radix(line.trim().split(';').next()?, 16).ok()?;
+    if size == 0 {
+        return None;
+    }
+    let mut chunk = vec![0; size];
+    reader.read_exact(&mut chunk).ok()?;
+    let mut crlf = [0; 2];
+    reader.read_exact(&mut crlf).ok()?;
+    Some(chunk)
+}
+
+/// An open `GET /api/event` stream.
+pub struct EventStream {
+    reader: BufReader<TcpStream>,
+    buffer: String,
+    pub status: u16,
+}
+
+impl EventStream {
+    /// Opens the stream with `headers`.
+    pub fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> EventStream {
+        let mut stream = connect(addr);
+        write_request(&mut stream, addr, "GET", "/api/event", headers, b"");
+        let mut reader = BufReader::new(stream);
+        let (status, _) = read_head(&mut reader);
+        EventStream {
+            reader,
+            buffer: String::new(),
+            status,
+        }
+    }
+
+    /// The next event (the JSON of its `data:`), skipping keep-alive
+    /// comments; `None` when the stream ends.
+    pub fn next_event(&mut self) -> Option<Value> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let data: Vec<&str> = block
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                    .collect();
+                if data.is_empty() {
+                    continue;
+                }
+                return Some(serde_json::from_str(&data.join("\n")).expect("event data is JSON"));
+            }
+            let chunk = read_chunk(&mut self.reader)?;
+            self.buffer.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Events until one of type `kind` for which `matches` holds; returns
+    /// every event seen, that one last.
+    pub fn until(&mut self, kind: &str, matches: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut seen = Vec::new();
+        loop {
+            let event = self
+                .next_event()
+                .unwrap_or_else(|| panic!("stream ended waiting for {kind}; saw {seen:#?}"));
+            let done = event["type"] == kind && matches(&event["properties"]);
+            seen.push(event);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+/// Runs the `offstage` CLI with `args` and `env`; returns (exit code,
+/// stdout, stderr).
+pub fn cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut command = Command::new(offstage_binary());
+    command
+        .args(args)
+        .env_remove("OFFSTAGE_TOKEN")
+        .env_remove("OFFSTAGE_SERVER")
+        .env_remove("OFFSTAGE_LOG")
+        .env_remove("RUST_LOG");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let output = command.stdin(Stdio::null()).output().expect("run offstage");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Where a path names a file in a temp dir; for tests that write configs.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
