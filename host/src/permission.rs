@@ -7,7 +7,7 @@
 //! once and travels with the job: moving it to the background asks nothing.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     sync::{Mutex, RwLock},
 };
 
@@ -76,6 +76,10 @@ struct Pending {
 /// The rules and the questions waiting for an answer.
 pub struct Permissions {
     rules: RwLock<Vec<Rule>>,
+    /// (tool, exact pattern) pairs answered `always`. Kept apart from the
+    /// wildcard rules: a command like `ls *` allowed always must not become
+    /// a pattern that lets `ls ; rm -rf ~` through unasked.
+    always: RwLock<HashSet<(String, String)>>,
     pending: Mutex<BTreeMap<String, Pending>>,
     events: EventBus,
 }
@@ -108,6 +112,7 @@ impl Permissions {
     pub fn new(rules: Vec<Rule>, events: EventBus) -> Self {
         Permissions {
             rules: RwLock::new(rules),
+            always: RwLock::new(HashSet::new()),
             pending: Mutex::new(BTreeMap::new()),
             events,
         }
@@ -115,6 +120,13 @@ impl Permissions {
 
     /// What the rules say of `tool` doing `pattern`.
     pub fn evaluate(&self, tool: &str, pattern: &str) -> Action {
+        // An `always` answer is the newest decision, so it wins like a rule
+        // appended last would.
+        let always = self.always.read().unwrap_or_else(|e| e.into_inner());
+        if always.contains(&(tool.to_string(), pattern.to_string())) {
+            return Action::Allow;
+        }
+        drop(always);
         let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
         rules
             .iter()
@@ -162,6 +174,23 @@ impl Permissions {
         pending.values().map(|p| p.request.clone()).collect()
     }
 
+    /// Drops the questions of `session_id` (a removed session): their
+    /// callers get a denial instead of waiting for an answer nobody can
+    /// give any more.
+    pub fn forget_session(&self, session_id: &str) {
+        let dropped: Vec<Pending> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let ids: Vec<String> = pending
+                .values()
+                .filter(|p| p.request.session_id == session_id)
+                .map(|p| p.request.id.clone())
+                .collect();
+            ids.iter().filter_map(|id| pending.remove(id)).collect()
+        };
+        // Dropping the senders, outside the lock, wakes the callers.
+        drop(dropped);
+    }
+
     /// Answers question `id`.
     pub fn reply(&self, id: &str, reply: Reply) -> Result<PermissionRequest> {
         let pending = self
@@ -173,11 +202,10 @@ impl Permissions {
         let mut request = pending.request;
         request.status = if reply == Reply::Reject { "rejected" } else { "allowed" }.into();
         if reply == Reply::Always {
-            self.rules.write().unwrap_or_else(|e| e.into_inner()).push(Rule {
-                tool: request.tool.clone(),
-                pattern: request.pattern.clone(),
-                action: Action::Allow,
-            });
+            self.always
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert((request.tool.clone(), request.pattern.clone()));
         }
         let _ = pending.reply.send(reply);
         self.events.publish("permission.replied", json!(request));

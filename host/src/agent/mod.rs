@@ -49,6 +49,61 @@ impl AgentRegistry {
         Ok(())
     }
 
+    /// Whether [`register`](Self::register) would accept `name` from
+    /// `owner` now.
+    pub fn check_register(&self, name: &str, owner: &Owner) -> Result<()> {
+        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        match agents.get(name) {
+            Some(existing) if !same_owner(&existing.owner, owner) => Err(
+                crate::ServiceError::Conflict(format!("agent {name} already exists")),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Puts a plugin generation's agents in place in one step (hot
+    /// reload): `agents` replace the previous generation's by name, and the
+    /// agents `previous` registered that `owner` did not are removed.
+    /// Nothing changes if a name is taken by someone else. Returns what was
+    /// replaced or removed, to drop outside the lock.
+    pub fn replace_owner(
+        &self,
+        owner: &Owner,
+        previous: Option<&Owner>,
+        new: Vec<(String, Arc<dyn Agent>)>,
+    ) -> Result<Vec<Arc<dyn Agent>>> {
+        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        for (name, _) in &new {
+            if let Some(existing) = agents.get(name) {
+                if !same_owner(&existing.owner, owner) {
+                    return Err(crate::ServiceError::Conflict(format!(
+                        "agent {name} already exists"
+                    )));
+                }
+            }
+        }
+        let mut replaced = Vec::new();
+        for (name, agent) in new {
+            let entry = Registered {
+                owner: owner.clone(),
+                agent,
+            };
+            if let Some(old) = agents.insert(name, entry) {
+                replaced.push(old.agent);
+            }
+        }
+        if let Some(previous) = previous {
+            agents.retain(|_, a| {
+                let keep = &a.owner != previous;
+                if !keep {
+                    replaced.push(a.agent.clone());
+                }
+                keep
+            });
+        }
+        Ok(replaced)
+    }
+
     /// Removes everything `owner` registered.
     pub fn remove_owner(&self, owner: &Owner) {
         let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
@@ -72,6 +127,14 @@ impl AgentRegistry {
         let mut names: Vec<_> = agents.keys().cloned().collect();
         names.sort();
         names
+    }
+}
+
+/// The same owner, or two generations of one plugin.
+fn same_owner(a: &Owner, b: &Owner) -> bool {
+    match (a, b) {
+        (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) => a == b,
+        (a, b) => a == b,
     }
 }
 

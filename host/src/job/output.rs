@@ -118,6 +118,25 @@ impl OutputSink {
     }
 }
 
+/// How many bytes at the end of `data` are the start of a UTF-8 character
+/// whose remaining bytes are missing (0 if none).
+fn incomplete_tail(data: &[u8]) -> usize {
+    for back in 1..=data.len().min(3) {
+        let byte = data[data.len() - back];
+        if byte & 0b1100_0000 == 0b1000_0000 {
+            continue; // a continuation byte: look further back
+        }
+        let needed = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if needed > back { back } else { 0 };
+    }
+    0
+}
+
 /// Reads up to `limit` bytes of the output file at `path` from `offset`.
 pub fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
     let mut file = File::open(path)?;
@@ -126,6 +145,13 @@ pub fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
     file.seek(SeekFrom::Start(start))?;
     let mut data = Vec::new();
     file.take(limit).read_to_end(&mut data)?;
+    // A page that ends inside a multi-byte character stops before it, so
+    // the next page starts with the whole character and pages put together
+    // are the file. (A page too small for one character still moves on.)
+    let cut = incomplete_tail(&data);
+    if cut > 0 && cut < data.len() {
+        data.truncate(data.len() - cut);
+    }
     let next_offset = start + data.len() as u64;
     Ok(OutputChunk {
         offset: start,
@@ -133,4 +159,44 @@ pub fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
         next_offset,
         eof: next_offset >= size,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn incomplete_tail_finds_a_cut_character() {
+        let text = "aé✓𝄞".as_bytes(); // 1 + 2 + 3 + 4 bytes
+        assert_eq!(incomplete_tail(text), 0);
+        assert_eq!(incomplete_tail(&text[..2]), 1); // half of é
+        assert_eq!(incomplete_tail(&text[..3]), 0);
+        assert_eq!(incomplete_tail(&text[..5]), 2); // two thirds of ✓
+        assert_eq!(incomplete_tail(&text[..9]), 3); // three quarters of 𝄞
+        assert_eq!(incomplete_tail(b"\xff\xfe"), 0); // not UTF-8: left alone
+    }
+
+    #[test]
+    fn pages_never_split_a_character() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        let text = "ünïcødé ✓ 𝄞\n".repeat(50);
+        std::fs::write(&path, &text).unwrap();
+        for limit in [1, 2, 3, 5, 64] {
+            let (mut paged, mut offset) = (String::new(), 0);
+            loop {
+                let chunk = read_range(&path, offset, limit).unwrap();
+                paged.push_str(&chunk.data);
+                offset = chunk.next_offset;
+                if chunk.eof {
+                    break;
+                }
+            }
+            if limit >= 4 {
+                assert_eq!(paged, text, "limit {limit}");
+            } else {
+                assert_eq!(offset, text.len() as u64, "limit {limit}: still gets to the end");
+            }
+        }
+    }
 }

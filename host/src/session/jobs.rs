@@ -249,9 +249,24 @@ impl SessionService {
         let job_id = call.job_id.clone();
         let chain = run_chain(ctx, call, tool, wrappers);
         let mut cancel = runtime.cancel.subscribe();
+        let cancelled = |reason: CancelReason| {
+            let status = if reason == CancelReason::Timeout { JobStatus::Error } else { JobStatus::Cancelled };
+            let note = match reason {
+                CancelReason::Timeout => "timed out; process group killed",
+                CancelReason::Interrupted => "interrupted",
+                CancelReason::SessionRemoved => "session removed",
+                CancelReason::Shutdown => "host shutting down",
+                CancelReason::User => "cancelled",
+            };
+            output.write(format!("\n[{note}]\n").as_bytes());
+            ToolOutcome { status, exit_code: None }
+        };
         let outcome = tokio::select! {
-            result = chain => match result {
-                Ok(result) => {
+            result = chain => match (result, *runtime.cancel.borrow()) {
+                // A cancel that the chain saw first (a subagent whose child
+                // turn was stopped by the same removal) is still a cancel.
+                (_, Some(reason)) => cancelled(reason),
+                (Ok(result), None) => {
                     let status = match result.status {
                         ToolStatus::Completed | ToolStatus::Backgrounded => JobStatus::Completed,
                         ToolStatus::Error => JobStatus::Error,
@@ -259,24 +274,14 @@ impl SessionService {
                     };
                     ToolOutcome { status, exit_code: result.exit_code }
                 }
-                Err(error) => {
+                (Err(error), None) => {
                     output.write(format!("\n[error: {error}]\n").as_bytes());
                     ToolOutcome { status: JobStatus::Error, exit_code: None }
                 }
             },
             reason = cancel.wait_for(Option::is_some) => {
                 // Dropping the chain above killed the process group.
-                let reason = reason.ok().and_then(|r| *r).unwrap_or(CancelReason::User);
-                let status = if reason == CancelReason::Timeout { JobStatus::Error } else { JobStatus::Cancelled };
-                let note = match reason {
-                    CancelReason::Timeout => "timed out; process group killed",
-                    CancelReason::Interrupted => "interrupted",
-                    CancelReason::SessionRemoved => "session removed",
-                    CancelReason::Shutdown => "host shutting down",
-                    CancelReason::User => "cancelled",
-                };
-                output.write(format!("\n[{note}]\n").as_bytes());
-                ToolOutcome { status, exit_code: None }
+                cancelled(reason.ok().and_then(|r| *r).unwrap_or(CancelReason::User))
             }
         };
         output.finish();
@@ -295,10 +300,16 @@ impl SessionService {
             entry.job.status = outcome.status;
             entry.job.exit_code = outcome.exit_code;
             entry.job.completed_at = Some(now());
-            entry.job.clone()
+            let job = entry.job.clone();
+            // A removed session's jobs go with it once they have ended
+            // (`remove` drops the ended ones itself).
+            if !state.sessions.contains_key(&job.session_id) {
+                state.jobs.remove(job_id);
+            }
+            job
         };
         let tail = runtime.output.tail_text();
-        runtime.finished.send_replace(Some(ToolResult {
+        let result = ToolResult {
             call_id: job.id.clone(),
             job_id: job.id.clone(),
             status: match job.status {
@@ -309,12 +320,20 @@ impl SessionService {
             output: tail.clone(),
             exit_code: job.exit_code,
             output_path: job.output_path.clone(),
-        }));
+        };
         self.inner.events.publish("job.finished", json!(job));
-
-        if !job.backgrounded || cancel_reason == Some(CancelReason::SessionRemoved) {
-            return;
+        if job.backgrounded && cancel_reason != Some(CancelReason::SessionRemoved) {
+            self.add_notice(&job, cancel_reason, &tail);
         }
+        // Waiters (a caller, `cancel_job`, `shutdown`) are released last, so
+        // that when they return the session's record — notice included — is
+        // complete.
+        runtime.finished.send_replace(Some(result));
+    }
+
+    /// The one notice of a backgrounded job that ended; wakes the session
+    /// unless someone's own decision ended the job.
+    fn add_notice(&self, job: &Job, cancel_reason: Option<CancelReason>, tail: &str) {
         let state_word = match job.status {
             JobStatus::Completed => "completed",
             JobStatus::Error => "failed",
@@ -364,7 +383,7 @@ impl SessionService {
     /// Marks matching running, foreground jobs backgrounded and releases
     /// their callers.
     fn move_jobs(&self, matches: impl Fn(&Job) -> bool) -> Vec<Job> {
-        let moved: Vec<(Job, Arc<JobRuntime>)> = {
+        let mut jobs: Vec<Job> = {
             let mut state = self.state();
             state
                 .jobs
@@ -372,15 +391,18 @@ impl SessionService {
                 .filter(|e| e.job.status == JobStatus::Running && !e.job.backgrounded && matches(&e.job))
                 .map(|e| {
                     e.job.backgrounded = true;
-                    (e.job.clone(), e.runtime.clone())
+                    // Released under the lock that marks the job: a job that
+                    // ends right after must not find its caller still
+                    // waiting, or that caller would report the end as well
+                    // as the notice does.
+                    e.runtime.released.send_replace(true);
+                    e.job.clone()
                 })
                 .collect()
         };
-        for (job, runtime) in &moved {
-            runtime.released.send_replace(true);
+        for job in &jobs {
             self.inner.events.publish("job.backgrounded", json!(job));
         }
-        let mut jobs: Vec<Job> = moved.into_iter().map(|(job, _)| job).collect();
         jobs.sort_by(|a, b| a.id.cmp(&b.id));
         jobs
     }

@@ -203,7 +203,7 @@ impl SessionService {
     /// killed) without a notice.
     pub async fn remove(&self, id: &str) -> Result<()> {
         let mut doomed = vec![id.to_string()];
-        let (jobs, turns) = {
+        let turns = {
             let mut state = self.state();
             if !state.sessions.contains_key(id) {
                 return Err(ServiceError::not_found("session", id));
@@ -221,12 +221,15 @@ impl SessionService {
                 );
                 index += 1;
             }
-            let jobs: Vec<Arc<JobRuntime>> = state
-                .jobs
-                .values()
-                .filter(|j| doomed.contains(&j.job.session_id) && !j.job.status.is_final())
-                .map(|j| j.runtime.clone())
-                .collect();
+            // Every job is told under the lock, before any can record its
+            // end (that takes this lock): a subagent job must not see its
+            // child's cancelled call and end as an error before its own
+            // cancel arrives.
+            for entry in state.jobs.values() {
+                if doomed.contains(&entry.job.session_id) && !entry.job.status.is_final() {
+                    entry.runtime.cancel(jobs::CancelReason::SessionRemoved);
+                }
+            }
             let mut turns = Vec::new();
             for session_id in &doomed {
                 if let Some(mut entry) = state.sessions.remove(session_id) {
@@ -234,15 +237,13 @@ impl SessionService {
                 }
             }
             state.jobs.retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
-            (jobs, turns)
+            turns
         };
         for turn in turns {
             turn.abort();
         }
-        for job in jobs {
-            job.cancel(jobs::CancelReason::SessionRemoved);
-        }
         for session_id in &doomed {
+            self.inner.permissions.forget_session(session_id);
             let dir = self.output_dir(session_id);
             if dir.exists() {
                 if let Err(error) = std::fs::remove_dir_all(&dir) {
@@ -286,6 +287,20 @@ impl SessionService {
     /// Appends a message, publishing `message.added`. Prompts and notices
     /// also go to the agent's inbox.
     fn append(&self, session_id: &str, role: Role, text: &str, metadata: Value) -> Result<Message> {
+        let mut state = self.state();
+        self.append_locked(&mut state, session_id, role, text, metadata)
+    }
+
+    /// [`append`](Self::append) under a lock the caller holds: the one
+    /// place a message is recorded.
+    fn append_locked(
+        &self,
+        state: &mut State,
+        session_id: &str,
+        role: Role,
+        text: &str,
+        metadata: Value,
+    ) -> Result<Message> {
         let message = Message {
             id: new_id("msg"),
             session_id: session_id.to_string(),
@@ -294,18 +309,15 @@ impl SessionService {
             metadata,
             created_at: now(),
         };
-        {
-            let mut state = self.state();
-            let entry = state
-                .sessions
-                .get_mut(session_id)
-                .ok_or_else(|| ServiceError::not_found("session", session_id))?;
-            entry.messages.push(message.clone());
-            if matches!(role, Role::User | Role::Notice) {
-                entry.inbox.push(message.clone());
-            }
-            entry.session.updated_at = message.created_at.clone();
+        let entry = state
+            .sessions
+            .get_mut(session_id)
+            .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+        entry.messages.push(message.clone());
+        if matches!(role, Role::User | Role::Notice) {
+            entry.inbox.push(message.clone());
         }
+        entry.session.updated_at = message.created_at.clone();
         self.inner.events.publish("message.added", json!(message));
         Ok(message)
     }

@@ -6,17 +6,24 @@
 //! gets a turn of its own as soon as the current one ends; one that arrives
 //! while the session is idle starts a turn at once (the wake-up).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use offstage_plugin_api::types::{AgentTurn, Message, Role};
 use serde_json::json;
 use tokio::{sync::oneshot, task::AbortHandle};
 
-use super::SessionService;
+use super::{SessionService, State};
 use crate::{error::Result, ServiceError};
 
 /// A running turn, so that an interrupt can stop it.
 pub(super) struct TurnHandle {
+    /// Tells this turn from the next one (see `TurnGuard`).
+    id: u64,
     abort: AbortHandle,
 }
+
+/// Numbers turns, so that a turn's guard recognises its own handle.
+static NEXT_TURN: AtomicU64 = AtomicU64::new(0);
 
 impl TurnHandle {
     pub(super) fn abort(self) {
@@ -29,6 +36,7 @@ impl TurnHandle {
 struct TurnGuard {
     service: SessionService,
     session_id: String,
+    turn_id: u64,
 }
 
 impl Drop for TurnGuard {
@@ -37,8 +45,13 @@ impl Drop for TurnGuard {
             let mut state = self.service.state();
             let rerun = match state.sessions.get_mut(&self.session_id) {
                 Some(entry) => {
-                    entry.turn = None;
-                    !entry.inbox.is_empty()
+                    // An interrupt takes the handle before this turn has
+                    // unwound; by then a new turn may hold the place, and
+                    // clearing it would let a second turn run beside it.
+                    if entry.turn.as_ref().is_some_and(|t| t.id == self.turn_id) {
+                        entry.turn = None;
+                    }
+                    entry.turn.is_none() && !entry.inbox.is_empty()
                 }
                 None => false,
             };
@@ -64,29 +77,29 @@ impl SessionService {
         self.get(session_id).await?;
         loop {
             let (tx, rx) = oneshot::channel();
-            // Append and start under one decision so no wake-up steals the
-            // prompt into a turn without an agent override.
-            let started = {
-                let state = self.state();
+            // Append and start under one lock, so that no wake-up (say, the
+            // end of an interrupted turn) takes the prompt into a turn of
+            // its own, without the agent override and without telling us.
+            let first_new = {
+                let mut state = self.state();
                 let entry = state
                     .sessions
                     .get(session_id)
                     .ok_or_else(|| ServiceError::not_found("session", session_id))?;
-                entry.turn.is_none()
+                if entry.turn.is_some() {
+                    None
+                } else {
+                    let first_new = entry.messages.len();
+                    self.append_locked(&mut state, session_id, Role::User, text, json!({}))?;
+                    let started = self.start_turn_locked(&mut state, session_id, agent.map(str::to_string), Some(tx));
+                    debug_assert!(started, "no turn ran and the inbox has the prompt");
+                    Some(first_new)
+                }
             };
-            if !started {
+            let Some(first_new) = first_new else {
                 self.wait_turn_end(session_id).await?;
                 continue;
-            }
-            let first_new = self.messages(session_id).await?.len();
-            self.append(session_id, Role::User, text, json!({}))?;
-            if !self.start_turn(session_id, agent.map(str::to_string), Some(tx)) {
-                // Another turn slipped in between; it will have taken our
-                // prompt from the inbox. Wait for it and report its work.
-                self.wait_turn_end(session_id).await?;
-                let messages = self.messages(session_id).await?;
-                return Ok(messages.into_iter().skip(first_new + 1).collect());
-            }
+            };
             return match rx.await {
                 Ok(()) => {
                     let messages = self.messages(session_id).await?;
@@ -135,6 +148,16 @@ impl SessionService {
     /// whether it started one.
     fn start_turn(&self, session_id: &str, agent: Option<String>, done: Option<oneshot::Sender<()>>) -> bool {
         let mut state = self.state();
+        self.start_turn_locked(&mut state, session_id, agent, done)
+    }
+
+    fn start_turn_locked(
+        &self,
+        state: &mut State,
+        session_id: &str,
+        agent: Option<String>,
+        done: Option<oneshot::Sender<()>>,
+    ) -> bool {
         let Some(entry) = state.sessions.get_mut(session_id) else {
             return false;
         };
@@ -145,10 +168,12 @@ impl SessionService {
         let agent_name = agent.unwrap_or_else(|| entry.session.agent.clone());
         let service = self.clone();
         let id = session_id.to_string();
+        let turn_id = NEXT_TURN.fetch_add(1, Ordering::Relaxed);
         let task = tokio::spawn(async move {
             let _guard = TurnGuard {
                 service: service.clone(),
                 session_id: id.clone(),
+                turn_id,
             };
             let turn = AgentTurn {
                 session_id: id.clone(),
@@ -172,9 +197,10 @@ impl SessionService {
             }
         });
         entry.turn = Some(TurnHandle {
+            id: turn_id,
             abort: task.abort_handle(),
         });
-        self.refresh_status(&mut state, session_id);
+        self.refresh_status(state, session_id);
         true
     }
 
@@ -190,10 +216,12 @@ impl SessionService {
             entry.turn.take()
         };
         let had_turn = turn.is_some();
-        let jobs = self.cancel_foreground_jobs(session_id);
+        // Stop the turn before its jobs: a turn that saw its job cancelled
+        // first would go on to its next step (its next line, its reply).
         if let Some(turn) = turn {
             turn.abort();
         }
+        let jobs = self.cancel_foreground_jobs(session_id);
         {
             let mut state = self.state();
             self.refresh_status(&mut state, session_id);

@@ -90,6 +90,9 @@ pub trait Tool: Send + Sync {
     }
 }
 
+/// A tool and its wrappers, outermost first: what one call runs.
+pub type Chain = (Arc<dyn Tool>, Vec<Arc<dyn ToolWrapper>>);
+
 /// An around-style wrapper of a tool.
 pub trait ToolWrapper: Send + Sync {
     fn wrap(&self, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>>;
@@ -138,6 +141,41 @@ struct Registry {
     wrappers: HashMap<String, Vec<Registered<dyn ToolWrapper>>>,
 }
 
+impl Registry {
+    fn check_add(&self, name: &str, owner: &Owner) -> Result<()> {
+        if let Some(existing) = self.tools.get(name) {
+            let same_plugin = matches!((&existing.owner, owner),
+                (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) if a == b);
+            if !same_plugin {
+                return Err(ServiceError::Conflict(format!("tool {name} already exists")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a wrapper of `tool`; a newer generation of a plugin takes its
+    /// predecessor's place. Returns the predecessor.
+    fn put_wrapper(&mut self, tool: &str, owner: Owner, wrapper: Arc<dyn ToolWrapper>) -> Option<Arc<dyn ToolWrapper>> {
+        let wrappers = self.wrappers.entry(tool.to_string()).or_default();
+        let predecessor = wrappers.iter().position(|w| match (&w.owner, &owner) {
+            (Owner::Plugin { name: a, generation: old }, Owner::Plugin { name: b, generation: new }) => {
+                a == b && old < new
+            }
+            _ => false,
+        });
+        let entry = Registered { owner, item: wrapper };
+        // Swapping in place keeps the wrapper's position, so there is no
+        // moment where the tool runs without it.
+        match predecessor {
+            Some(index) => Some(std::mem::replace(&mut wrappers[index], entry).item),
+            None => {
+                wrappers.push(entry);
+                None
+            }
+        }
+    }
+}
+
 /// Every tool the host can run, and the wrappers around each.
 #[derive(Default, Clone)]
 pub struct ToolRegistry {
@@ -149,35 +187,72 @@ impl ToolRegistry {
     /// (it can wrap it) nor another plugin's.
     pub fn add(&self, name: &str, owner: Owner, tool: Arc<dyn Tool>) -> Result<()> {
         let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(existing) = registry.tools.get(name) {
-            let same_plugin = matches!((&existing.owner, &owner),
-                (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) if a == b);
-            if !same_plugin {
-                return Err(ServiceError::Conflict(format!("tool {name} already exists")));
-            }
-        }
+        registry.check_add(name, &owner)?;
         registry.tools.insert(name.to_string(), Registered { owner, item: tool });
         Ok(())
+    }
+
+    /// Whether [`add`](Self::add) would accept `name` from `owner` now.
+    pub fn check_add(&self, name: &str, owner: &Owner) -> Result<()> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner()).check_add(name, owner)
+    }
+
+    /// Puts a plugin generation's registrations in place in one step, as
+    /// hot reload needs: `tools` are added (replacing the previous
+    /// generation's by name), each wrapper takes its predecessor's place as
+    /// [`wrap`](Self::wrap) does, and what `previous` registered and `owner`
+    /// did not is removed. Nothing changes if a tool name is taken by
+    /// someone else. Returns what was replaced or removed, for the caller
+    /// to drop outside the registry's lock.
+    pub fn replace_owner(
+        &self,
+        owner: &Owner,
+        previous: Option<&Owner>,
+        tools: Vec<(String, Arc<dyn Tool>)>,
+        wrappers: Vec<(String, Arc<dyn ToolWrapper>)>,
+    ) -> Result<Vec<Box<dyn Send + Sync>>> {
+        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        for (name, _) in &tools {
+            registry.check_add(name, owner)?;
+        }
+        let mut replaced: Vec<Box<dyn Send + Sync>> = Vec::new();
+        for (name, tool) in tools {
+            let entry = Registered { owner: owner.clone(), item: tool };
+            if let Some(old) = registry.tools.insert(name, entry) {
+                replaced.push(Box::new(old.item));
+            }
+        }
+        for (tool, wrapper) in wrappers {
+            if let Some(old) = registry.put_wrapper(&tool, owner.clone(), wrapper) {
+                replaced.push(Box::new(old));
+            }
+        }
+        if let Some(previous) = previous {
+            registry.tools.retain(|_, t| {
+                let keep = &t.owner != previous;
+                if !keep {
+                    replaced.push(Box::new(t.item.clone()));
+                }
+                keep
+            });
+            for wrappers in registry.wrappers.values_mut() {
+                wrappers.retain(|w| {
+                    let keep = &w.owner != previous;
+                    if !keep {
+                        replaced.push(Box::new(w.item.clone()));
+                    }
+                    keep
+                });
+            }
+        }
+        Ok(replaced)
     }
 
     /// Wraps `tool`. Wrappers run in registration order, outermost first;
     /// a newer generation of a plugin takes its predecessor's place.
     pub fn wrap(&self, tool: &str, owner: Owner, wrapper: Arc<dyn ToolWrapper>) {
         let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
-        let wrappers = registry.wrappers.entry(tool.to_string()).or_default();
-        let predecessor = wrappers.iter().position(|w| match (&w.owner, &owner) {
-            (Owner::Plugin { name: a, generation: old }, Owner::Plugin { name: b, generation: new }) => {
-                a == b && old < new
-            }
-            _ => false,
-        });
-        let entry = Registered { owner, item: wrapper };
-        // Swapping in place keeps the wrapper's position, so there is no
-        // moment where the tool runs without it.
-        match predecessor {
-            Some(index) => wrappers[index] = entry,
-            None => wrappers.push(entry),
-        }
+        registry.put_wrapper(tool, owner, wrapper);
     }
 
     /// Removes everything `owner` registered.
@@ -191,7 +266,7 @@ impl ToolRegistry {
 
     /// The tool and its wrappers as they are now; a call keeps this chain
     /// even if a plugin is reloaded while it runs.
-    pub fn chain(&self, name: &str) -> Option<(Arc<dyn Tool>, Vec<Arc<dyn ToolWrapper>>)> {
+    pub fn chain(&self, name: &str) -> Option<Chain> {
         let registry = self.inner.read().unwrap_or_else(|e| e.into_inner());
         let tool = registry.tools.get(name)?.item.clone();
         let wrappers = registry

@@ -1,0 +1,436 @@
+//! Engine benchmarks; see BENCHMARKS.md for results and how to read them.
+//!
+//! ```text
+//! cargo bench -p offstage-bench --bench engine            # everything
+//! cargo bench -p offstage-bench --bench engine -- faces   # one group
+//! ```
+//!
+//! Groups:
+//!
+//! - `faces` (issue 2, item 8): a trivial session call (`get`) made by a
+//!   real plugin through its async face, its blocking face (from a thread of
+//!   the plugin's own, and straight from a future the host polls), against
+//!   `SessionService::get` called directly in the same process.
+//! - `background` (issue 3, item 9): time from a `background` call to the
+//!   return of the caller it releases, against the wake-up of a task through
+//!   a bare tokio oneshot channel (the floor for releasing a waiting task).
+//! - `throughput` (issue 3, item 9): `true` commands started and finished
+//!   per second through `call_tool`, against spawning `/bin/sh -c true`
+//!   directly with `std::process` and with `tokio::process`.
+//!
+//! Every figure is measured in the same run as its baseline, and reported
+//! as a ratio to it.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use offstage::{
+    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
+    session::{ServiceConfig, SessionService},
+};
+use offstage_bench::{median, micros, summarize};
+use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
+use serde_json::json;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Builds the racer test plugin in release mode, in a target dir of its
+/// own (the `cargo bench` that runs us holds the main one).
+fn racer_plugin() -> PathBuf {
+    let target = workspace_root().join("target").join("bench-plugins");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            "offstage-test-racer",
+            "--target-dir",
+        ])
+        .arg(&target)
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "building the racer plugin failed");
+    let name = format!(
+        "{}offstage_test_racer{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    target.join("release").join(name)
+}
+
+fn service(dir: &Path) -> SessionService {
+    SessionService::new(ServiceConfig {
+        data_dir: dir.join("data"),
+        permissions: Vec::new(),
+    })
+}
+
+async fn session(service: &SessionService) -> String {
+    service.create(NewSession::default()).await.unwrap().id
+}
+
+/// Nanoseconds per `get` through the plugin, as the plugin measured it.
+async fn plugin_get_loop(service: &SessionService, session: &str, face: &str, n: u64) -> f64 {
+    let input = json!({ "session_id": session, "n": n, "face": face });
+    let result = service
+        .call_tool(session, ToolRequest::new("racer_get_loop", input))
+        .await
+        .unwrap();
+    assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
+    let report: serde_json::Value = serde_json::from_str(&result.output).unwrap();
+    report["ns_per_call"].as_f64().unwrap()
+}
+
+async fn faces() {
+    const N: u64 = 50_000;
+    const ROUNDS: usize = 7;
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path());
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let library = racer_plugin();
+    std::fs::copy(&library, plugins.join(library.file_name().unwrap())).unwrap();
+    let mut settings = BTreeMap::new();
+    settings.insert(
+        "racer".to_string(),
+        PluginSettings {
+            options: json!({ "after_ms": 60_000 }),
+            ..PluginSettings::default()
+        },
+    );
+    let host = PluginHost::new(
+        service.clone(),
+        PluginHostConfig {
+            dirs: vec![plugins],
+            data_dir: dir.path().join("data"),
+            allow_insecure_permissions: false,
+            settings,
+        },
+    );
+    let loaded = host.load_all();
+    assert!(
+        loaded.len() == 1 && loaded[0].status == PluginStatus::Loaded,
+        "{loaded:#?}"
+    );
+    let id = session(&service).await;
+
+    let direct = || {
+        let (service, id) = (service.clone(), id.clone());
+        async move {
+            // On a runtime task, like the plugin's calls.
+            tokio::spawn(async move {
+                let start = Instant::now();
+                for _ in 0..N {
+                    std::hint::black_box(service.get(&id).await.unwrap());
+                }
+                start.elapsed().as_nanos() as f64 / N as f64
+            })
+            .await
+            .unwrap()
+        }
+    };
+    // The same call plus the JSON the ABI carries both ways (arguments in,
+    // the session out), without crossing into a plugin.
+    let direct_json = || {
+        let (service, id) = (service.clone(), id.clone());
+        async move {
+            tokio::spawn(async move {
+                let start = Instant::now();
+                for _ in 0..N {
+                    let args = serde_json::to_string(&json!({ "session_id": &id })).unwrap();
+                    let args: serde_json::Value = serde_json::from_str(&args).unwrap();
+                    let session = service
+                        .get(args["session_id"].as_str().unwrap())
+                        .await
+                        .unwrap();
+                    let reply = serde_json::to_string(&session).unwrap();
+                    let session: offstage_plugin_api::types::Session =
+                        serde_json::from_str(&reply).unwrap();
+                    std::hint::black_box(session);
+                }
+                start.elapsed().as_nanos() as f64 / N as f64
+            })
+            .await
+            .unwrap()
+        }
+    };
+    // Warm up every path once.
+    direct().await;
+    direct_json().await;
+    for face in ["async", "blocking", "blocking-inline"] {
+        plugin_get_loop(&service, &id, face, 1000).await;
+    }
+    let mut results: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for _ in 0..ROUNDS {
+        // Interleaved, so drift in the machine hits every path alike.
+        results.entry("direct").or_default().push(direct().await);
+        results
+            .entry("direct-json")
+            .or_default()
+            .push(direct_json().await);
+        for face in ["async", "blocking", "blocking-inline"] {
+            let ns = plugin_get_loop(&service, &id, face, N).await;
+            results.entry(face).or_default().push(ns);
+        }
+    }
+    let base = median(results.get_mut("direct").unwrap());
+    println!("\n## faces: `get` through the plugin vs direct ({N} calls x {ROUNDS} rounds, median of rounds)\n");
+    println!("| path | ns/call | ratio to direct |");
+    println!("|---|---:|---:|");
+    println!("| direct `SessionService::get` (baseline) | {base:.0} | 1.00 |");
+    let json_ns = median(results.get_mut("direct-json").unwrap());
+    println!(
+        "| direct, plus the JSON encode/decode the ABI does (no plugin) | {json_ns:.0} | {:.2} |",
+        json_ns / base
+    );
+    for (face, label) in [
+        ("async", "plugin async face (`get().await`)"),
+        ("blocking", "plugin blocking face, plugin's own thread"),
+        (
+            "blocking-inline",
+            "plugin blocking face, inside a host-polled future",
+        ),
+    ] {
+        let ns = median(results.get_mut(face).unwrap());
+        println!("| {label} | {ns:.0} | {:.2} |", ns / base);
+    }
+    host.shutdown();
+}
+
+async fn background_latency() {
+    const SAMPLES: usize = 400;
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path());
+    let id = session(&service).await;
+
+    // Baseline and measurement alternate, so load from elsewhere on the
+    // machine hits both alike.
+    let mut wake = Vec::with_capacity(SAMPLES);
+    let mut moves = Vec::with_capacity(SAMPLES);
+    for i in 0..SAMPLES {
+        // Baseline: a task waiting on a oneshot, woken by a send.
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let waiter = tokio::spawn(async move {
+            rx.await.unwrap();
+            Instant::now()
+        });
+        tokio::time::sleep(Duration::from_micros(200)).await;
+        let start = Instant::now();
+        tx.send(()).unwrap();
+        wake.push(waiter.await.unwrap() - start);
+
+        // A blocked `call_tool`, released by `background`.
+        let call_id = format!("job_bench_{i}");
+        let caller = {
+            let (service, id, call_id) = (service.clone(), id.clone(), call_id.clone());
+            tokio::spawn(async move {
+                let request = ToolRequest {
+                    tool: "shell".into(),
+                    input: json!({ "command": "sleep 60" }),
+                    call_id: Some(call_id),
+                };
+                let result = service.call_tool(&id, request).await.unwrap();
+                (result, Instant::now())
+            })
+        };
+        // Wait until the job runs and its caller is blocked on it.
+        while service.job(&call_id).await.is_err() {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+        let start = Instant::now();
+        let moved = service
+            .background(BackgroundRequest::job(&id, &call_id))
+            .await
+            .unwrap();
+        let (result, returned) = caller.await.unwrap();
+        assert_eq!(moved.len(), 1);
+        assert_eq!(result.status, ToolStatus::Backgrounded);
+        moves.push(returned - start);
+        service.cancel_job(&call_id).await.unwrap();
+    }
+    let wake = summarize(&mut wake);
+    let moves = summarize(&mut moves);
+    println!("\n## background: `background` call → blocked caller returns ({SAMPLES} samples)\n");
+    println!("| path | median | p99 | min | median ratio |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| tokio oneshot wake-up of a waiting task (baseline) | {} | {} | {} | 1.00 |",
+        micros(wake.median),
+        micros(wake.p99),
+        micros(wake.min)
+    );
+    println!(
+        "| `background(job)` → `call_tool` returns `backgrounded` | {} | {} | {} | {:.1} |",
+        micros(moves.median),
+        micros(moves.p99),
+        micros(moves.min),
+        moves.median.as_secs_f64() / wake.median.as_secs_f64()
+    );
+}
+
+/// `/bin/sh -c true` through `std::process`, sequentially.
+fn std_sequential(jobs: usize) {
+    for _ in 0..jobs {
+        let status = Command::new("/bin/sh")
+            .args(["-c", "true"])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+/// `/bin/sh -c true` through `tokio::process`, `concurrency` at a time.
+async fn tokio_plain(jobs: usize, concurrency: usize) {
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            tokio::spawn(async move {
+                for _ in 0..jobs / concurrency {
+                    let status = tokio::process::Command::new("/bin/sh")
+                        .args(["-c", "true"])
+                        .status()
+                        .await
+                        .unwrap();
+                    assert!(status.success());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// What the shell tool does per command, minus the engine's bookkeeping:
+/// own process group, stdout and stderr on one pipe read to EOF.
+async fn tokio_piped(jobs: usize) {
+    for _ in 0..jobs {
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let mut child = tokio::process::Command::new("/bin/sh")
+            .args(["-c", "true"])
+            .stdin(std::process::Stdio::null())
+            .stdout(writer.try_clone().unwrap())
+            .stderr(writer)
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let drain = tokio::task::spawn_blocking(move || {
+            let mut sink = Vec::new();
+            std::io::Read::read_to_end(&mut reader, &mut sink).unwrap();
+        });
+        assert!(child.wait().await.unwrap().success());
+        drain.await.unwrap();
+    }
+}
+
+/// `true` through `call_tool`, one caller per session, `sessions.len()` at
+/// a time.
+async fn engine_calls(service: &SessionService, sessions: &[String], jobs: usize) {
+    let tasks: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            let (service, id) = (service.clone(), id.clone());
+            let per_session = jobs / sessions.len();
+            tokio::spawn(async move {
+                for _ in 0..per_session {
+                    let result = service
+                        .call_tool(&id, ToolRequest::new("shell", json!({ "command": "true" })))
+                        .await
+                        .unwrap();
+                    assert_eq!(result.status, ToolStatus::Completed);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+async fn throughput() {
+    const JOBS: usize = 160;
+    const ROUNDS: usize = 5;
+    const CONCURRENCY: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path());
+    let one = vec![session(&service).await];
+    let mut many = Vec::new();
+    for _ in 0..CONCURRENCY {
+        many.push(session(&service).await);
+    }
+
+    async fn rate(fut: impl std::future::Future<Output = ()>, jobs: usize) -> f64 {
+        let start = Instant::now();
+        fut.await;
+        jobs as f64 / start.elapsed().as_secs_f64()
+    }
+    let labels = [
+        "`std::process::Command::status`, sequential (baseline)",
+        "`tokio::process::Command::status`, sequential",
+        "`tokio::process`, own process group, output pipe read to EOF, sequential",
+        "`call_tool(shell)`, sequential",
+        "`tokio::process`, 8 concurrent",
+        "`call_tool(shell)`, 8 concurrent sessions",
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); labels.len()];
+    // Rounds interleave every path, so drift hits them alike.
+    for _ in 0..ROUNDS {
+        rates[0].push(rate(async { std_sequential(JOBS) }, JOBS).await);
+        rates[1].push(rate(tokio_plain(JOBS, 1), JOBS).await);
+        rates[2].push(rate(tokio_piped(JOBS), JOBS).await);
+        rates[3].push(rate(engine_calls(&service, &one, JOBS), JOBS).await);
+        rates[4].push(rate(tokio_plain(JOBS, CONCURRENCY), JOBS).await);
+        rates[5].push(rate(engine_calls(&service, &many, JOBS), JOBS).await);
+    }
+    let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
+    println!(
+        "\n## throughput: `/bin/sh -c true` started and finished per second \
+         ({JOBS} jobs x {ROUNDS} rounds, median of rounds)\n"
+    );
+    println!("| path | jobs/s | ratio to baseline |");
+    println!("|---|---:|---:|");
+    for (label, rate) in labels.iter().zip(&medians) {
+        println!("| {label} | {rate:.0} | {:.2} |", rate / medians[0]);
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; anything else is a group filter.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted =
+        |group: &str| filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "# offstage engine benchmarks ({} cores; tokio multi-thread runtime, default workers)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    runtime.block_on(async {
+        if wanted("faces") {
+            faces().await;
+        }
+        if wanted("background") {
+            background_latency().await;
+        }
+        if wanted("throughput") {
+            throughput().await;
+        }
+    });
+}

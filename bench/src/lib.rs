@@ -1,0 +1,59 @@
+//! Small statistics helpers for the engine benchmarks in `benches/`.
+//!
+//! The benchmarks run with `cargo bench -p offstage-bench`; each prints a
+//! table of figures and ratios against a baseline measured in the same run.
+
+use std::time::Duration;
+
+/// Summary of a set of samples.
+#[derive(Debug, Clone, Copy)]
+pub struct Summary {
+    pub count: usize,
+    pub median: Duration,
+    pub p99: Duration,
+    pub min: Duration,
+}
+
+/// Median, 99th percentile (nearest rank) and minimum of `samples`.
+pub fn summarize(samples: &mut [Duration]) -> Summary {
+    assert!(!samples.is_empty(), "no samples");
+    samples.sort_unstable();
+    let rank = |q: f64| {
+        let index = ((q * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1;
+        samples[index]
+    };
+    Summary {
+        count: samples.len(),
+        median: rank(0.5),
+        p99: rank(0.99),
+        min: samples[0],
+    }
+}
+
+/// Median of plain numbers.
+pub fn median(values: &mut [f64]) -> f64 {
+    assert!(!values.is_empty(), "no values");
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// A duration in microseconds with two decimals.
+pub fn micros(duration: Duration) -> String {
+    format!("{:.2} µs", duration.as_secs_f64() * 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_ranks() {
+        let mut samples: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let summary = summarize(&mut samples);
+        assert_eq!(summary.count, 100);
+        assert_eq!(summary.min, Duration::from_micros(1));
+        assert_eq!(summary.median, Duration::from_micros(50));
+        assert_eq!(summary.p99, Duration::from_micros(99));
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+    }
+}

@@ -1,0 +1,261 @@
+//! Helpers shared by the `engine_*` tests: a service in a temporary data
+//! dir, polling with a deadline (tests fail instead of hanging), and checks
+//! on real processes through `/proc`.
+//!
+//! Each `engine_*.rs` test binary includes this with `mod engine_support;`
+//! and uses a different subset of it.
+#![allow(dead_code)]
+
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use offstage::{
+    permission::Rule,
+    session::{ServiceConfig, SessionService},
+};
+use offstage_plugin_api::types::{
+    Event, Job, JobStatus, Message, NewSession, Role, ToolRequest, ToolResult,
+};
+use serde_json::{json, Value};
+use tokio::{sync::broadcast, task::JoinHandle};
+
+/// Generous upper bound on anything a test waits for. Reaching it is a
+/// failure, never a measurement.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A service with its data in a temporary directory that lives as long as
+/// the value.
+pub struct Engine {
+    pub service: SessionService,
+    pub dir: tempfile::TempDir,
+}
+
+impl Engine {
+    pub fn new() -> Self {
+        Self::with_rules(Vec::new())
+    }
+
+    pub fn with_rules(permissions: Vec<Rule>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let service = SessionService::new(ServiceConfig {
+            data_dir: dir.path().join("data"),
+            permissions,
+        });
+        Engine { service, dir }
+    }
+
+    /// A path inside the test's temporary directory.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A new session running the `script` agent.
+    pub async fn session(&self) -> String {
+        self.service
+            .create(NewSession {
+                title: Some("test".into()),
+                agent: Some("script".into()),
+                parent_id: None,
+            })
+            .await
+            .unwrap()
+            .id
+    }
+
+    /// Starts a blocking `shell` call with a known job id on its own task;
+    /// the handle yields what the caller got.
+    pub fn spawn_shell(
+        &self,
+        session: &str,
+        call_id: &str,
+        input: Value,
+    ) -> JoinHandle<offstage::Result<ToolResult>> {
+        let request = ToolRequest {
+            tool: "shell".into(),
+            input,
+            call_id: Some(call_id.into()),
+        };
+        self.spawn_call(session, request)
+    }
+
+    pub fn spawn_call(
+        &self,
+        session: &str,
+        request: ToolRequest,
+    ) -> JoinHandle<offstage::Result<ToolResult>> {
+        let service = self.service.clone();
+        let session = session.to_string();
+        tokio::spawn(async move { service.call_tool(&session, request).await })
+    }
+
+    /// Waits until job `id` exists and its output file contains `text`:
+    /// the command has really started and got that far.
+    pub async fn wait_output(&self, id: &str, text: &str) -> String {
+        let service = self.service.clone();
+        let (id, text) = (id.to_string(), text.to_string());
+        poll(&format!("output of {id} to contain {text:?}"), || {
+            let (service, id, text) = (service.clone(), id.clone(), text.clone());
+            async move {
+                let data = service.job_output(&id, 0, u64::MAX).await.ok()?.data;
+                data.contains(&text).then_some(data)
+            }
+        })
+        .await
+    }
+
+    /// Waits until job `id` has ended and returns it.
+    pub async fn wait_job_end(&self, id: &str) -> Job {
+        let service = self.service.clone();
+        let id = id.to_string();
+        poll(&format!("job {id} to end"), || {
+            let (service, id) = (service.clone(), id.clone());
+            async move {
+                let job = service.job(&id).await.ok()?;
+                job.status.is_final().then_some(job)
+            }
+        })
+        .await
+    }
+
+    /// Waits until job `id` exists and is running.
+    pub async fn wait_job_running(&self, id: &str) -> Job {
+        let service = self.service.clone();
+        let id = id.to_string();
+        poll(&format!("job {id} to run"), || {
+            let (service, id) = (service.clone(), id.clone());
+            async move {
+                let job = service.job(&id).await.ok()?;
+                (job.status == JobStatus::Running).then_some(job)
+            }
+        })
+        .await
+    }
+
+    /// The session's notices.
+    pub async fn notices(&self, session: &str) -> Vec<Message> {
+        let messages = self.service.messages(session).await.unwrap();
+        messages
+            .into_iter()
+            .filter(|m| m.role == Role::Notice)
+            .collect()
+    }
+
+    /// Waits until the session has an assistant message containing `text`.
+    pub async fn wait_assistant(&self, session: &str, text: &str) -> Message {
+        let service = self.service.clone();
+        let (session, text) = (session.to_string(), text.to_string());
+        poll(&format!("an assistant reply mentioning {text:?}"), || {
+            let (service, session, text) = (service.clone(), session.clone(), text.clone());
+            async move {
+                let messages = service.messages(&session).await.ok()?;
+                messages
+                    .into_iter()
+                    .find(|m| m.role == Role::Assistant && m.text.contains(&text))
+            }
+        })
+        .await
+    }
+}
+
+/// The `shell` input for `command`.
+pub fn shell(command: &str) -> Value {
+    json!({ "command": command })
+}
+
+/// Calls `check` every 20 ms until it yields a value; panics naming `what`
+/// after [`PATIENCE`].
+pub async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Awaits `fut` for at most [`PATIENCE`].
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("gave up waiting for {what}"))
+}
+
+/// Reads events until one satisfies `matches`.
+pub async fn next_event(
+    events: &mut broadcast::Receiver<Event>,
+    what: &str,
+    matches: impl Fn(&Event) -> bool,
+) -> Event {
+    within(what, async {
+        loop {
+            match events.recv().await {
+                Ok(event) if matches(&event) => return event,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    panic!("event reader lagged by {n} while waiting for {what}")
+                }
+                Err(broadcast::error::RecvError::Closed) => panic!("event bus closed"),
+            }
+        }
+    })
+    .await
+}
+
+/// Every event already queued on `events`, without waiting.
+pub fn drain(events: &mut broadcast::Receiver<Event>) -> Vec<Event> {
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        seen.push(event);
+    }
+    seen
+}
+
+/// Whether `pid` is a live process: present in `/proc` and not a zombie
+/// (an exited process nobody has reaped yet counts as gone).
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits until `pid` is gone.
+pub async fn wait_pid_gone(pid: u32) {
+    poll(&format!("process {pid} to be gone"), || async move {
+        (!pid_alive(pid)).then_some(())
+    })
+    .await
+}
+
+/// Reads a file of pids (one per line) once every line a command promised
+/// has been written.
+pub async fn read_pids(path: &Path, count: usize) -> Vec<u32> {
+    let path = path.to_path_buf();
+    poll(&format!("{count} pids in {}", path.display()), || {
+        let path = path.clone();
+        async move {
+            let text = std::fs::read_to_string(&path).ok()?;
+            let pids: Vec<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+            (pids.len() >= count).then_some(pids)
+        }
+    })
+    .await
+}
