@@ -1,0 +1,189 @@
+//! # audit-log
+//!
+//! Appends one JSON line per finished job — shell commands, subagents,
+//! plugin tools — to a file, for a record of what the sessions on a host
+//! actually ran. It uses nothing but an event subscription.
+//!
+//! ```toml
+//! [plugin.audit-log]
+//! path = "/var/log/offstage/jobs.jsonl"   # required
+//! tools = ["shell"]                        # optional: only these job types
+//! ```
+//!
+//! Each line is an object with `job_id`, `session_id`, `tool`, `title`,
+//! `status`, `exit_code`, `backgrounded`, `started_at`, `completed_at` and
+//! `output_path`.
+
+use std::{
+    fs::OpenOptions,
+    io::Write as _,
+    path::{Path, PathBuf},
+    sync::Mutex,
+};
+
+use offstage_plugin_api::prelude::*;
+use serde::{Deserialize, Serialize};
+
+/// The plugin's options: the keys of its `[plugin.audit-log]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Options {
+    /// The file to append to; created (with its folder) when missing. A
+    /// relative path is relative to the host's working directory.
+    pub path: PathBuf,
+    /// Job types (tool names) to record; every type when empty.
+    #[serde(default)]
+    pub tools: Vec<String>,
+}
+
+/// One line of the audit log.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub job_id: String,
+    pub session_id: String,
+    pub tool: String,
+    pub title: String,
+    pub status: JobStatus,
+    pub exit_code: Option<i32>,
+    pub backgrounded: bool,
+    pub started_at: String,
+    pub completed_at: Option<String>,
+    pub output_path: Option<String>,
+}
+
+impl From<Job> for Record {
+    fn from(job: Job) -> Self {
+        Record {
+            job_id: job.id,
+            session_id: job.session_id,
+            tool: job.kind,
+            title: job.title,
+            status: job.status,
+            exit_code: job.exit_code,
+            backgrounded: job.backgrounded,
+            started_at: job.started_at,
+            completed_at: job.completed_at,
+            output_path: job.output_path,
+        }
+    }
+}
+
+/// Appends `record` as one line to `path`. The file is opened for each line
+/// so that log rotation (moving the file away) just works.
+pub fn append_record(path: &Path, record: &Record) -> Result<()> {
+    let mut line = serde_json::to_string(record)?;
+    line.push('\n');
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    // One `write_all` of a whole line: lines from several hosts appending
+    // to one file do not interleave.
+    file.write_all(line.as_bytes())?;
+    Ok(())
+}
+
+/// The plugin. The host delivers a subscription's events one at a time;
+/// [`WRITE_LOCK`] keeps lines whole even if that ever changes.
+pub struct AuditLog {
+    options: Options,
+}
+
+impl AuditLog {
+    /// The options the plugin runs with.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+}
+
+/// Serialises appends.
+static WRITE_LOCK: Mutex<()> = Mutex::new(());
+
+impl Plugin for AuditLog {
+    fn manifest() -> Manifest {
+        Manifest::new("audit-log", env!("CARGO_PKG_VERSION"))
+            .description("appends one JSON line per finished job to a file")
+            .capabilities([capability::EVENTS])
+    }
+
+    fn init(ctx: Context) -> Result<Self> {
+        let options: Options = ctx.options()?;
+        if options.path.as_os_str().is_empty() {
+            return Err(Error::invalid_input(
+                "audit-log: option `path` must not be empty",
+            ));
+        }
+        if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        // Fail at load, with the reason, rather than at the first job.
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&options.path)
+            .map_err(|e| {
+                Error::invalid_input(format!(
+                    "audit-log: cannot open {}: {e}",
+                    options.path.display()
+                ))
+            })?;
+
+        let handler_options = options.clone();
+        ctx.events().subscribe(&["job.finished"], move |event: Event| {
+            let options = handler_options.clone();
+            async move {
+                let job: Job = serde_json::from_value(event.properties)?;
+                if !options.tools.is_empty() && !options.tools.contains(&job.kind) {
+                    return Ok(());
+                }
+                let _lock = WRITE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+                if let Err(error) = append_record(&options.path, &Record::from(job)) {
+                    tracing::warn!(path = %options.path.display(), %error, "cannot append to the audit log");
+                    return Err(error);
+                }
+                Ok(())
+            }
+        })?;
+        tracing::info!(path = %options.path.display(), "audit-log ready");
+        Ok(AuditLog { options })
+    }
+}
+
+export_plugin!(AuditLog);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_need_a_path() {
+        assert!(serde_json::from_value::<Options>(json!({})).is_err());
+        let options: Options = serde_json::from_value(json!({"path": "a.jsonl"})).unwrap();
+        assert!(options.tools.is_empty());
+    }
+
+    #[test]
+    fn records_are_lines() {
+        let dir = std::env::temp_dir().join(format!("audit-log-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("log.jsonl");
+        let record = Record {
+            job_id: "job_1".into(),
+            session_id: "ses_1".into(),
+            tool: "shell".into(),
+            title: "echo hi".into(),
+            status: JobStatus::Completed,
+            exit_code: Some(0),
+            backgrounded: false,
+            started_at: "t0".into(),
+            completed_at: Some("t1".into()),
+            output_path: None,
+        };
+        append_record(&path, &record).unwrap();
+        append_record(&path, &record).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Record> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines, vec![record.clone(), record]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,179 @@
+//! Shared set-up for the example-plugin tests: a session service plus a
+//! plugin host that loads real builds of the plugins under `plugins/`.
+
+#![allow(dead_code)]
+
+use std::{collections::BTreeMap, future::Future, path::PathBuf, time::Duration};
+
+use offstage::{
+    event::Event,
+    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
+    ServiceConfig, SessionService,
+};
+use offstage_plugin_api::types::{Message, NewSession, Role};
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+/// How long any single wait may take before the test fails. Generous: the
+/// tests check behaviour, not speed.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A host with some example plugins loaded, in its own temp dir.
+pub struct Host {
+    pub service: SessionService,
+    pub plugins: PluginHost,
+    pub dir: tempfile::TempDir,
+    /// Subscribed before any plugin loaded, so no event is missed.
+    pub events: broadcast::Receiver<Event>,
+}
+
+/// One plugin to load: cargo package, manifest name, options.
+pub struct Load<'a> {
+    pub package: &'a str,
+    pub name: &'a str,
+    pub options: Value,
+}
+
+impl Host {
+    /// Builds (once per test binary) and installs `plugins`, and loads
+    /// them. Fails the test if one does not load.
+    pub fn start(plugins: &[Load<'_>]) -> Host {
+        let host = Host::start_unchecked(plugins);
+        for info in host.plugins.list() {
+            assert_eq!(
+                info.status,
+                PluginStatus::Loaded,
+                "plugin {} not loaded: {:?}",
+                info.name,
+                info.error
+            );
+        }
+        for load in plugins {
+            assert!(
+                host.plugins.list().iter().any(|p| p.name == load.name),
+                "plugin {} not loaded",
+                load.name
+            );
+        }
+        host
+    }
+
+    /// As [`start`](Self::start), but leaves checking the result to the test.
+    pub fn start_unchecked(plugins: &[Load<'_>]) -> Host {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin_dir = dir.path().join("plugins");
+        let mut settings = BTreeMap::new();
+        for load in plugins {
+            offstage_tests::install_plugin(load.package, &plugin_dir);
+            settings.insert(
+                load.name.to_string(),
+                PluginSettings {
+                    enabled: true,
+                    grant: None,
+                    options: load.options.clone(),
+                },
+            );
+        }
+        let data_dir = dir.path().join("data");
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let service = SessionService::new(ServiceConfig {
+            data_dir: data_dir.clone(),
+            permissions: vec![],
+        });
+        let events = service.events().subscribe();
+        let plugins = PluginHost::new(
+            service.clone(),
+            PluginHostConfig {
+                dirs: vec![plugin_dir],
+                data_dir,
+                allow_insecure_permissions: false,
+                settings,
+            },
+        );
+        plugins.load_all();
+        Host {
+            service,
+            plugins,
+            dir,
+            events,
+        }
+    }
+
+    /// A path inside the host's temp dir.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A new session with the `script` agent.
+    pub async fn session(&self) -> String {
+        self.service
+            .create(NewSession {
+                title: Some("test".into()),
+                agent: Some("script".into()),
+                parent_id: None,
+            })
+            .await
+            .unwrap()
+            .id
+    }
+
+    /// Waits for the next event that `matches`.
+    pub async fn wait_event(&mut self, what: &str, matches: impl Fn(&Event) -> bool) -> Event {
+        let wait = async {
+            loop {
+                match self.events.recv().await {
+                    Ok(event) if matches(&event) => return event,
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(error) => panic!("event stream ended while waiting for {what}: {error}"),
+                }
+            }
+        };
+        tokio::time::timeout(PATIENCE, wait)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+    }
+
+    /// Waits for the notice of `job_id` in `session`.
+    pub async fn wait_notice(&mut self, session: &str, job_id: &str) -> Message {
+        let event = self
+            .wait_event(&format!("the notice of {job_id}"), |e| {
+                e.kind == "message.added"
+                    && e.properties["session_id"] == session
+                    && e.properties["role"] == "notice"
+                    && e.properties["metadata"]["job_id"] == job_id
+            })
+            .await;
+        serde_json::from_value(event.properties).unwrap()
+    }
+
+    /// The session's messages with `role`.
+    pub async fn messages(&self, session: &str, role: Role) -> Vec<Message> {
+        let all = self.service.messages(session).await.unwrap();
+        all.into_iter().filter(|m| m.role == role).collect()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.plugins.shutdown();
+    }
+}
+
+/// Polls `probe` until it returns `Some`, failing after [`PATIENCE`].
+pub async fn poll<T, F, Fut>(what: &str, probe: F) -> T
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
