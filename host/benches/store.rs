@@ -10,7 +10,13 @@
 //!   only; the log is synced at checkpoints),
 //! - the in-memory store (the same SQL, no file at all),
 //!
-//! and times a start-up `recover` over what was written. The file store
+//! and times a start-up `recover` over what was written. Then the same
+//! comparison one level up, where a user feels it: sequential tool calls
+//! (`call_tool(shell, "true")`, each a real process) through a
+//! `SessionService` on the in-memory store (`SessionService::new`) and on
+//! the file store (`SessionService::open`, FULL), in interleaved rounds.
+//! Each call commits four times (the job, its process group, its end, the
+//! caller's tool message). The file store
 //! lives under cargo's target tmp dir (a real disk, not a tmpfs /tmp) unless
 //! `OFFSTAGE_BENCH_DIR` names another place. `OFFSTAGE_BENCH_MESSAGES`
 //! changes N (default 5000). Plain `harness = false`: no extra crates, and
@@ -21,8 +27,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use offstage::store::{Durability, Store};
-use offstage_plugin_api::types::{Message, Role, Session, SessionStatus};
+use offstage::{
+    store::{Durability, Store},
+    ServiceConfig, SessionService,
+};
+use offstage_plugin_api::types::{Message, NewSession, Role, Session, SessionStatus, ToolRequest};
 use serde_json::json;
 
 fn session() -> Session {
@@ -76,6 +85,65 @@ fn run(label: &'static str, store: Store, count: usize) -> Run {
         per_second: count as f64 / elapsed.as_secs_f64(),
         per_append: elapsed / count as u32,
         recover,
+    }
+}
+
+/// Sequential `shell true` calls in one session: calls per second.
+async fn calls_per_second(service: &SessionService, session: &str, calls: usize) -> f64 {
+    let start = Instant::now();
+    for _ in 0..calls {
+        let request = ToolRequest::new("shell", json!({ "command": "true" }));
+        service.call_tool(session, request).await.unwrap();
+    }
+    calls as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Tool calls per second through the service, in memory vs on file.
+fn service_runs(base: &std::path::Path, quick: bool) {
+    let (rounds, calls) = if quick { (1, 10) } else { (5, 100) };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let memory_dir = tempfile::tempdir_in(base).unwrap();
+    let file_dir = tempfile::tempdir_in(base).unwrap();
+    let config = |dir: &std::path::Path| ServiceConfig {
+        data_dir: dir.join("data"),
+        permissions: Vec::new(),
+    };
+    let (memory, file) = runtime.block_on(async {
+        let memory = SessionService::new(config(memory_dir.path()));
+        let file = SessionService::open(config(file_dir.path())).unwrap();
+        let memory_session = memory.create(NewSession::default()).await.unwrap().id;
+        let file_session = file.create(NewSession::default()).await.unwrap().id;
+        // Warm-up, then rounds that alternate, so load hits both alike.
+        calls_per_second(&memory, &memory_session, 10).await;
+        calls_per_second(&file, &file_session, 10).await;
+        let (mut on_memory, mut on_file) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            on_memory.push(calls_per_second(&memory, &memory_session, calls).await);
+            on_file.push(calls_per_second(&file, &file_session, calls).await);
+        }
+        (median(on_memory), median(on_file))
+    });
+    println!();
+    println!(
+        "service: sequential call_tool(shell, \"true\"), {rounds} rounds x {calls} calls, median"
+    );
+    println!();
+    println!("| service | calls/s | per call | ratio |");
+    println!("|---|---:|---:|---:|");
+    for (label, rate) in [
+        ("SessionService::new (in-memory store)", memory),
+        ("SessionService::open (file store, FULL)", file),
+    ] {
+        println!(
+            "| {label} | {rate:.0} | {:.2} ms | {:.2} |",
+            1e3 / rate,
+            rate / memory
+        );
     }
 }
 
@@ -135,4 +203,5 @@ fn main() {
             memory / r.per_second
         );
     }
+    service_runs(&base, quick);
 }

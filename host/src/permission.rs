@@ -8,7 +8,7 @@
 
 use std::{
     collections::{BTreeMap, HashSet},
-    sync::{Mutex, RwLock},
+    sync::{Arc, Mutex, RwLock},
 };
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +19,7 @@ use crate::{
     error::Result,
     event::EventBus,
     ids::{new_id, now},
+    store::Store,
     ServiceError,
 };
 
@@ -82,6 +83,8 @@ pub struct Permissions {
     always: RwLock<HashSet<(String, String)>>,
     pending: Mutex<BTreeMap<String, Pending>>,
     events: EventBus,
+    /// Where `always` answers are remembered across restarts.
+    store: Option<Arc<Store>>,
 }
 
 /// Matches `text` against a wildcard `pattern`.
@@ -109,12 +112,32 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
 
 impl Permissions {
     /// Permissions with `rules`, publishing questions on `events`.
+    /// Nothing is remembered across restarts.
     pub fn new(rules: Vec<Rule>, events: EventBus) -> Self {
         Permissions {
             rules: RwLock::new(rules),
             always: RwLock::new(HashSet::new()),
             pending: Mutex::new(BTreeMap::new()),
             events,
+            store: None,
+        }
+    }
+
+    /// As [`Permissions::new`], remembering `always` answers in `store`
+    /// (committed before the reply is given).
+    pub fn with_store(rules: Vec<Rule>, events: EventBus, store: Arc<Store>) -> Self {
+        Permissions {
+            store: Some(store),
+            ..Permissions::new(rules, events)
+        }
+    }
+
+    /// Brings back `always` answers remembered by the store (each an
+    /// `allow` rule for one tool and one exact pattern).
+    pub fn restore_always(&self, rules: &[Rule]) {
+        let mut always = self.always.write().unwrap_or_else(|e| e.into_inner());
+        for rule in rules.iter().filter(|r| r.action == Action::Allow) {
+            always.insert((rule.tool.clone(), rule.pattern.clone()));
         }
     }
 
@@ -193,12 +216,24 @@ impl Permissions {
 
     /// Answers question `id`.
     pub fn reply(&self, id: &str, reply: Reply) -> Result<PermissionRequest> {
-        let pending = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id)
-            .ok_or_else(|| ServiceError::not_found("permission request", id))?;
+        let pending = {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let request = &pending
+                .get(id)
+                .ok_or_else(|| ServiceError::not_found("permission request", id))?
+                .request;
+            // Remembered before the answer is given: an `always` that was
+            // acted on survives a restart. If it cannot be, the question
+            // stays open.
+            if let (Reply::Always, Some(store)) = (reply, &self.store) {
+                store.add_always_rule(&Rule {
+                    tool: request.tool.clone(),
+                    pattern: request.pattern.clone(),
+                    action: Action::Allow,
+                })?;
+            }
+            pending.remove(id).expect("looked up under the same lock")
+        };
         let mut request = pending.request;
         request.status = if reply == Reply::Reject { "rejected" } else { "allowed" }.into();
         if reply == Reply::Always {

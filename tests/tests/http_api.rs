@@ -179,14 +179,17 @@ fn a_client_that_hangs_up_does_not_cancel_its_job() {
     });
     assert_eq!(job["status"], "completed", "{job}");
     assert_eq!(job["exit_code"], 0);
-    // The call itself ran to its end too: it recorded its result.
-    eventually("the call's tool message", || {
+    // A caller that hangs up counts as a move to the background (issue 5):
+    // the result reaches the session as the job's notice.
+    eventually("the job's notice", || {
         let messages = server.expect("GET", &format!("/api/session/{session}/message"), None, 200);
         messages
             .as_array()?
             .iter()
             .any(|m| {
-                m["role"] == "tool" && m["metadata"]["job_id"] == job_id && m["text"] == "done\n"
+                m["role"] == "notice"
+                    && m["metadata"]["job_id"] == job_id
+                    && m["text"].as_str().is_some_and(|t| t.contains("done\n"))
             })
             .then_some(())
     });

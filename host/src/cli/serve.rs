@@ -84,10 +84,17 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
-    let service = SessionService::new(ServiceConfig {
-        data_dir: config.data_dir.clone(),
-        permissions: config.permissions.clone(),
-    });
+    // The durable store: a newer, corrupt or foreign database, or a data
+    // dir another host holds, stops here with one line and is left as it
+    // is. Jobs the last run left running come back cancelled, with their
+    // notices.
+    let service = tokio::task::block_in_place(|| {
+        SessionService::open(ServiceConfig {
+            data_dir: config.data_dir.clone(),
+            permissions: config.permissions.clone(),
+        })
+    })
+    .map_err(|e| e.to_string())?;
     let settings: BTreeMap<String, PluginSettings> = config
         .plugins
         .iter()
@@ -118,6 +125,16 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             }
             Some(error) => tracing::warn!(plugin = %info.name, "plugin not loaded: {error}"),
         }
+    }
+
+    // Sessions owed a turn (restart notices) are woken once the agents the
+    // plugins register exist.
+    let woken = service.resume();
+    if woken > 0 {
+        tracing::info!(
+            sessions = woken,
+            "woke sessions with notices from the restart"
+        );
     }
 
     let watcher = match watch_src {

@@ -77,8 +77,11 @@ pub struct CreateSession {
         (status = "4XX", description = "Bad body, unknown agent or parent", body = ErrorBody)))]
 pub async fn create_session(
     State(state): State<AppState>,
-    JsonBody(body): JsonBody<CreateSession>,
+    JsonBody(body): JsonBody<Option<CreateSession>>,
 ) -> ApiResult<(StatusCode, Json<Session>)> {
+    // `null` is what the OpenAPI document allows (the body is optional);
+    // it means the same as no body.
+    let body = body.unwrap_or_default();
     let new = NewSession {
         title: body.title,
         agent: body.agent,
@@ -199,10 +202,12 @@ pub async fn call_tool(
         input: body.input,
         call_id: body.call_id,
     };
-    let service = state.service.clone();
-    Ok(Json(
-        detached(async move { service.call_tool(&id, request).await }).await?,
-    ))
+    // Not `detached`: a client that disconnects drops this future, and the
+    // service treats a caller that goes away as a move to the background
+    // (the job goes on; its end adds the usual notice and wakes the
+    // session), so the result reaches the session instead of a closed
+    // socket.
+    Ok(Json(state.service.call_tool(&id, request).await?))
 }
 
 /// Body of `POST /api/session/:id/background`; all fields optional.
@@ -230,8 +235,10 @@ pub struct BackgroundAnswer {
 pub async fn background(
     State(state): State<AppState>,
     PathId(id): PathId,
-    JsonBody(body): JsonBody<BackgroundBody>,
+    JsonBody(body): JsonBody<Option<BackgroundBody>>,
 ) -> ApiResult<Json<BackgroundAnswer>> {
+    // `null` means the same as no body: every blocking job.
+    let body = body.unwrap_or_default();
     let request = BackgroundRequest {
         session_id: id,
         kind: body.kind,

@@ -11,11 +11,26 @@
 //! as before, with the permission decision it started with, and because the
 //! job knows it was backgrounded when it ends, it adds its notice — once,
 //! from the one place a job ends.
+//!
+//! A caller that goes away while it waits (an HTTP client disconnects, a
+//! plugin drops its `call_tool` future) counts as a move to the
+//! background: the job goes on and its end is told by the usual notice, so
+//! no result is lost (see `CallerGuard`). A tool that panics ends its job
+//! as an error with the panic's message in its output, releasing the caller
+//! like any other end.
 
-use std::sync::Arc;
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+};
+
+use futures_util::FutureExt;
 
 use offstage_plugin_api::types::{
-    BackgroundRequest, Job, JobStatus, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
+    BackgroundRequest, Job, JobStatus, Message, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -25,6 +40,7 @@ use crate::{
     error::Result,
     ids::{new_id, now},
     job::output::{read_range, OutputChunk, OutputSink},
+    store::StoreError,
     tool::{BoxFuture, JobContext, Next, OnTimeout, Tool, ToolOutcome, ToolWrapper},
     ServiceError,
 };
@@ -48,9 +64,23 @@ pub struct JobRuntime {
     finished: watch::Sender<Option<ToolResult>>,
     cancel: watch::Sender<Option<CancelReason>>,
     output: Arc<OutputSink>,
+    /// Set (under the state lock) by an interrupt that is about to cancel
+    /// this foreground job: its caller, the interrupted turn, is going away
+    /// for that reason, and must not move the job to the background.
+    interrupting: AtomicBool,
 }
 
 impl JobRuntime {
+    /// Whether a background move may still take this job: nobody has
+    /// asked to end it.
+    fn movable(&self) -> bool {
+        self.cancel.borrow().is_none() && !self.interrupting.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn mark_interrupting(&self) {
+        self.interrupting.store(true, Ordering::SeqCst);
+    }
+
     pub(crate) fn cancel(&self, reason: CancelReason) {
         self.cancel.send_if_modified(|current| {
             if current.is_none() {
@@ -67,6 +97,35 @@ impl JobRuntime {
 struct BlockingCall {
     service: SessionService,
     session_id: String,
+}
+
+/// Armed while a caller waits for its job: if the caller's future is
+/// dropped before it got an answer (a disconnected HTTP client, a plugin
+/// that gave up), the job moves to the background instead of losing its
+/// result, and its end adds the usual notice.
+struct CallerGuard<'a> {
+    service: &'a SessionService,
+    session_id: &'a str,
+    job_id: &'a str,
+    armed: bool,
+}
+
+impl Drop for CallerGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let moved = self.service.move_jobs(|job| job.id == self.job_id);
+        if !moved.is_empty() {
+            tracing::info!(job_id = self.job_id, "the caller went away; the job goes on in the background");
+            let text = format!(
+                "The caller of job {} went away; the job goes on in the background.",
+                self.job_id
+            );
+            let metadata = json!({ "backgrounded": [self.job_id], "reason": "caller_gone" });
+            let _ = self.service.append(self.session_id, Role::Tool, &text, metadata);
+        }
+    }
 }
 
 impl Drop for BlockingCall {
@@ -126,6 +185,7 @@ impl SessionService {
             finished: watch::channel(None).0,
             cancel: watch::channel(None).0,
             output: output.clone(),
+            interrupting: AtomicBool::new(false),
         });
         let _blocking = {
             let mut state = self.state();
@@ -136,6 +196,8 @@ impl SessionService {
                 .sessions
                 .get_mut(session_id)
                 .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+            // Committed before the job exists anywhere else.
+            self.inner.store.put_job(&job)?;
             if !policy.background {
                 entry.blocking_calls += 1;
             }
@@ -143,7 +205,7 @@ impl SessionService {
                 job_id.clone(),
                 JobEntry {
                     job: job.clone(),
-                    runtime: runtime.clone(),
+                    runtime: Some(runtime.clone()),
                 },
             );
             self.refresh_status(&mut state, session_id);
@@ -168,7 +230,15 @@ impl SessionService {
         };
         tokio::spawn(self.clone().run_job(runtime.clone(), ctx, call, tool, wrappers));
 
+        let mut guard = CallerGuard {
+            service: self,
+            session_id,
+            job_id: &job_id,
+            armed: true,
+        };
         let result = self.wait_for_caller(&job_id, &runtime, policy).await;
+        guard.armed = false;
+        drop(guard);
         drop(_blocking);
         let metadata = json!({
             "job_id": result.job_id,
@@ -247,7 +317,9 @@ impl SessionService {
     ) {
         let output = runtime.output.clone();
         let job_id = call.job_id.clone();
-        let chain = run_chain(ctx, call, tool, wrappers);
+        // Built inside the future, so that a wrapper panicking as it is
+        // called is caught as well as one panicking while polled.
+        let chain = AssertUnwindSafe(async move { run_chain(ctx, call, tool, wrappers).await }).catch_unwind();
         let mut cancel = runtime.cancel.subscribe();
         let cancelled = |reason: CancelReason| {
             let status = if reason == CancelReason::Timeout { JobStatus::Error } else { JobStatus::Cancelled };
@@ -266,7 +338,13 @@ impl SessionService {
                 // A cancel that the chain saw first (a subagent whose child
                 // turn was stopped by the same removal) is still a cancel.
                 (_, Some(reason)) => cancelled(reason),
-                (Ok(result), None) => {
+                (Err(panic), None) => {
+                    let message = panic_message(panic.as_ref());
+                    tracing::error!(job_id, "the tool panicked: {message}");
+                    output.write(format!("\n[error: the tool panicked: {message}]\n").as_bytes());
+                    ToolOutcome { status: JobStatus::Error, exit_code: None }
+                }
+                (Ok(Ok(result)), None) => {
                     let status = match result.status {
                         ToolStatus::Completed | ToolStatus::Backgrounded => JobStatus::Completed,
                         ToolStatus::Error => JobStatus::Error,
@@ -274,7 +352,7 @@ impl SessionService {
                     };
                     ToolOutcome { status, exit_code: result.exit_code }
                 }
-                (Err(error), None) => {
+                (Ok(Err(error)), None) => {
                     output.write(format!("\n[error: {error}]\n").as_bytes());
                     ToolOutcome { status: JobStatus::Error, exit_code: None }
                 }
@@ -289,10 +367,20 @@ impl SessionService {
     }
 
     /// Records a job's end, releases a waiting caller, and — for a job that
-    /// was backgrounded — adds its one notice and wakes the session.
+    /// was backgrounded — adds its one notice and wakes the session (unless
+    /// someone's own decision ended the job: that notice waits quietly in
+    /// the inbox for the next turn).
+    ///
+    /// The end and the notice are one commit in the store, made before
+    /// either is in memory or told to anyone.
     fn finish_job(&self, job_id: &str, runtime: &JobRuntime, outcome: ToolOutcome) {
         let cancel_reason = *runtime.cancel.borrow();
-        let job = {
+        let tail = runtime.output.tail_text();
+        let quiet = matches!(
+            cancel_reason,
+            Some(CancelReason::User | CancelReason::Interrupted | CancelReason::Shutdown)
+        );
+        let (job, notified) = {
             let mut state = self.state();
             let Some(entry) = state.jobs.get_mut(job_id) else {
                 return;
@@ -301,14 +389,41 @@ impl SessionService {
             entry.job.exit_code = outcome.exit_code;
             entry.job.completed_at = Some(now());
             let job = entry.job.clone();
+            let session_exists = state.sessions.contains_key(&job.session_id);
+            let notice = (job.backgrounded && session_exists && cancel_reason != Some(CancelReason::SessionRemoved))
+                .then(|| notice_message(&job, &tail, false));
+            let written = match self.inner.store.finish_job(&job, notice.as_ref()) {
+                Ok(written) => written,
+                // The session was removed (with its jobs) meanwhile.
+                Err(StoreError::NotFound { .. }) => false,
+                Err(error) => {
+                    // The end happened all the same; the session still hears
+                    // of it now. After a restart the job would come back as
+                    // cancelled by the restart, with that notice instead.
+                    tracing::error!(job_id, %error, "cannot record the job's end");
+                    notice.is_some()
+                }
+            };
             // A removed session's jobs go with it once they have ended
             // (`remove` drops the ended ones itself).
-            if !state.sessions.contains_key(&job.session_id) {
+            if !session_exists {
                 state.jobs.remove(job_id);
             }
-            job
+            self.inner.events.publish("job.finished", json!(job));
+            let mut notified = false;
+            if let (true, Some(notice)) = (written, notice) {
+                if let Some(entry) = state.sessions.get_mut(&job.session_id) {
+                    // Already in the store: not `append`, which would write
+                    // it a second time.
+                    self.push_message(entry, notice);
+                    notified = true;
+                }
+            }
+            (job, notified)
         };
-        let tail = runtime.output.tail_text();
+        if notified && !quiet {
+            self.wake(&job.session_id);
+        }
         let result = ToolResult {
             call_id: job.id.clone(),
             job_id: job.id.clone(),
@@ -317,49 +432,14 @@ impl SessionService {
                 JobStatus::Error => ToolStatus::Error,
                 JobStatus::Cancelled => ToolStatus::Cancelled,
             },
-            output: tail.clone(),
+            output: tail,
             exit_code: job.exit_code,
             output_path: job.output_path.clone(),
         };
-        self.inner.events.publish("job.finished", json!(job));
-        if job.backgrounded && cancel_reason != Some(CancelReason::SessionRemoved) {
-            self.add_notice(&job, cancel_reason, &tail);
-        }
         // Waiters (a caller, `cancel_job`, `shutdown`) are released last, so
         // that when they return the session's record — notice included — is
         // complete.
         runtime.finished.send_replace(Some(result));
-    }
-
-    /// The one notice of a backgrounded job that ended; wakes the session
-    /// unless someone's own decision ended the job.
-    fn add_notice(&self, job: &Job, cancel_reason: Option<CancelReason>, tail: &str) {
-        let state_word = match job.status {
-            JobStatus::Completed => "completed",
-            JobStatus::Error => "failed",
-            JobStatus::Cancelled => "was cancelled",
-            JobStatus::Running => "ended",
-        };
-        let exit = job.exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default();
-        let text = format!(
-            "Background job {} ({}: {}) {state_word}{exit}.\n{tail}",
-            job.id, job.kind, job.title
-        );
-        let metadata = json!({
-            "job_id": job.id,
-            "type": job.kind,
-            "state": job.status,
-            "exit_code": job.exit_code,
-            "output_path": job.output_path,
-        });
-        let quiet = matches!(
-            cancel_reason,
-            Some(CancelReason::User | CancelReason::Interrupted | CancelReason::Shutdown)
-        );
-        // A quiet notice waits in the inbox for the next turn.
-        if self.append(&job.session_id, Role::Notice, &text, metadata).is_ok() && !quiet {
-            self.wake(&job.session_id);
-        }
     }
 
     /// Moves a session's blocking jobs — all, one type, or one job — to
@@ -389,14 +469,23 @@ impl SessionService {
                 .jobs
                 .values_mut()
                 .filter(|e| e.job.status == JobStatus::Running && !e.job.backgrounded && matches(&e.job))
-                .map(|e| {
+                .filter_map(|e| {
+                    let runtime = e.runtime.as_ref().filter(|r| r.movable())?;
+                    let mut job = e.job.clone();
+                    job.backgrounded = true;
+                    // Committed before the caller hears of it; a move that
+                    // cannot be recorded does not happen.
+                    if let Err(error) = self.inner.store.put_job(&job) {
+                        tracing::error!(job_id = %job.id, %error, "cannot record the move to the background");
+                        return None;
+                    }
                     e.job.backgrounded = true;
                     // Released under the lock that marks the job: a job that
                     // ends right after must not find its caller still
                     // waiting, or that caller would report the end as well
                     // as the notice does.
-                    e.runtime.released.send_replace(true);
-                    e.job.clone()
+                    runtime.released.send_replace(true);
+                    Some(job)
                 })
                 .collect()
         };
@@ -448,10 +537,10 @@ impl SessionService {
         let runtime = {
             let state = self.state();
             let entry = state.jobs.get(id).ok_or_else(|| ServiceError::not_found("job", id))?;
-            if entry.job.status.is_final() {
-                return Ok(entry.job.clone());
+            match &entry.runtime {
+                Some(runtime) if !entry.job.status.is_final() => runtime.clone(),
+                _ => return Ok(entry.job.clone()),
             }
-            entry.runtime.clone()
         };
         runtime.cancel(CancelReason::User);
         let mut finished = runtime.finished.subscribe();
@@ -467,7 +556,7 @@ impl SessionService {
                 .jobs
                 .values()
                 .filter(|e| e.job.session_id == session_id && e.job.status == JobStatus::Running && !e.job.backgrounded)
-                .map(|e| e.runtime.clone())
+                .filter_map(|e| e.runtime.clone())
                 .collect()
         };
         for runtime in &runtimes {
@@ -485,7 +574,7 @@ impl SessionService {
                 .jobs
                 .values()
                 .filter(|e| e.job.status == JobStatus::Running)
-                .map(|e| e.runtime.clone())
+                .filter_map(|e| e.runtime.clone())
                 .collect()
         };
         for runtime in &runtimes {
@@ -497,12 +586,96 @@ impl SessionService {
         }
     }
 
+    /// Records the process group a job's tool started (its leader `pid`),
+    /// so that restart recovery can end it if the host dies without doing
+    /// so (see `job::process`). Best effort: a failure is logged.
+    pub(crate) fn record_job_process(&self, job_id: &str, pid: u32) {
+        let Some(record) = crate::job::process::capture(pid) else {
+            return;
+        };
+        // Under the state lock, like every other write of a job.
+        let state = self.state();
+        let running = state.jobs.get(job_id).is_some_and(|e| e.job.status == JobStatus::Running);
+        if running {
+            if let Err(error) = self.inner.store.set_job_process(job_id, &record) {
+                tracing::warn!(job_id, %error, "cannot record the job's process group");
+            }
+        }
+    }
+
     /// Records the child session a subagent job drives.
     pub(crate) fn set_child_session(&self, job_id: &str, child_id: &str) {
         let mut state = self.state();
         if let Some(entry) = state.jobs.get_mut(job_id) {
-            entry.job.child_session_id = Some(child_id.to_string());
+            let mut job = entry.job.clone();
+            job.child_session_id = Some(child_id.to_string());
+            match self.inner.store.put_job(&job) {
+                Ok(()) => entry.job = job,
+                Err(error) => tracing::error!(job_id, %error, "cannot record the child session"),
+            }
         }
+    }
+}
+
+/// The notice a job's session gets when the job ends in the background
+/// (`restarted`: when restart recovery cancelled it), with the tail of its
+/// output.
+pub(super) fn notice_message(job: &Job, tail: &str, restarted: bool) -> Message {
+    let (text, metadata) = if restarted {
+        (
+            format!(
+                "Job {} ({}: {}) was cancelled: the host restarted.\n{tail}",
+                job.id, job.kind, job.title
+            ),
+            json!({
+                "job_id": job.id,
+                "type": job.kind,
+                "state": JobStatus::Cancelled,
+                "exit_code": null,
+                "output_path": job.output_path,
+                "reason": "host_restarted",
+            }),
+        )
+    } else {
+        let state_word = match job.status {
+            JobStatus::Completed => "completed",
+            JobStatus::Error => "failed",
+            JobStatus::Cancelled => "was cancelled",
+            JobStatus::Running => "ended",
+        };
+        let exit = job.exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default();
+        (
+            format!(
+                "Background job {} ({}: {}) {state_word}{exit}.\n{tail}",
+                job.id, job.kind, job.title
+            ),
+            json!({
+                "job_id": job.id,
+                "type": job.kind,
+                "state": job.status,
+                "exit_code": job.exit_code,
+                "output_path": job.output_path,
+            }),
+        )
+    };
+    Message {
+        id: new_id("msg"),
+        session_id: job.session_id.clone(),
+        role: Role::Notice,
+        text,
+        metadata,
+        created_at: now(),
+    }
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = payload.downcast_ref::<&str>() {
+        text.to_string()
+    } else if let Some(text) = payload.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic with a non-text payload".to_string()
     }
 }
 

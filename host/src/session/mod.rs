@@ -7,8 +7,20 @@
 //!
 //! All state sits behind one mutex that is never held across an `.await`;
 //! waiting is done on `watch` channels, so a blocked caller costs no lock.
+//!
+//! # Durability
+//!
+//! Every change to a session, message or job is written to the [`Store`]
+//! *under that mutex*, before the change is made in memory and before
+//! anyone is told (an event, a return value): so the store's order of
+//! commits is the order of changes, and nothing a caller was told can be
+//! lost by a crash. [`SessionService::new`] uses an in-memory store (real
+//! SQLite, no file: tests, the demo, `plugin check`);
+//! [`SessionService::open`] uses `<data dir>/offstage.db` and brings back
+//! what the last run left (see `recover.rs`).
 
 mod jobs;
+mod recover;
 mod turn;
 
 use std::{
@@ -29,6 +41,7 @@ use crate::{
     event::EventBus,
     ids::{new_id, now},
     permission::Permissions,
+    store::{Store, StoreError},
     tool::ToolRegistry,
     ServiceError,
 };
@@ -49,6 +62,7 @@ struct Inner {
     agents: AgentRegistry,
     permissions: Permissions,
     data_dir: PathBuf,
+    store: Arc<Store>,
 }
 
 #[derive(Default)]
@@ -71,7 +85,10 @@ struct SessionEntry {
 
 struct JobEntry {
     job: Job,
-    runtime: Arc<JobRuntime>,
+    /// The live half; `None` for a job restored from the store, which has
+    /// ended (recovery cancels what was running) and has only its record
+    /// and output file.
+    runtime: Option<Arc<JobRuntime>>,
 }
 
 /// Everything the service needs at construction.
@@ -82,8 +99,16 @@ pub struct ServiceConfig {
 
 impl SessionService {
     /// A service with the built-in tools (`shell`, `subagent`) and agent
-    /// (`script`), storing job output under `config.data_dir`.
+    /// (`script`), storing job output under `config.data_dir` and its
+    /// records in an in-memory store: nothing outlives the value. The host
+    /// itself uses [`SessionService::open`].
     pub fn new(config: ServiceConfig) -> Self {
+        let store = Store::open_in_memory().expect("an in-memory SQLite store opens");
+        Self::with_store(config, Arc::new(store))
+    }
+
+    /// A service on `store`, empty (nothing is read from the store).
+    fn with_store(config: ServiceConfig, store: Arc<Store>) -> Self {
         let events = EventBus::default();
         let tools = ToolRegistry::default();
         crate::tool::register_builtin(&tools);
@@ -92,13 +117,63 @@ impl SessionService {
         SessionService {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
-                permissions: Permissions::new(config.permissions, events.clone()),
+                permissions: Permissions::with_store(config.permissions, events.clone(), store.clone()),
                 events,
                 tools,
                 agents,
                 data_dir: config.data_dir,
+                store,
             }),
         }
+    }
+
+    /// The durable service of `offstage serve`: opens (or creates)
+    /// `<data dir>/offstage.db`, runs restart recovery and brings back every
+    /// session, message, job and `always` decision; jobs the last run left
+    /// running come back cancelled, each with its one "host restarted"
+    /// notice. The error's text is the message for the user (a newer or
+    /// corrupt database, a data dir in use); the file is left untouched.
+    ///
+    /// Sessions are not woken here: call [`SessionService::resume`] once
+    /// the agents they need are registered (plugins loaded).
+    ///
+    /// The store keeps the data dir locked until the last clone of the
+    /// service is dropped (running jobs and turns hold clones): a second
+    /// `open` of the same dir before that is refused as "in use".
+    pub fn open(config: ServiceConfig) -> Result<Self, StoreError> {
+        let store = Arc::new(Store::open(&config.data_dir)?);
+        let service = Self::with_store(config, store);
+        service.restore()?;
+        Ok(service)
+    }
+
+    /// Wakes every session with prompts or notices no turn has seen yet
+    /// (after [`SessionService::open`]: the "host restarted" notices). Must
+    /// run inside a Tokio runtime. Returns how many sessions it woke.
+    ///
+    /// Quiet notices (a user's cancel, a clean shutdown) that were waiting
+    /// for the session's next turn when the host stopped count too: after a
+    /// restart that next turn runs at once.
+    pub fn resume(&self) -> usize {
+        let waiting: Vec<String> = {
+            let state = self.state();
+            state
+                .sessions
+                .values()
+                .filter(|e| !e.inbox.is_empty())
+                .map(|e| e.session.id.clone())
+                .collect()
+        };
+        for id in &waiting {
+            self.wake(id);
+        }
+        waiting.len()
+    }
+
+    /// The store this service writes through, for reading (tests,
+    /// diagnostics). Writing through it bypasses the service's memory.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -159,6 +234,7 @@ impl SessionService {
                     return Err(ServiceError::not_found("session", parent));
                 }
             }
+            self.inner.store.put_session(&session)?;
             state.sessions.insert(
                 id,
                 SessionEntry {
@@ -190,9 +266,12 @@ impl SessionService {
         let session = {
             let mut state = self.state();
             let entry = state.sessions.get_mut(id).ok_or_else(|| ServiceError::not_found("session", id))?;
-            entry.session.title = title.to_string();
-            entry.session.updated_at = now();
-            entry.session.clone()
+            let mut session = entry.session.clone();
+            session.title = title.to_string();
+            session.updated_at = now();
+            self.inner.store.put_session(&session)?;
+            entry.session = session.clone();
+            session
         };
         self.inner.events.publish("session.updated", json!(session));
         Ok(session)
@@ -208,6 +287,8 @@ impl SessionService {
             if !state.sessions.contains_key(id) {
                 return Err(ServiceError::not_found("session", id));
             }
+            // The store deletes children, messages and jobs with it.
+            self.inner.store.delete_session(id)?;
             // Children, grandchildren, ... by parent_id.
             let mut index = 0;
             while index < doomed.len() {
@@ -227,7 +308,9 @@ impl SessionService {
             // cancel arrives.
             for entry in state.jobs.values() {
                 if doomed.contains(&entry.job.session_id) && !entry.job.status.is_final() {
-                    entry.runtime.cancel(jobs::CancelReason::SessionRemoved);
+                    if let Some(runtime) = &entry.runtime {
+                        runtime.cancel(jobs::CancelReason::SessionRemoved);
+                    }
                 }
             }
             let mut turns = Vec::new();
@@ -313,13 +396,22 @@ impl SessionService {
             .sessions
             .get_mut(session_id)
             .ok_or_else(|| ServiceError::not_found("session", session_id))?;
-        entry.messages.push(message.clone());
-        if matches!(role, Role::User | Role::Notice) {
+        // Committed before it is in memory or anyone hears of it.
+        self.inner.store.append_message(&message)?;
+        self.push_message(entry, message.clone());
+        Ok(message)
+    }
+
+    /// Puts a message that is already in the store into its session's
+    /// memory and publishes `message.added`. Prompts and notices also go to
+    /// the inbox.
+    fn push_message(&self, entry: &mut SessionEntry, message: Message) {
+        if matches!(message.role, Role::User | Role::Notice) {
             entry.inbox.push(message.clone());
         }
         entry.session.updated_at = message.created_at.clone();
         self.inner.events.publish("message.added", json!(message));
-        Ok(message)
+        entry.messages.push(message);
     }
 
     /// Recomputes a session's status after its turn or blocking calls
@@ -346,3 +438,6 @@ impl SessionService {
         self.inner.data_dir.join("output").join(session_id)
     }
 }
+
+#[cfg(test)]
+mod tests;

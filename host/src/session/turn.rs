@@ -165,6 +165,12 @@ impl SessionService {
             return false;
         }
         let messages = std::mem::take(&mut entry.inbox);
+        // Handed over now: a turn cut short by a crash is not replayed.
+        let ids: Vec<&str> = messages.iter().map(|m| m.id.as_str()).collect();
+        if let Err(error) = self.inner.store.mark_delivered(&ids) {
+            // Only costs a repeat after a restart; the turn goes on.
+            tracing::warn!(session_id, %error, "cannot mark messages delivered");
+        }
         let agent_name = agent.unwrap_or_else(|| entry.session.agent.clone());
         let service = self.clone();
         let id = session_id.to_string();
@@ -213,7 +219,18 @@ impl SessionService {
                 .sessions
                 .get_mut(session_id)
                 .ok_or_else(|| ServiceError::not_found("session", session_id))?;
-            entry.turn.take()
+            let turn = entry.turn.take();
+            // The turn's calls are about to go away with it: their jobs are
+            // cancelled below, not moved to the background as a caller
+            // that went away would have them.
+            for job in state.jobs.values() {
+                if job.job.session_id == session_id && !job.job.backgrounded && !job.job.status.is_final() {
+                    if let Some(runtime) = &job.runtime {
+                        runtime.mark_interrupting();
+                    }
+                }
+            }
+            turn
         };
         let had_turn = turn.is_some();
         // Stop the turn before its jobs: a turn that saw its job cancelled

@@ -46,6 +46,11 @@
 //!
 //! Job output is not stored here: it stays in files under the data dir
 //! (`Job::output_path`), which the service removes with the session.
+//!
+//! Since schema version 2 a running job may also have its process group
+//! recorded ([`Store::set_job_process`]): a killed host leaves its jobs'
+//! process groups running, and [`Store::recover`] hands them back
+//! ([`Recovery::processes`]) so that start-up can end them.
 
 mod open;
 mod schema;
@@ -204,6 +209,32 @@ pub struct Recovery {
     pub notices: Vec<PendingNotice>,
     /// Permission rules replied `always`, oldest first.
     pub always_rules: Vec<Rule>,
+    /// The process groups recorded for jobs whose end was never recorded
+    /// (the jobs cancelled now, and any a crashed recovery left): they may
+    /// still run, as the host that started them died without killing
+    /// them. The records stay until [`Store::forget_job_processes`], so a
+    /// crash before they are dealt with leaves them for the next start-up.
+    pub processes: Vec<LeftoverProcess>,
+}
+
+/// A job's process group as recorded when it started (see
+/// [`Store::set_job_process`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessRecord {
+    /// The process group id, which is also the leader's pid.
+    pub pgid: i32,
+    /// The leader's start time, in clock ticks since boot
+    /// (`/proc/PID/stat` field 22).
+    pub start_ticks: u64,
+    /// `/proc/sys/kernel/random/boot_id` when it started.
+    pub boot_id: String,
+}
+
+/// A process group a job cancelled by [`Store::recover`] had.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeftoverProcess {
+    pub job_id: String,
+    pub process: ProcessRecord,
 }
 
 /// The durable store. `Send + Sync`; share it behind the service's `Arc`.
@@ -388,14 +419,53 @@ impl Store {
         upsert_job(&conn, job)
     }
 
+    /// Records the process group of a running job (replacing an earlier
+    /// record). It is forgotten when the job's end is recorded.
+    pub fn set_job_process(&self, job_id: &str, process: &ProcessRecord) -> Result<(), StoreError> {
+        let conn = self.conn();
+        conn.prepare_cached(
+            "INSERT INTO job_processes (job_id, pgid, start_ticks, boot_id) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (job_id) DO UPDATE SET
+                 pgid = excluded.pgid, start_ticks = excluded.start_ticks, boot_id = excluded.boot_id",
+        )?
+        .execute(params![
+            job_id,
+            process.pgid,
+            i64::try_from(process.start_ticks).unwrap_or(i64::MAX),
+            process.boot_id
+        ])
+        .map_err(|e| missing_parent(e, "job", job_id))?;
+        Ok(())
+    }
+
+    /// Drops the process records of `job_ids` (after restart recovery dealt
+    /// with them). One commit for all.
+    pub fn forget_job_processes<S: AsRef<str>>(&self, job_ids: &[S]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?;
+            for id in job_ids {
+                stmt.execute([id.as_ref()])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Records a job's end and, for a job that owes one, its notice — in
     /// one commit, so that neither is seen without the other. Returns
     /// whether the notice was written (`false` if the job already had one,
-    /// or none was given).
+    /// or none was given). A final status also drops the job's process
+    /// record.
     pub fn finish_job(&self, job: &Job, notice: Option<&Message>) -> Result<bool, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         upsert_job(&tx, job)?;
+        if job.status.is_final() {
+            tx.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?
+                .execute([&job.id])?;
+        }
         let written = match notice {
             Some(message) => insert_notice(&tx, &job.id, message)?,
             None => false,
@@ -530,6 +600,27 @@ impl Store {
              ON CONFLICT (job_id) DO UPDATE SET reason = excluded.reason",
             [],
         )?;
+        let processes: Vec<LeftoverProcess> = {
+            let mut stmt = tx.prepare(
+                "SELECT p.job_id, p.pgid, p.start_ticks, p.boot_id
+                 FROM job_processes p JOIN jobs j ON j.id = p.job_id
+                 ORDER BY j.started_at, j.id",
+            )?;
+            let rows = stmt
+                .query_map([], |row| {
+                    let ticks: i64 = row.get(2)?;
+                    Ok(LeftoverProcess {
+                        job_id: row.get(0)?,
+                        process: ProcessRecord {
+                            pgid: row.get(1)?,
+                            start_ticks: u64::try_from(ticks).unwrap_or_default(),
+                            boot_id: row.get(3)?,
+                        },
+                    })
+                })?
+                .collect::<Result<_, _>>()?;
+            rows
+        };
         tx.execute(
             "UPDATE jobs SET status = 'cancelled', completed_at = ?1 WHERE status = 'running'",
             [now],
@@ -585,6 +676,7 @@ impl Store {
             cancelled,
             notices: read_pending(&tx)?,
             always_rules: read_rules(&tx)?,
+            processes,
         };
         tx.commit()?;
         Ok(recovery)

@@ -88,4 +88,17 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         UNIQUE (tool, pattern, action)
     );
     "#,
+    // 2: the process group of each running job, so that restart recovery
+    // can end what a killed host left running. The leader's start time (in
+    // clock ticks since boot) and the boot id tell the group apart from a
+    // later one that got the same id: a group is killed only while its
+    // leader is still this very process. Rows go when the job ends.
+    r#"
+    CREATE TABLE job_processes (
+        job_id       TEXT PRIMARY KEY NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        pgid         INTEGER NOT NULL,
+        start_ticks  INTEGER NOT NULL,
+        boot_id      TEXT NOT NULL
+    );
+    "#,
 ];

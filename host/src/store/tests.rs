@@ -474,3 +474,89 @@ fn store_can_be_shared_between_threads() {
     fn shared<T: Send + Sync>() {}
     shared::<Store>();
 }
+
+#[test]
+fn a_version_1_file_is_migrated_to_version_2_keeping_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(DB_FILE);
+    {
+        // What the first release wrote: migration 1 only.
+        let raw = Connection::open(&path).unwrap();
+        raw.pragma_update(None, "journal_mode", "wal").unwrap();
+        raw.execute_batch(schema::MIGRATIONS[0]).unwrap();
+        raw.pragma_update(None, "application_id", schema::APPLICATION_ID)
+            .unwrap();
+        raw.pragma_update(None, "user_version", 1).unwrap();
+        raw.execute(
+            "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
+             VALUES ('ses_1', 'old', NULL, 'script', 'busy', 't', 't')",
+            [],
+        )
+        .unwrap();
+        raw.execute(
+            "INSERT INTO jobs (id, session_id, type, title, status, backgrounded, started_at)
+             VALUES ('job_1', 'ses_1', 'shell', 'sleep 9', 'running', 1, 't')",
+            [],
+        )
+        .unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let version: i64 = store
+        .conn()
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .unwrap();
+    assert_eq!(version, 2);
+    assert_eq!(SCHEMA_VERSION, 2);
+    let recovery = store.recover("2026-01-02T00:00:00.000Z").unwrap();
+    assert_eq!(recovery.sessions[0].session.title, "old");
+    assert_eq!(recovery.cancelled.len(), 1);
+    assert!(recovery.processes.is_empty(), "v1 recorded no processes");
+}
+
+#[test]
+fn process_records_come_back_from_recovery_until_forgotten() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let record = ProcessRecord {
+        pgid: 4242,
+        start_ticks: 123_456,
+        boot_id: "boot".into(),
+    };
+    for id in ["job_run", "job_ends"] {
+        store
+            .put_job(&job(id, "ses_1", JobStatus::Running))
+            .unwrap();
+        store.set_job_process(id, &record).unwrap();
+    }
+    assert!(matches!(
+        store.set_job_process("job_nope", &record),
+        Err(StoreError::NotFound { what: "job", .. })
+    ));
+    // A recorded end drops the record.
+    store
+        .finish_job(&job("job_ends", "ses_1", JobStatus::Completed), None)
+        .unwrap();
+    let recovery = store.recover("2026-01-02T00:00:00.000Z").unwrap();
+    assert_eq!(
+        recovery.processes,
+        vec![LeftoverProcess {
+            job_id: "job_run".into(),
+            process: record.clone(),
+        }]
+    );
+    // Still there until forgotten: a crash before the kill is retried.
+    assert_eq!(
+        store
+            .recover("2026-01-03T00:00:00.000Z")
+            .unwrap()
+            .processes
+            .len(),
+        1
+    );
+    store.forget_job_processes(&["job_run"]).unwrap();
+    assert!(store
+        .recover("2026-01-04T00:00:00.000Z")
+        .unwrap()
+        .processes
+        .is_empty());
+}

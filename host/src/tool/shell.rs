@@ -4,7 +4,9 @@
 //! order the process wrote them. Dropping the running future (cancel,
 //! interrupt, session removal, foreground timeout with `kill`) kills the
 //! whole group, grandchildren included; so does the end of the main process,
-//! so nothing a command left behind outlives its job.
+//! so nothing a command left behind outlives its job. A host killed outright
+//! runs none of this; the group is recorded in the store so that the next
+//! start-up ends it (see `job::process`).
 
 use std::{os::fd::OwnedFd, path::PathBuf, process::Stdio, time::Duration};
 
@@ -126,6 +128,10 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     let mut group = GroupGuard {
         pgid: child.id().map(|pid| pid as i32),
     };
+    // So that a restart can end the group if the host is killed.
+    if let Some(pid) = child.id() {
+        ctx.service.record_job_process(&ctx.job_id, pid);
+    }
 
     let output = ctx.output.clone();
     let mut pump = tokio::spawn(pump(OwnedFd::from(reader), output));

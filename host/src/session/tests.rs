@@ -1,0 +1,317 @@
+//! The two engine fixes: a caller that goes away, and a tool that panics.
+
+use std::{sync::Arc, time::Duration};
+
+use offstage_plugin_api::types::{
+    JobStatus, NewSession, Role, SessionStatus, ToolRequest, ToolStatus,
+};
+use serde_json::{json, Value};
+
+use super::{ServiceConfig, SessionService};
+use crate::tool::{BoxFuture, JobContext, Owner, Tool, ToolOutcome};
+
+/// A bound on any wait: reaching it fails the test, it measures nothing.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn service(dir: &tempfile::TempDir) -> SessionService {
+    SessionService::new(ServiceConfig {
+        data_dir: dir.path().join("data"),
+        permissions: Vec::new(),
+    })
+}
+
+async fn session(service: &SessionService) -> String {
+    service
+        .create(NewSession {
+            title: Some("test".into()),
+            agent: None,
+            parent_id: None,
+        })
+        .await
+        .unwrap()
+        .id
+}
+
+/// Polls `check` until it gives a value.
+async fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A shell command that runs until `flag` exists, then prints `finished`.
+fn wait_for_flag(flag: &std::path::Path) -> Value {
+    json!({ "command": format!("while [ ! -e '{}' ]; do sleep 0.02; done; echo finished", flag.display()) })
+}
+
+fn notices_of(
+    service: &SessionService,
+    session: &str,
+    job_id: &str,
+) -> Vec<offstage_plugin_api::types::Message> {
+    let state = service.state();
+    state.sessions[session]
+        .messages
+        .iter()
+        .filter(|m| m.role == Role::Notice && m.metadata["job_id"] == job_id)
+        .cloned()
+        .collect()
+}
+
+async fn running(service: &SessionService, job_id: &str) {
+    let id = job_id.to_string();
+    eventually("the job to run", || {
+        service
+            .state()
+            .jobs
+            .get(&id)
+            .filter(|e| e.job.status == JobStatus::Running)
+            .map(|_| ())
+    })
+    .await;
+}
+
+/// Checks the job went to the background when its caller left, and that
+/// its end still reaches the session as exactly one notice.
+async fn check_moved_and_noticed(
+    service: &SessionService,
+    session: &str,
+    job_id: &str,
+    flag: &std::path::Path,
+) {
+    let job = service.job(job_id).await.unwrap();
+    assert_eq!(job.status, JobStatus::Running, "the job goes on");
+    assert!(job.backgrounded, "a caller that went away counts as a move");
+    assert!(
+        service.store().job(job_id).unwrap().unwrap().backgrounded,
+        "the move is committed"
+    );
+    assert_eq!(
+        service.get(session).await.unwrap().status,
+        SessionStatus::Idle,
+        "nobody is blocked"
+    );
+    let said = service.messages(session).await.unwrap();
+    assert!(
+        said.iter()
+            .any(|m| m.role == Role::Tool && m.metadata["reason"] == "caller_gone"),
+        "the move is recorded: {said:#?}"
+    );
+
+    std::fs::write(flag, "").unwrap();
+    let notice = eventually("the job's notice", || {
+        notices_of(service, session, job_id).into_iter().next()
+    })
+    .await;
+    assert_eq!(notice.metadata["state"], "completed");
+    assert!(
+        notice.text.contains("finished"),
+        "the result is not lost: {}",
+        notice.text
+    );
+    // The wake-up turn runs and ends; the notice stays the only one.
+    service.wait_idle(session).await.unwrap();
+    assert_eq!(notices_of(service, session, job_id).len(), 1);
+    assert_eq!(
+        service.job(job_id).await.unwrap().status,
+        JobStatus::Completed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_moves_its_job_to_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&dir);
+    let session = session(&service).await;
+    let flag = dir.path().join("flag-timeout");
+    let mut request = ToolRequest::new("shell", wait_for_flag(&flag));
+    request.call_id = Some("job_gone_timeout".into());
+    let call = service.call_tool(&session, request);
+    // Polled until the job runs, then dropped, as a caller giving up does.
+    let mut call = Box::pin(call);
+    tokio::select! {
+        result = &mut call => panic!("the call cannot end before the flag: {result:?}"),
+        () = running(&service, "job_gone_timeout") => {}
+    }
+    drop(call);
+    check_moved_and_noticed(&service, &session, "job_gone_timeout", &flag).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_whose_task_is_aborted_moves_its_job_to_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&dir);
+    let session = session(&service).await;
+    let flag = dir.path().join("flag-abort");
+    let mut request = ToolRequest::new("shell", wait_for_flag(&flag));
+    request.call_id = Some("job_gone_abort".into());
+    let caller = {
+        let service = service.clone();
+        let session = session.clone();
+        tokio::spawn(async move { service.call_tool(&session, request).await })
+    };
+    running(&service, "job_gone_abort").await;
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    check_moved_and_noticed(&service, &session, "job_gone_abort", &flag).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_of_a_tokio_timeout_moves_its_job_to_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&dir);
+    let session = session(&service).await;
+    let flag = dir.path().join("flag-tokio-timeout");
+    let mut request = ToolRequest::new("shell", wait_for_flag(&flag));
+    request.call_id = Some("job_gone_tokio".into());
+    // The job cannot end before the flag exists, so the timeout fires.
+    let result = tokio::time::timeout(
+        Duration::from_millis(300),
+        service.call_tool(&session, request),
+    )
+    .await;
+    assert!(
+        result.is_err(),
+        "the call cannot end before the flag: {result:?}"
+    );
+    // (The job exists: the first poll of the call starts it, and a timeout
+    // polls its future before looking at the clock.)
+    check_moved_and_noticed(&service, &session, "job_gone_tokio", &flag).await;
+}
+
+/// A tool that panics, as it is called or while it runs.
+struct Panicky {
+    at_call: bool,
+}
+
+impl Tool for Panicky {
+    /// `{"background": true}` starts the job in the background.
+    fn policy(&self, input: &Value) -> crate::Result<crate::tool::ForegroundPolicy> {
+        Ok(crate::tool::ForegroundPolicy {
+            background: input["background"] == true,
+            ..Default::default()
+        })
+    }
+
+    fn run(&self, _ctx: JobContext, _input: Value) -> BoxFuture<crate::Result<ToolOutcome>> {
+        if self.at_call {
+            panic!("boom at call");
+        }
+        Box::pin(async {
+            tokio::task::yield_now().await;
+            panic!("boom while running");
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_tool_ends_its_job_as_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&dir);
+    let tools = service.tools();
+    tools
+        .add(
+            "panicky_call",
+            Owner::Host,
+            Arc::new(Panicky { at_call: true }),
+        )
+        .unwrap();
+    tools
+        .add(
+            "panicky_run",
+            Owner::Host,
+            Arc::new(Panicky { at_call: false }),
+        )
+        .unwrap();
+    let session = session(&service).await;
+    for (tool, message) in [
+        ("panicky_call", "boom at call"),
+        ("panicky_run", "boom while running"),
+    ] {
+        let call = service.call_tool(&session, ToolRequest::new(tool, json!({})));
+        let result = tokio::time::timeout(PATIENCE, call)
+            .await
+            .unwrap_or_else(|_| panic!("{tool}: the caller was never released"))
+            .unwrap();
+        assert_eq!(result.status, ToolStatus::Error, "{tool}");
+        assert!(
+            result
+                .output
+                .contains(&format!("the tool panicked: {message}")),
+            "{tool}: {}",
+            result.output
+        );
+        let job = service.job(&result.job_id).await.unwrap();
+        assert_eq!(job.status, JobStatus::Error);
+        assert_eq!(
+            service.store().job(&result.job_id).unwrap().unwrap().status,
+            JobStatus::Error
+        );
+        let output = service
+            .job_output(&result.job_id, 0, 1 << 20)
+            .await
+            .unwrap();
+        assert!(
+            output.data.contains(message),
+            "{tool}: the file says so too: {}",
+            output.data
+        );
+        assert_eq!(
+            service.get(&session).await.unwrap().status,
+            SessionStatus::Idle,
+            "{tool}"
+        );
+    }
+    // The service goes on working.
+    let result = service
+        .call_tool(
+            &session,
+            ToolRequest::new("shell", json!({ "command": "echo still here" })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.status, ToolStatus::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_background_job_still_gets_its_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&dir);
+    service
+        .tools()
+        .add(
+            "panicky_run",
+            Owner::Host,
+            Arc::new(Panicky { at_call: false }),
+        )
+        .unwrap();
+    let session = session(&service).await;
+    let mut request = ToolRequest::new("panicky_run", json!({ "background": true }));
+    request.call_id = Some("job_panics".into());
+    let result = service.call_tool(&session, request).await.unwrap();
+    assert_eq!(result.status, ToolStatus::Backgrounded);
+    let notice = eventually("the notice", || {
+        notices_of(&service, &session, "job_panics")
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(notice.metadata["state"], "error");
+    assert!(
+        notice
+            .text
+            .contains("the tool panicked: boom while running"),
+        "{}",
+        notice.text
+    );
+    service.wait_idle(&session).await.unwrap();
+    assert_eq!(notices_of(&service, &session, "job_panics").len(), 1);
+}
