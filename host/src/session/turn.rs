@@ -137,11 +137,7 @@ impl SessionService {
     /// Wakes a session: runs a turn now if it is idle; a running turn is
     /// followed by another when it ends (see `TurnGuard`).
     pub(crate) fn wake(&self, session_id: &str) {
-        if self.start_turn(session_id, None, None) {
-            self.inner
-                .events
-                .publish("session.wake", json!({ "session_id": session_id }));
-        }
+        self.start_turn(session_id, None, None);
     }
 
     /// Starts a turn if none runs and the inbox has something. Returns
@@ -172,6 +168,13 @@ impl SessionService {
             tracing::warn!(session_id, %error, "cannot mark messages delivered");
         }
         let agent_name = agent.unwrap_or_else(|| entry.session.agent.clone());
+        if done.is_none() {
+            // A turn nobody prompted is a wake-up. Say so before the turn
+            // can add anything, so readers see the wake before its reply.
+            self.inner
+                .events
+                .publish("session.wake", json!({ "session_id": session_id }));
+        }
         let service = self.clone();
         let id = session_id.to_string();
         let turn_id = NEXT_TURN.fetch_add(1, Ordering::Relaxed);
