@@ -57,3 +57,6 @@ mod tests {
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
     }
 }
+
+pub mod http;
+pub mod proc;

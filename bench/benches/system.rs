@@ -1,0 +1,908 @@
+//! Whole-system benchmarks (issue 4 HTTP figures, issue 8); see
+//! BENCHMARKS.md. Run everything with `scripts/bench`, which builds the
+//! release `offstage` binary first; one group:
+//!
+//! ```text
+//! cargo build --release -p offstage --bin offstage
+//! cargo bench -p offstage-bench --bench system -- http
+//! ```
+//!
+//! Groups (every figure against a baseline measured in the same run):
+//!
+//! - `http`: a `POST /tool` held on one connection, released by
+//!   `POST /background` from a second (baseline: `GET /api/health` round
+//!   trip on the same server); requests/s on `GET /api/session/:id`
+//!   (baseline: `GET /api/health`).
+//! - `load`: `load_all` of 1, 10 and 100 distinct plugins in one dir
+//!   (copies of `offstage-test-many`, name patched per copy); baseline:
+//!   copying the same files and `dlopen`ing them bare.
+//! - `reload`: `PluginHost::reload` latency and resident memory per
+//!   reload; baselines: the first load of the same plugin, and its file
+//!   size.
+//! - `capture`: shell output capture throughput through the `shell` tool
+//!   vs `sh -c '... > file'` of the same bytes.
+//! - `idle`: resident memory per idle session with 10 000 sessions in a
+//!   real `offstage serve` (baseline: the same server, empty).
+//! - `mass`: 1 000 running `sleep 30` jobs in one session moved by one
+//!   `background` call: time until every caller has returned (baseline:
+//!   1 000 tasks released by one `watch` send); then all cancelled and
+//!   no process left.
+//!
+//! Each table row: figure, baseline, ratio, target, and whether it is met.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use offstage::{
+    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
+    session::{ServiceConfig, SessionService},
+};
+use offstage_bench::{
+    http::Conn,
+    median, micros,
+    proc::{descendants_or_marked, rss_bytes},
+    summarize,
+};
+use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
+use serde_json::json;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "yes"
+    } else {
+        "**no**"
+    }
+}
+
+fn header() {
+    println!("| figure | value | baseline | ratio | target | met |");
+    println!("|---|---:|---:|---:|---|---|");
+}
+
+fn row(figure: &str, value: String, baseline: String, ratio: f64, target: &str, met: bool) {
+    println!(
+        "| {figure} | {value} | {baseline} | {ratio:.2} | {target} | {} |",
+        verdict(met)
+    );
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1024.0 * 1024.0))
+}
+
+fn kib(bytes: f64) -> String {
+    format!("{:.2} KiB", bytes / 1024.0)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+// ---------------------------------------------------------------- server
+
+/// A release `offstage serve` on a free loopback port with its own data dir.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    _data: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        Self::start_in(None, args)
+    }
+
+    /// With its data dir under `base` (e.g. tmpfs, where fsync is free).
+    fn start_in(base: Option<&Path>, args: &[&str]) -> Server {
+        let binary = std::env::var_os("OFFSTAGE_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("release").join("offstage"));
+        assert!(
+            binary.exists(),
+            "{} missing: run `cargo build --release -p offstage --bin offstage` (scripts/bench does)",
+            binary.display()
+        );
+        let data = match base {
+            Some(base) => tempfile::tempdir_in(base).unwrap(),
+            None => tempfile::tempdir().unwrap(),
+        };
+        let mut child = Command::new(&binary)
+            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data.path().join("data"))
+            .args(args)
+            .env_remove("OFFSTAGE_TOKEN")
+            .env("OFFSTAGE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start offstage serve");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("offstage serve did not start: {line:?}"))
+            .to_string();
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            while stdout.read_line(&mut sink).unwrap_or(0) > 0 {
+                sink.clear();
+            }
+        });
+        Server {
+            child,
+            addr: url.parse().unwrap(),
+            _data: data,
+        }
+    }
+
+    fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
+    fn session(&self, conn: &mut Conn) -> String {
+        let answer = conn.request("POST", "/api/session", Some("{}"));
+        assert_eq!(answer.status, 201, "{answer:?}");
+        answer.json()["id"].as_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// ------------------------------------------------------------------ http
+
+/// Medians and p99s of (round trip, release) on `server`.
+fn http_background_samples(server: &Server) -> (offstage_bench::Summary, offstage_bench::Summary) {
+    const SAMPLES: usize = 200;
+    let mut holder = Conn::open(server.addr);
+    let mut control = Conn::open(server.addr);
+    let id = server.session(&mut control);
+    let mut round_trips = Vec::with_capacity(SAMPLES);
+    let mut releases = Vec::with_capacity(SAMPLES);
+    for i in 0..SAMPLES + 10 {
+        // Baseline: a trivial round trip on the control connection.
+        let start = Instant::now();
+        let answer = control.request("GET", "/api/health", None);
+        let round_trip = start.elapsed();
+        assert_eq!(answer.status, 200);
+
+        let call_id = format!("job_httpbench_{i}");
+        let body =
+            json!({ "tool": "shell", "input": { "command": "sleep 60" }, "call_id": call_id })
+                .to_string();
+        holder.send("POST", &format!("/api/session/{id}/tool"), Some(&body));
+        // Wait until the job runs and the caller is blocked on it.
+        loop {
+            let answer = control.request("GET", &format!("/api/job/{call_id}"), None);
+            if answer.status == 200 {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        let body = json!({ "job_id": call_id }).to_string();
+        let start = Instant::now();
+        control.send(
+            "POST",
+            &format!("/api/session/{id}/background"),
+            Some(&body),
+        );
+        let held = holder.recv();
+        let release = start.elapsed();
+        let moved = control.recv();
+        assert_eq!(held.status, 200, "{held:?}");
+        assert_eq!(held.json()["status"], "backgrounded", "{held:?}");
+        assert_eq!(moved.status, 200, "{moved:?}");
+        let cancelled = control.request("DELETE", &format!("/api/job/{call_id}"), None);
+        assert_eq!(cancelled.status, 200, "{cancelled:?}");
+        if i >= 10 {
+            round_trips.push(round_trip);
+            releases.push(release);
+        }
+    }
+    (summarize(&mut round_trips), summarize(&mut releases))
+}
+
+fn http_background(server: &Server, tmpfs: Option<&Server>) {
+    let (base, moves) = http_background_samples(server);
+    println!("\n## http: held `POST /tool` released by `POST /background` from a second connection (200 samples)\n");
+    header();
+    let ratio = moves.median.as_secs_f64() / base.median.as_secs_f64();
+    row(
+        "`POST /background` → held `POST /tool` answered, median",
+        micros(moves.median),
+        format!(
+            "{} (`GET /api/health` round trip, median)",
+            micros(base.median)
+        ),
+        ratio,
+        "≤ 5× a trivial round trip",
+        ratio <= 5.0,
+    );
+    let ratio99 = moves.p99.as_secs_f64() / base.p99.as_secs_f64();
+    row(
+        "`POST /background` → held `POST /tool` answered, p99",
+        micros(moves.p99),
+        format!("{} (round trip p99)", micros(base.p99)),
+        ratio99,
+        "≤ 10× the round trip's p99",
+        ratio99 <= 10.0,
+    );
+    if let Some(tmpfs) = tmpfs {
+        // The same on a data dir in tmpfs: what is left without fsync.
+        let (base, moves) = http_background_samples(tmpfs);
+        let ratio = moves.median.as_secs_f64() / base.median.as_secs_f64();
+        row(
+            "the same, median, data dir on tmpfs (no fsync cost)",
+            micros(moves.median),
+            format!("{} (round trip, same server)", micros(base.median)),
+            ratio,
+            "≤ 5× a trivial round trip",
+            ratio <= 5.0,
+        );
+        let ratio99 = moves.p99.as_secs_f64() / base.p99.as_secs_f64();
+        row(
+            "the same, p99, data dir on tmpfs",
+            micros(moves.p99),
+            format!("{} (round trip p99)", micros(base.p99)),
+            ratio99,
+            "≤ 10× the round trip's p99",
+            ratio99 <= 10.0,
+        );
+    }
+}
+
+/// Requests/s for `path`, `clients` keep-alive connections, for `time`.
+fn rate(addr: SocketAddr, path: &str, clients: usize, time: Duration) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let (stop, count, path) = (stop.clone(), count.clone(), path.to_string());
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                while !stop.load(Ordering::Relaxed) {
+                    let answer = conn.request("GET", &path, None);
+                    assert_eq!(answer.status, 200, "{path}: {answer:?}");
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let start = Instant::now();
+    std::thread::sleep(time);
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn http_rate(server: &Server) {
+    const ROUNDS: usize = 5;
+    const CLIENTS: usize = 8;
+    let time = Duration::from_millis(1500);
+    let mut conn = Conn::open(server.addr);
+    let id = server.session(&mut conn);
+    // Some history, as a live session would have.
+    for _ in 0..20 {
+        let body = json!({ "tool": "shell", "input": { "command": "echo hi" } }).to_string();
+        assert_eq!(
+            conn.request("POST", &format!("/api/session/{id}/tool"), Some(&body))
+                .status,
+            200
+        );
+    }
+    let session_path = format!("/api/session/{id}");
+    rate(
+        server.addr,
+        "/api/health",
+        CLIENTS,
+        Duration::from_millis(300),
+    );
+    let (mut health, mut session) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        health.push(rate(server.addr, "/api/health", CLIENTS, time));
+        session.push(rate(server.addr, &session_path, CLIENTS, time));
+    }
+    let (health, session) = (median(&mut health), median(&mut session));
+    println!(
+        "\n## http: requests/s, {CLIENTS} keep-alive clients in this process, {ROUNDS} interleaved rounds of {time:?}, median\n"
+    );
+    header();
+    let ratio = session / health;
+    row(
+        "`GET /api/session/:id`",
+        format!("{session:.0} req/s"),
+        format!("{health:.0} req/s (`GET /api/health`)"),
+        ratio,
+        "≥ 0.7× health",
+        ratio >= 0.7,
+    );
+}
+
+// ------------------------------------------------------------ plugin load
+
+fn build_plugin(package: &str) -> PathBuf {
+    let target = target_dir().join("bench-plugins");
+    let status = Command::new(env!("CARGO"))
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-p",
+            package,
+            "--target-dir",
+        ])
+        .arg(&target)
+        .status()
+        .expect("run cargo");
+    assert!(status.success(), "building {package} failed");
+    target.join("release").join(format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        package.replace('-', "_"),
+        std::env::consts::DLL_SUFFIX
+    ))
+}
+
+const PLACEHOLDER: &[u8; 32] = b"many-###########################";
+
+/// Copies of the `many` plugin into `dir` named `many-{prefix}{i}`, mode 0755.
+fn many_copies(library: &[u8], dir: &Path, prefix: &str, n: usize) -> Vec<PathBuf> {
+    let at = library
+        .windows(PLACEHOLDER.len())
+        .position(|w| w == PLACEHOLDER)
+        .expect("the name placeholder is in the library");
+    std::fs::create_dir_all(dir).unwrap();
+    (0..n)
+        .map(|i| {
+            let name = format!("many-{prefix}{i:04}");
+            let mut bytes = library.to_vec();
+            let mut field = [b'#'; 32];
+            field[..name.len()].copy_from_slice(name.as_bytes());
+            bytes[at..at + 32].copy_from_slice(&field);
+            let path = dir.join(format!("{name}{}", std::env::consts::DLL_SUFFIX));
+            std::fs::write(&path, bytes).unwrap();
+            set_mode(&path, 0o755);
+            path
+        })
+        .collect()
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn plugin_host(service: &SessionService, dir: &Path, data: &Path) -> PluginHost {
+    set_mode(dir, 0o755);
+    PluginHost::new(
+        service.clone(),
+        PluginHostConfig {
+            dirs: vec![dir.to_path_buf()],
+            data_dir: data.to_path_buf(),
+            allow_insecure_permissions: false,
+            settings: BTreeMap::<String, PluginSettings>::new(),
+        },
+    )
+}
+
+fn service(dir: &Path) -> SessionService {
+    SessionService::new(ServiceConfig {
+        data_dir: dir.join("data"),
+        permissions: Vec::new(),
+    })
+}
+
+/// The bare cost: copy each file to a private path (with `fsync` if
+/// asked, as the loader does) and `dlopen` it.
+fn bare_dlopen(files: &[PathBuf], scratch: &Path, fsync: bool) -> Duration {
+    std::fs::create_dir_all(scratch).unwrap();
+    let start = Instant::now();
+    for file in files {
+        let copy = scratch.join(file.file_name().unwrap());
+        std::fs::copy(file, &copy).unwrap();
+        if fsync {
+            std::fs::File::open(&copy).unwrap().sync_all().unwrap();
+        }
+        let path = std::ffi::CString::new(copy.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string; the handle is deliberately leaked, as
+        // abi_stable leaks every library it opens.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        assert!(!handle.is_null(), "dlopen {}", copy.display());
+    }
+    start.elapsed()
+}
+
+async fn load() {
+    let library = std::fs::read(build_plugin("offstage-test-many")).unwrap();
+    println!(
+        "\n## load: `PluginHost::load_all` of N distinct plugins in one dir (copies of `offstage-test-many`, {} each, name patched per copy)\n",
+        mib(library.len() as f64)
+    );
+    header();
+    {
+        // Warm-up: the first load in a process pays one-time costs (the
+        // runtime's first plugin, abi_stable's first layout checks).
+        let dir = tempfile::tempdir().unwrap();
+        many_copies(&library, &dir.path().join("plugins"), "w", 1);
+        let service = service(dir.path());
+        let host = plugin_host(
+            &service,
+            &dir.path().join("plugins"),
+            &dir.path().join("data"),
+        );
+        assert_eq!(host.load_all()[0].status, PluginStatus::Loaded);
+        host.shutdown();
+    }
+    for (round, n) in [1usize, 10, 100].into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = many_copies(
+            &library,
+            &dir.path().join("plugins"),
+            &format!("{round}l"),
+            n,
+        );
+        let bare_files = many_copies(&library, &dir.path().join("bare"), &format!("{round}b"), n);
+        let bare = bare_dlopen(&bare_files, &dir.path().join("bare-copies"), false);
+        let synced = bare_dlopen(&bare_files, &dir.path().join("synced-copies"), true);
+        let service = service(dir.path());
+        let host = plugin_host(
+            &service,
+            &dir.path().join("plugins"),
+            &dir.path().join("data"),
+        );
+        let start = Instant::now();
+        let loaded = host.load_all();
+        let took = start.elapsed();
+        assert_eq!(loaded.len(), n);
+        assert!(
+            loaded.iter().all(|i| i.status == PluginStatus::Loaded),
+            "{:#?}",
+            loaded.iter().find(|i| i.status != PluginStatus::Loaded)
+        );
+        assert_eq!(files.len(), n);
+        let ratio = took.as_secs_f64() / bare.as_secs_f64();
+        row(
+            &format!("{n} plugin(s), total (per plugin {})", ms(took / n as u32)),
+            ms(took),
+            format!("{} (copy + bare `dlopen`)", ms(bare)),
+            ratio,
+            "≤ 3× bare, and ≤ 10 ms per plugin",
+            ratio <= 3.0 && took / (n as u32) <= Duration::from_millis(10),
+        );
+        // Reference, no target: how much of the load is the file work the
+        // loader does (it `fsync`s each private copy).
+        println!(
+            "| {n} plugin(s), the same load | {} | {} (copy + `fsync` + bare `dlopen`) | {:.2} | — (reference) | — |",
+            ms(took),
+            ms(synced),
+            took.as_secs_f64() / synced.as_secs_f64()
+        );
+        host.shutdown();
+    }
+}
+
+// ----------------------------------------------------------------- reload
+
+async fn reload() {
+    const RELOADS: usize = 40;
+    let library = std::fs::read(build_plugin("offstage-test-many")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    let files = many_copies(&library, &plugins, "r", 1);
+    let name = "many-r0000";
+    let service = service(dir.path());
+    let host = plugin_host(&service, &plugins, &dir.path().join("data"));
+    let start = Instant::now();
+    let loaded = host.load_all();
+    let first = start.elapsed();
+    assert_eq!(loaded[0].status, PluginStatus::Loaded, "{loaded:#?}");
+    let session = service.create(NewSession::default()).await.unwrap().id;
+    // Warm-up reloads, then measure latency and memory.
+    for _ in 0..5 {
+        host.reload(name).expect("reload");
+    }
+    let rss_before = rss_bytes("self");
+    let mut times = Vec::with_capacity(RELOADS);
+    for _ in 0..RELOADS {
+        let start = Instant::now();
+        let info = host.reload(name).expect("reload");
+        times.push(start.elapsed());
+        assert_eq!(info.status, PluginStatus::Loaded);
+        // The new generation serves.
+        let result = service
+            .call_tool(&session, ToolRequest::new(name, json!({})))
+            .await
+            .unwrap();
+        assert_eq!(result.output, "ok");
+    }
+    let rss_after = rss_bytes("self");
+    let times = summarize(&mut times);
+    let per_reload = rss_after.saturating_sub(rss_before) as f64 / RELOADS as f64;
+    println!(
+        "\n## reload: `PluginHost::reload` of one plugin ({} file), {RELOADS} reloads after 5 warm-up ones\n",
+        mib(library.len() as f64)
+    );
+    header();
+    let ratio = times.median.as_secs_f64() / first.as_secs_f64();
+    row(
+        "reload latency, median",
+        ms(times.median),
+        format!("{} (first load of the same plugin)", ms(first)),
+        ratio,
+        "≤ 2× the first load",
+        ratio <= 2.0,
+    );
+    let ratio = per_reload / library.len() as f64;
+    row(
+        "resident memory per reload (VmRSS delta / reloads)",
+        kib(per_reload),
+        format!("{} (the plugin file)", kib(library.len() as f64)),
+        ratio,
+        "≤ 1.5× the file size (the old image stays mapped, by design)",
+        ratio <= 1.5,
+    );
+    println!(
+        "\n(p99 reload {}; generation after the run: {}.)",
+        ms(times.p99),
+        host.get(name).unwrap().generation
+    );
+    drop(files);
+    host.shutdown();
+}
+
+// ---------------------------------------------------------------- capture
+
+async fn capture() {
+    const MB: u64 = 200;
+    const ROUNDS: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path());
+    let session = service.create(NewSession::default()).await.unwrap().id;
+    let out = dir.path().join("direct.out");
+    let command = format!("head -c {MB}M /dev/zero");
+    let (mut direct, mut piped, mut tool) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let start = Instant::now();
+        let status = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("{command} > '{}'", out.display()))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        direct.push(MB as f64 / start.elapsed().as_secs_f64());
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), MB << 20);
+        std::fs::remove_file(&out).unwrap();
+
+        let start = Instant::now();
+        let status = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!("{command} | cat > '{}'", out.display()))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        piped.push(MB as f64 / start.elapsed().as_secs_f64());
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), MB << 20);
+        std::fs::remove_file(&out).unwrap();
+
+        let start = Instant::now();
+        let result = service
+            .call_tool(
+                &session,
+                ToolRequest::new("shell", json!({ "command": command })),
+            )
+            .await
+            .unwrap();
+        tool.push(MB as f64 / start.elapsed().as_secs_f64());
+        assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
+        let path = result.output_path.unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            MB << 20,
+            "all bytes captured"
+        );
+        std::fs::remove_file(path).unwrap();
+    }
+    let (direct, piped, tool) = (median(&mut direct), median(&mut piped), median(&mut tool));
+    println!("\n## capture: `head -c {MB}M /dev/zero`, {ROUNDS} interleaved rounds, median\n");
+    header();
+    let ratio = tool / direct;
+    row(
+        "through the `shell` tool (output file + tail)",
+        format!("{tool:.0} MB/s"),
+        format!("{direct:.0} MB/s (`sh -c '... > file'`)"),
+        ratio,
+        "≥ 0.5× the shell redirect",
+        ratio >= 0.5,
+    );
+    let ratio = tool / piped;
+    row(
+        "the same",
+        format!("{tool:.0} MB/s"),
+        format!("{piped:.0} MB/s (`sh -c '... \\| cat > file'`: a pipe, then a file)"),
+        ratio,
+        "≥ 0.7× a pipe into `cat`",
+        ratio >= 0.7,
+    );
+}
+
+// ------------------------------------------------------------------- idle
+
+fn idle() {
+    const SESSIONS: usize = 10_000;
+    const CLIENTS: usize = 8;
+    // Data dir on tmpfs where there is one: 10 000 durable commits on disk
+    // take long and change nothing in the process's memory.
+    let shm = Path::new("/dev/shm");
+    let server = Server::start_in(shm.is_dir().then_some(shm), &[]);
+    // Settle, then the empty server's resident memory.
+    let mut conn = Conn::open(server.addr);
+    for _ in 0..50 {
+        conn.request("GET", "/api/health", None);
+    }
+    let sid = server.session(&mut conn);
+    conn.request("GET", &format!("/api/session/{sid}"), None);
+    std::thread::sleep(Duration::from_millis(300));
+    let empty = rss_bytes(&server.pid());
+    let start = Instant::now();
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let addr = server.addr;
+            std::thread::spawn(move || {
+                let mut conn = Conn::open(addr);
+                for _ in 0..SESSIONS / CLIENTS {
+                    let answer = conn.request("POST", "/api/session", Some("{\"title\":\"idle\"}"));
+                    assert_eq!(answer.status, 201, "{answer:?}");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let took = start.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    let full = rss_bytes(&server.pid());
+    let listed = conn.request("GET", "/api/session", None).json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(SESSIONS + 1));
+    let per = full.saturating_sub(empty) as f64 / SESSIONS as f64;
+    println!(
+        "\n## idle: resident memory of `offstage serve` with {SESSIONS} idle sessions (created over HTTP in {})\n",
+        ms(took)
+    );
+    header();
+    row(
+        "VmRSS with 10 000 sessions",
+        mib(full as f64),
+        format!("{} (the same server, empty)", mib(empty as f64)),
+        full as f64 / empty as f64,
+        "≤ 4 KiB per idle session",
+        per <= 4096.0,
+    );
+    println!(
+        "\nPer idle session: {} (VmRSS delta / {SESSIONS}).",
+        kib(per)
+    );
+}
+
+// ------------------------------------------------------------------- mass
+
+async fn mass() {
+    const JOBS: usize = 1000;
+    let marker = format!("offstage-mass-{}", std::process::id());
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path());
+    let session = service.create(NewSession::default()).await.unwrap().id;
+
+    // Baseline: JOBS tasks waiting on one watch channel, released by one send.
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let waiters: Vec<_> = (0..JOBS)
+        .map(|_| {
+            let mut rx = rx.clone();
+            tokio::spawn(async move {
+                rx.wait_for(|r| *r).await.unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let start = Instant::now();
+    tx.send_replace(true);
+    let mut last = start;
+    for waiter in waiters {
+        last = last.max(waiter.await.unwrap());
+    }
+    let baseline = last - start;
+
+    let callers: Vec<_> = (0..JOBS)
+        .map(|_| {
+            let (service, session) = (service.clone(), session.clone());
+            let command = format!("sleep 30; : {marker}");
+            tokio::spawn(async move {
+                let result = service
+                    .call_tool(
+                        &session,
+                        ToolRequest::new("shell", json!({ "command": command })),
+                    )
+                    .await
+                    .unwrap();
+                (result, Instant::now())
+            })
+        })
+        .collect();
+    // Every job running, with its process started.
+    let ready = Instant::now();
+    loop {
+        let running = service.jobs(Some(&session)).await.unwrap().len();
+        let processes = descendants_or_marked(std::process::id(), &marker)
+            .iter()
+            .filter(|(_, cmd)| cmd.contains(&marker))
+            .count();
+        if running == JOBS && processes == JOBS {
+            break;
+        }
+        assert!(
+            ready.elapsed() < Duration::from_secs(120),
+            "{running} jobs, {processes} processes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spawned = ready.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let moved = service
+        .background(BackgroundRequest::all(&session))
+        .await
+        .unwrap();
+    let call_returned = start.elapsed();
+    let mut last = start;
+    for caller in callers {
+        let (result, at) = caller.await.unwrap();
+        assert_eq!(result.status, ToolStatus::Backgrounded, "{result:?}");
+        last = last.max(at);
+    }
+    let all_returned = last - start;
+    assert_eq!(moved.len(), JOBS);
+
+    // Cancel them all; nothing may be left.
+    let cancel_start = Instant::now();
+    let cancels: Vec<_> = moved
+        .iter()
+        .map(|job| {
+            let (service, id) = (service.clone(), job.id.clone());
+            tokio::spawn(async move { service.cancel_job(&id).await.unwrap() })
+        })
+        .collect();
+    for cancel in cancels {
+        assert_eq!(
+            cancel.await.unwrap().status,
+            offstage_plugin_api::types::JobStatus::Cancelled
+        );
+    }
+    let cancelled = cancel_start.elapsed();
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = descendants_or_marked(std::process::id(), &marker);
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let notices = service
+        .messages(&session)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|m| m.role == offstage_plugin_api::types::Role::Notice)
+        .count();
+
+    println!(
+        "\n## mass: {JOBS} running `sleep 30` jobs in one session, one `background` call (jobs started in {})\n",
+        ms(spawned)
+    );
+    header();
+    let ratio = all_returned.as_secs_f64() / baseline.as_secs_f64();
+    row(
+        "`background` → every caller returned",
+        ms(all_returned),
+        format!(
+            "{} ({JOBS} tasks released by one `watch` send)",
+            ms(baseline)
+        ),
+        ratio,
+        "≤ 500 ms for 1 000 callers",
+        all_returned <= Duration::from_millis(500),
+    );
+    println!(
+        "\nThe `background` call itself returned after {}; cancelling all {JOBS} took {}; \
+         processes left afterwards: {} (must be 0); notices: {notices} (one per job).",
+        ms(call_returned),
+        ms(cancelled),
+        left.len()
+    );
+    assert!(left.is_empty(), "processes left behind: {left:#?}");
+    assert_eq!(notices, JOBS, "one notice per backgrounded job");
+}
+
+fn main() {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted =
+        |group: &str| filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "# offstage system benchmarks ({} cores)",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    if wanted("http") {
+        let server = Server::start(&[]);
+        let shm = Path::new("/dev/shm");
+        let tmpfs = shm.is_dir().then(|| Server::start_in(Some(shm), &[]));
+        http_background(&server, tmpfs.as_ref());
+        http_rate(&server);
+    }
+    if wanted("idle") {
+        idle();
+    }
+    runtime.block_on(async {
+        if wanted("load") {
+            load().await;
+        }
+        if wanted("reload") {
+            reload().await;
+        }
+        if wanted("capture") {
+            capture().await;
+        }
+        if wanted("mass") {
+            mass().await;
+        }
+    });
+}
