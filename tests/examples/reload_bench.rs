@@ -17,8 +17,11 @@
 //! 2. **Dev watcher**: 20 times, rename a new file into the watched plugin
 //!    dir and poll the tool until the new generation answers (includes the
 //!    watcher's 300 ms debounce).
-//! 3. **Memory**: `VmRSS` from `/proc/self/status` before and after the
-//!    reloads of step 1 (after 5 warm-up reloads), divided by their number.
+//! 3. **Memory**: `VmRSS` (and its `RssAnon` / `RssFile` parts) from
+//!    `/proc/self/status` before and after the reloads of step 1 (after 5
+//!    warm-up reloads), divided by their number.
+//! 4. **Baseline**: 20 first loads (`PluginHost::load_file`) of the same
+//!    file, each into a fresh host.
 
 use std::{
     collections::BTreeMap,
@@ -86,7 +89,7 @@ fn summary(name: &str, mut samples: Vec<Duration>) {
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "{name:<44} n={:<4} median {:>8.2} ms   p90 {:>8.2} ms   min {:>8.2} ms   max {:>8.2} ms",
+        "{name:<50} n={:<4} median {:>8.2} ms   p90 {:>8.2} ms   min {:>8.2} ms   max {:>8.2} ms",
         samples.len(),
         ms(at(0.5)),
         ms(at(0.9)),
@@ -152,8 +155,8 @@ fn main() {
             let source = libraries[(generation as usize + 1) % 2].clone();
             let dest = dest.clone();
             async move {
-                let start = Instant::now();
                 install(&source, &dest);
+                let start = Instant::now();
                 let info = tokio::task::spawn_blocking(move || host.reload("reloadable"))
                     .await
                     .unwrap()
@@ -181,15 +184,15 @@ fn main() {
         // Let the replaced generations drain and shut down.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let after = memory();
-        summary("reload() alone (copy, dlopen, init, swap)", reload_only);
+        summary("reload() alone (checks, copy, dlopen, init, swap)", reload_only);
         summary("file in place -> first answer, API reload", to_first_answer);
 
         let watcher = watch::watch(host.clone(), vec![plugin_dir.clone()], vec![]).unwrap();
         let mut via_watcher = Vec::new();
         for _ in 0..20 {
             generation += 1;
-            let start = Instant::now();
             install(&libraries[(generation as usize + 1) % 2], &dest);
+            let start = Instant::now();
             let expected = expect(generation);
             while whoami().await != expected {
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -199,6 +202,38 @@ fn main() {
         }
         drop(watcher);
         summary("file in place -> first answer, dev watcher", via_watcher);
+
+        // Baseline: a first load of the same file, each in a fresh host.
+        let mut first_loads = Vec::new();
+        for i in 0..20 {
+            // A service of its own: the plugin's tools would clash with
+            // the running host's.
+            let service = SessionService::new(ServiceConfig {
+                data_dir: dir.path().join(format!("baseline-data-{i}")),
+                permissions: vec![],
+            });
+            let other = PluginHost::new(
+                service,
+                PluginHostConfig {
+                    dirs: vec![],
+                    data_dir: dir.path().join(format!("baseline-{i}")),
+                    allow_insecure_permissions: true,
+                    settings: BTreeMap::new(),
+                },
+            );
+            let dest = dest.clone();
+            let start = Instant::now();
+            let loaded = tokio::task::spawn_blocking(move || {
+                let info = other.load_file(&dest);
+                (other, info)
+            })
+            .await
+            .unwrap();
+            first_loads.push(start.elapsed());
+            loaded.1.unwrap();
+            tokio::task::block_in_place(|| loaded.0.shutdown());
+        }
+        summary("baseline: first load_file() of the file", first_loads);
         for (i, field) in ["VmRSS", "RssAnon", "RssFile"].iter().enumerate() {
             println!(
                 "{field:<8} before {:>7} KiB, after {reloads} reloads {:>7} KiB: {:>6.0} KiB per reload",

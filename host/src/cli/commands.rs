@@ -279,6 +279,27 @@ pub fn events(args: &ClientArgs) -> ExitCode {
     })
 }
 
+/// `offstage plugin reload NAME`: one `POST /api/plugin/NAME/reload`.
+pub fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
+    report(|| {
+        let client = client(args)?;
+        let path = format!("/api/plugin/{}/reload", segment(name));
+        let info: Value = client.call(Method::POST, &path, None::<&()>)?;
+        if args.json {
+            print_json(&info);
+        } else {
+            println!(
+                "reloaded {}: generation {} (version {}, {})",
+                info["name"].as_str().unwrap_or(name),
+                info["generation"],
+                info["version"].as_str().unwrap_or("?"),
+                info["path"].as_str().unwrap_or("?"),
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
     // The answer is the one line below; the loader's own log of the same
     // failure would only repeat it.

@@ -117,6 +117,15 @@ pub enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Ask a running host to load plugin NAME's file again as a new
+    /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
+    /// loaded leaves the running generation serving (exit status 1).
+    Reload {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The plugin's name, as `GET /api/plugin` lists it.
+        name: String,
+    },
 }
 
 /// How a client command reaches the host.
@@ -215,6 +224,9 @@ pub fn main() -> ExitCode {
                     json,
                 },
         } => commands::plugin_check(&file, allow_insecure, json),
+        Command::Plugin {
+            command: PluginCommand::Reload { client, name },
+        } => commands::plugin_reload(&client, &name),
         Command::Session { client, command } => commands::session(&client, command),
         Command::Tool(args) => commands::tool(args),
         Command::Background(args) => commands::background(args),

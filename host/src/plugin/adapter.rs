@@ -24,8 +24,8 @@ use std::{
     panic::{catch_unwind, AssertUnwindSafe},
     pin::Pin,
     sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, LazyLock, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, LazyLock, Mutex, MutexGuard,
     },
     task::{Context as TaskContext, Poll},
     time::Duration,
@@ -39,20 +39,26 @@ use abi_stable::{
 use async_ffi::{FfiFuture, FutureExt as _};
 use offstage_plugin_api::{
     abi::{
-        host_vtable_layout, AbiError, AbiResult, CallbackAbi, CallbackState, HostCtx, HostHandle, HostVtable,
-        HostVtableRef, NextAbi, SessionDomainRef, SessionDomainVtable, WrapperAbi,
+        host_vtable_layout, AbiError, AbiResult, CallbackAbi, CallbackState, HostCtx, HostHandle,
+        HostVtable, HostVtableRef, NextAbi, SessionDomainRef, SessionDomainVtable, WrapperAbi,
     },
     capability,
-    types::{args, AgentTurn, BackgroundRequest, NewSession, ToolCall, ToolResult, ToolSpec, ToolStatus},
+    types::{
+        args, AgentTurn, BackgroundRequest, NewSession, ToolCall, ToolResult, ToolSpec, ToolStatus,
+    },
     Error as PluginError,
 };
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::{
+    runtime::{Handle, RuntimeFlavor},
+    sync::{broadcast, watch, Notify},
+};
 
 use crate::{
     agent::Agent,
     error::Result,
+    event::Event,
     session::SessionService,
     tool::{BoxFuture, JobContext, Next, Owner, Tool, ToolOutcome, ToolWrapper},
     ServiceError,
@@ -61,6 +67,23 @@ use crate::{
 /// The host's state for one plugin generation. Leaked into the plugin as
 /// [`HostCtx`]; lives as long as the process (libraries are never unloaded,
 /// so neither is anything they may still point at).
+///
+/// A generation's life, as the registry in `mod.rs` drives it:
+///
+/// 1. **Staged.** Whatever the plugin registers during `init` (tools,
+///    wrappers, agents, subscriptions) is collected here, not applied, so a
+///    generation whose `init` fails never touches the registries — on hot
+///    reload the old generation keeps serving exactly as before.
+/// 2. **Committed** ([`commit`]): applied in one step per registry; on
+///    reload the new generation's wrappers take their predecessors' places
+///    and the predecessor's leftovers go. Later registrations (from a task
+///    the plugin spawned) apply directly.
+/// 3. **Retired** ([`retire`]): registrations removed and refused from then
+///    on, subscriptions stopped. Calls already running go on.
+/// 4. **Drained** ([`PluginCtx::drained`]): every adapter of the generation
+///    — registered, or held by a call, a turn or a subscription task that
+///    is still running — has been dropped. Only then does the registry run
+///    the plugin's `shutdown`.
 pub(crate) struct PluginCtx {
     service: SessionService,
     runtime: Handle,
@@ -71,7 +94,44 @@ pub(crate) struct PluginCtx {
     previous_state: Option<String>,
     on_failure: Arc<dyn Fn(String) + Send + Sync>,
     failed: AtomicBool,
-    subscriptions: Mutex<Vec<tokio::task::AbortHandle>>,
+    subscriptions: Mutex<Vec<Subscription>>,
+    /// Registrations made during `init`, until [`commit`] applies them or
+    /// [`retire`] drops them; `None` after either.
+    staged: Mutex<Option<Vec<Staged>>>,
+    /// Set by [`retire`] (under the `staged` lock): registrations refused.
+    retired: AtomicBool,
+    /// `true` asks the subscriptions to stop after the event in hand.
+    stop: watch::Sender<bool>,
+    /// Adapters of this generation alive ([`Callback`]s and [`Wrapper`]s).
+    hooks: AtomicUsize,
+    /// Woken when `hooks` drops to zero.
+    drained: Notify,
+}
+
+/// An event queue, shared by a subscription and its successor in the next
+/// generation. Whoever holds the lock is the one reading it.
+type EventQueue = Arc<tokio::sync::Mutex<broadcast::Receiver<Event>>>;
+
+/// A running subscription.
+struct Subscription {
+    types: Vec<String>,
+    /// For a successor to take over; let go of at [`retire`].
+    events: Option<EventQueue>,
+    task: tokio::task::AbortHandle,
+}
+
+/// A registration made during `init`, waiting for [`commit`].
+enum Staged {
+    Tool(String, Arc<dyn Tool>),
+    Wrapper(String, Arc<dyn ToolWrapper>),
+    Agent(String, Arc<dyn Agent>),
+    /// With the queue made when the plugin subscribed, so it sees events
+    /// published during the rest of its `init`.
+    Subscription(Vec<String>, Callback, EventQueue),
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Creates the host state for one plugin generation.
@@ -103,7 +163,122 @@ pub(crate) fn new_ctx(
         on_failure,
         failed: AtomicBool::new(false),
         subscriptions: Mutex::new(Vec::new()),
+        staged: Mutex::new(Some(Vec::new())),
+        retired: AtomicBool::new(false),
+        stop: watch::Sender::new(false),
+        hooks: AtomicUsize::new(0),
+        drained: Notify::new(),
     })
+}
+
+/// How [`retire`] ends a generation's event subscriptions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Subscriptions {
+    /// Abort them at once, a handler in the middle of an event included
+    /// (a plugin that failed, the host shutting down).
+    Abort,
+    /// Let each finish the event in hand, then stop (hot reload: hooks
+    /// already running finish on the old generation).
+    Finish,
+}
+
+/// Applies the registrations `ctx` staged during `init`: tools, wrappers
+/// and agents in one step per registry, replacing those of `previous` (the
+/// generation being reloaded) by name and wrappers in place, and removing
+/// whatever `previous` registered that this generation did not; then starts
+/// its subscriptions. On error (a name someone else took meanwhile) nothing
+/// is applied and the caller retires `ctx`.
+///
+/// A subscription to the same event types as one of `previous`'s takes
+/// over its queue: it starts reading where the old one stops (after the
+/// event in hand, once [`retire`] tells it to), so across a reload every
+/// event is handled once, in order, by one generation or the other.
+pub(crate) fn commit(ctx: &PluginCtx, previous: Option<&PluginCtx>) -> Result<()> {
+    let previous_owner = previous.map(|p| &p.owner);
+    // Held throughout, so a registration racing the commit (from a task
+    // the plugin spawned) waits and then applies directly, after it.
+    let mut staged = lock(&ctx.staged);
+    if ctx.retired.load(Ordering::Acquire) {
+        return Err(ServiceError::Plugin(format!(
+            "plugin {} was retired before it started",
+            ctx.name
+        )));
+    }
+    let (mut tools, mut wrappers, mut agents, mut subscriptions) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for item in staged.take().unwrap_or_default() {
+        match item {
+            Staged::Tool(name, tool) => tools.push((name, tool)),
+            Staged::Wrapper(name, wrapper) => wrappers.push((name, wrapper)),
+            Staged::Agent(name, agent) => agents.push((name, agent)),
+            Staged::Subscription(types, callback, events) => {
+                subscriptions.push((types, callback, events))
+            }
+        }
+    }
+    for (name, _) in &agents {
+        ctx.service.agents().check_register(name, &ctx.owner)?;
+    }
+    let replaced_tools =
+        ctx.service
+            .tools()
+            .replace_owner(&ctx.owner, previous_owner, tools, wrappers)?;
+    let replaced_agents = ctx
+        .service
+        .agents()
+        .replace_owner(&ctx.owner, previous_owner, agents)
+        .unwrap_or_else(|error| {
+            // Only possible if another plugin took the name in the moment
+            // since the check above; the tools are in place already.
+            tracing::warn!(plugin = %ctx.name, %error, "an agent of the plugin was not registered");
+            Vec::new()
+        });
+    let mut queues: Vec<(Vec<String>, EventQueue)> = previous
+        .map(|p| {
+            lock(&p.subscriptions)
+                .iter()
+                .filter_map(|s| Some((s.types.clone(), s.events.clone()?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    for (types, callback, events) in subscriptions {
+        let events = match queues.iter().position(|(t, _)| *t == types) {
+            Some(index) => queues.remove(index).1,
+            None => events,
+        };
+        ctx.start_subscription(types, callback, events);
+    }
+    drop(staged);
+    // The previous generation's adapters are freed here, outside every
+    // lock (the last one of a generation lets its drain finish).
+    drop(replaced_tools);
+    drop(replaced_agents);
+    Ok(())
+}
+
+/// Ends a generation's registrations: drops what it staged, removes what
+/// it registered, refuses what it may still try to register, and stops its
+/// subscriptions. Calls already running on it are not touched. Used when
+/// `init` fails, when the plugin fails later, at shutdown, and for the old
+/// generation of a hot reload (after [`commit`] of the new one replaced its
+/// registrations). Safe to call more than once.
+pub(crate) fn retire(ctx: &PluginCtx, subscriptions: Subscriptions) {
+    let staged = {
+        let mut staged = lock(&ctx.staged);
+        ctx.retired.store(true, Ordering::Release);
+        staged.take()
+    };
+    drop(staged);
+    ctx.service.tools().remove_owner(&ctx.owner);
+    ctx.service.agents().remove_owner(&ctx.owner);
+    ctx.stop.send_replace(true);
+    for subscription in lock(&ctx.subscriptions).iter_mut() {
+        // A successor took its queue at commit, before this.
+        subscription.events = None;
+        if subscriptions == Subscriptions::Abort {
+            subscription.task.abort();
+        }
+    }
 }
 
 /// What the plugin's `init` receives. Keeps one strong count of `ctx` for
@@ -120,7 +295,10 @@ pub(crate) fn host_handle(ctx: &Arc<PluginCtx>) -> HostHandle {
 impl PluginCtx {
     fn check_grant(&self, capability: &str) -> Result<()> {
         if self.failed.load(Ordering::Acquire) {
-            return Err(ServiceError::Plugin(format!("plugin {} has failed and is disabled", self.name)));
+            return Err(ServiceError::Plugin(format!(
+                "plugin {} has failed and is disabled",
+                self.name
+            )));
         }
         if self.grants.contains(capability) {
             Ok(())
@@ -140,23 +318,165 @@ impl PluginCtx {
             return;
         }
         tracing::error!(plugin = %self.name, "{message}; plugin disabled");
-        self.service.tools().remove_owner(&self.owner);
-        self.service.agents().remove_owner(&self.owner);
-        for task in self.subscriptions.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            task.abort();
-        }
+        retire(self, Subscriptions::Abort);
         (self.on_failure)(message);
     }
 
-    /// Looks at an error a plugin returned: a contained panic disables it.
-    fn observe(&self, error: &ServiceError) {
-        if let ServiceError::Plugin(message) = error {
-            if message.contains("panicked") {
-                self.fail(message.clone());
+    /// The runtime the generation's hooks and tasks run on.
+    pub(crate) fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+
+    /// Whether a hook or future of this generation panicked.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Completes once no adapter of this generation is left: nothing is
+    /// registered (it was retired) and no call, turn or subscription task
+    /// still holds one of its hooks.
+    pub(crate) async fn drained(&self) {
+        loop {
+            let notified = self.drained.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registered before the check, so a drop in between wakes us.
+            notified.as_mut().enable();
+            if self.hooks.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn hook_created(&self) {
+        self.hooks.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn hook_dropped(&self) {
+        if self.hooks.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// Registers `item`: staged while `init` runs, applied directly after
+    /// [`commit`], refused after [`retire`].
+    fn register(&self, item: Staged) -> Result<()> {
+        // Held while applying, so `retire` cannot slip in between.
+        let mut staged = lock(&self.staged);
+        if self.retired.load(Ordering::Acquire) {
+            return Err(ServiceError::Plugin(format!(
+                "plugin {} ({}) is retired; it cannot register hooks any more",
+                self.name,
+                self.generation_text()
+            )));
+        }
+        if let Some(staged) = staged.as_mut() {
+            staged.push(item);
+            return Ok(());
+        }
+        match item {
+            Staged::Tool(name, tool) => self.service.tools().add(&name, self.owner.clone(), tool),
+            Staged::Wrapper(name, wrapper) => {
+                self.service
+                    .tools()
+                    .wrap(&name, self.owner.clone(), wrapper);
+                Ok(())
+            }
+            Staged::Agent(name, agent) => {
+                self.service
+                    .agents()
+                    .register(&name, self.owner.clone(), agent)
+            }
+            Staged::Subscription(types, callback, events) => {
+                self.start_subscription(types, callback, events);
+                Ok(())
             }
         }
     }
+
+    fn generation_text(&self) -> String {
+        match &self.owner {
+            Owner::Plugin { generation, .. } => format!("generation {generation}"),
+            Owner::Host => "host".into(),
+        }
+    }
+
+    /// A queue of the events published from now on.
+    fn new_queue(&self) -> EventQueue {
+        Arc::new(tokio::sync::Mutex::new(self.service.events().subscribe()))
+    }
+
+    /// Runs `callback` for each event of `types` (all when empty) read from
+    /// `events`, one at a time, until [`retire`] stops it. Reads only while
+    /// holding the queue, which a predecessor gives up when it stops.
+    fn start_subscription(&self, types: Vec<String>, callback: Callback, events: EventQueue) {
+        let mut stop = self.stop.subscribe();
+        let (queue, kinds) = (events.clone(), types.clone());
+        let task = self.runtime.spawn(async move {
+            let mut events = tokio::select! {
+                biased;
+                _ = stop.wait_for(|stop| *stop) => return,
+                events = queue.lock_owned() => events,
+            };
+            loop {
+                // `recv` is cancel-safe: an event is either taken here or
+                // left in the queue for the successor.
+                let received = tokio::select! {
+                    biased;
+                    _ = stop.wait_for(|stop| *stop) => break,
+                    received = events.recv() => received,
+                };
+                match received {
+                    Ok(event) => {
+                        if types.is_empty() || types.contains(&event.kind) {
+                            if let Err(error) = callback.call(json!(event).to_string()).await {
+                                tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
+                            }
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
+                        tracing::warn!(plugin = %callback.plugin.name, lost, "event handler fell behind; events lost");
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                }
+            }
+        });
+        lock(&self.subscriptions).push(Subscription {
+            types: kinds,
+            events: Some(events),
+            task: task.abort_handle(),
+        });
+    }
+
+    /// Looks at an error a plugin returned: a contained panic disables it.
+    ///
+    /// Only a panic of *this* plugin: an error can reach us from another
+    /// plugin through this one (a wrapper returning what its `next` — the
+    /// other plugin's wrapper or tool — returned, or a `call_tool` of the
+    /// other's tool). So the first plugin to see a panic message untagged
+    /// owns it and tags it (`plugin `NAME` panicked in ...`); plugins it
+    /// passes through afterwards see the tag and are left alone. Returns
+    /// the error to pass on, tagged where it was this plugin's.
+    fn observe(&self, error: ServiceError) -> ServiceError {
+        match error {
+            ServiceError::Plugin(message)
+                if message.contains("panicked") && !message.contains(PANIC_TAG) =>
+            {
+                let tagged = match message.strip_prefix("plugin panicked in ") {
+                    Some(rest) => format!("plugin `{}`{PANIC_TAG}{rest}", self.name),
+                    None => format!("plugin `{}`{PANIC_TAG}its code: {message}", self.name),
+                };
+                self.fail(tagged.clone());
+                ServiceError::Plugin(tagged)
+            }
+            other => other,
+        }
+    }
 }
+
+/// What [`PluginCtx::observe`] puts after a plugin's name in a panic
+/// message it has attributed: `plugin `NAME` panicked in ...`.
+const PANIC_TAG: &str = "` panicked in ";
 
 fn plugin_ctx(ctx: HostCtx) -> &'static PluginCtx {
     // SAFETY: `ctx` came from `host_handle`, which leaked a strong count.
@@ -178,7 +498,8 @@ fn from_abi(result: AbiResult) -> Result<String> {
 }
 
 fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
-    serde_json::from_str(json).map_err(|e| ServiceError::InvalidInput(format!("bad arguments for {what}: {e}")))
+    serde_json::from_str(json)
+        .map_err(|e| ServiceError::InvalidInput(format!("bad arguments for {what}: {e}")))
 }
 
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
@@ -240,7 +561,8 @@ fn block_on_host<F: Future>(handle: &Handle, fut: F) -> Result<F::Output> {
             Ok(tokio::task::block_in_place(|| handle.block_on(fut)))
         }
         Ok(_) => Err(ServiceError::Unsupported(
-            "a blocking call cannot run on a single-threaded runtime's thread; use the async face".into(),
+            "a blocking call cannot run on a single-threaded runtime's thread; use the async face"
+                .into(),
         )),
     }
 }
@@ -280,32 +602,62 @@ async fn dispatch(service: SessionService, method: Method, args: String) -> Resu
     let value = match method {
         Method::List => json!(service.list().await?),
         Method::Create => json!(service.create(parse::<NewSession>(&what, &args)?).await?),
-        Method::Get => json!(service.get(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+        Method::Get => json!(
+            service
+                .get(&parse::<args::SessionId>(&what, &args)?.session_id)
+                .await?
+        ),
         Method::Rename => {
             let a: args::Rename = parse(&what, &args)?;
             json!(service.rename(&a.session_id, &a.title).await?)
         }
         Method::Remove => {
-            service.remove(&parse::<args::SessionId>(&what, &args)?.session_id).await?;
+            service
+                .remove(&parse::<args::SessionId>(&what, &args)?.session_id)
+                .await?;
             Value::Null
         }
-        Method::Messages => json!(service.messages(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+        Method::Messages => json!(
+            service
+                .messages(&parse::<args::SessionId>(&what, &args)?.session_id)
+                .await?
+        ),
         Method::Prompt => {
             let a: args::Prompt = parse(&what, &args)?;
-            json!(service.prompt(&a.session_id, &a.text, a.agent.as_deref()).await?)
+            json!(
+                service
+                    .prompt(&a.session_id, &a.text, a.agent.as_deref())
+                    .await?
+            )
         }
         Method::Notice => {
             let a: args::Notice = parse(&what, &args)?;
             json!(service.notice(&a.session_id, &a.text, a.metadata).await?)
         }
-        Method::Interrupt => json!(service.interrupt(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
-        Method::Jobs => json!(service.jobs(parse::<args::Jobs>(&what, &args)?.session_id.as_deref()).await?),
+        Method::Interrupt => json!(
+            service
+                .interrupt(&parse::<args::SessionId>(&what, &args)?.session_id)
+                .await?
+        ),
+        Method::Jobs => json!(
+            service
+                .jobs(parse::<args::Jobs>(&what, &args)?.session_id.as_deref())
+                .await?
+        ),
         Method::CallTool => {
             let a: args::CallTool = parse(&what, &args)?;
             json!(service.call_tool(&a.session_id, a.request).await?)
         }
-        Method::Background => json!(service.background(parse::<BackgroundRequest>(&what, &args)?).await?),
-        Method::WaitIdle => json!(service.wait_idle(&parse::<args::SessionId>(&what, &args)?.session_id).await?),
+        Method::Background => json!(
+            service
+                .background(parse::<BackgroundRequest>(&what, &args)?)
+                .await?
+        ),
+        Method::WaitIdle => json!(
+            service
+                .wait_idle(&parse::<args::SessionId>(&what, &args)?.session_id)
+                .await?
+        ),
     };
     Ok(value.to_string())
 }
@@ -333,7 +685,10 @@ fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
         block_on_host(&plugin.runtime, fut)?
     }));
     to_abi(outcome.unwrap_or_else(|payload| {
-        Err(ServiceError::Internal(format!("host panicked: {}", panic_text(payload.as_ref()))))
+        Err(ServiceError::Internal(format!(
+            "host panicked: {}",
+            panic_text(payload.as_ref())
+        )))
     }))
 }
 
@@ -490,39 +845,51 @@ fn registered(result: Result<()>) -> RResult<(), AbiError> {
 }
 
 /// A plugin callback the host holds; frees the plugin's state when the
-/// last holder lets go.
+/// last holder lets go. Counted in its generation's `hooks`.
 struct Callback {
     abi: CallbackAbi,
     plugin: &'static PluginCtx,
 }
 
 impl Callback {
+    fn new(abi: CallbackAbi, plugin: &'static PluginCtx) -> Self {
+        plugin.hook_created();
+        Callback { abi, plugin }
+    }
+
     async fn call(&self, input: String) -> Result<String> {
         let result = FromPlugin {
             inner: (self.abi.call)(self.abi.state, RString::from(input)),
         }
         .await;
-        if let Err(error) = &result {
-            self.plugin.observe(error);
-        }
-        result
+        result.map_err(|error| self.plugin.observe(error))
     }
 }
 
 impl Drop for Callback {
     fn drop(&mut self) {
         (self.abi.drop)(self.abi.state);
+        self.plugin.hook_dropped();
     }
 }
 
+/// A plugin's tool wrapper; counted like [`Callback`].
 struct Wrapper {
     abi: WrapperAbi,
     plugin: &'static PluginCtx,
 }
 
+impl Wrapper {
+    fn new(abi: WrapperAbi, plugin: &'static PluginCtx) -> Self {
+        plugin.hook_created();
+        Wrapper { abi, plugin }
+    }
+}
+
 impl Drop for Wrapper {
     fn drop(&mut self) {
         (self.abi.drop)(self.abi.state);
+        self.plugin.hook_dropped();
     }
 }
 
@@ -559,14 +926,16 @@ impl ToolWrapper for Arc<Wrapper> {
                 call: next_call,
                 drop: next_drop,
             };
-            let started = (this.abi.call)(this.abi.state, RString::from(json!(call).to_string()), next);
+            let started =
+                (this.abi.call)(this.abi.state, RString::from(json!(call).to_string()), next);
             let result = FromPlugin { inner: started }.await;
-            if let Err(error) = &result {
-                this.plugin.observe(error);
-            }
-            let json = result?;
-            serde_json::from_str(&json)
-                .map_err(|e| ServiceError::Plugin(format!("plugin {} returned a bad tool result: {e}", this.plugin.name)))
+            let json = result.map_err(|error| this.plugin.observe(error))?;
+            serde_json::from_str(&json).map_err(|e| {
+                ServiceError::Plugin(format!(
+                    "plugin {} returned a bad tool result: {e}",
+                    this.plugin.name
+                ))
+            })
         })
     }
 }
@@ -587,12 +956,18 @@ impl Tool for Arc<PluginTool> {
                 input,
             };
             let json = this.callback.call(json!(call).to_string()).await?;
-            let result: ToolResult = serde_json::from_str(&json)
-                .map_err(|e| ServiceError::Plugin(format!("plugin tool {} returned a bad result: {e}", this.name)))?;
+            let result: ToolResult = serde_json::from_str(&json).map_err(|e| {
+                ServiceError::Plugin(format!(
+                    "plugin tool {} returned a bad result: {e}",
+                    this.name
+                ))
+            })?;
             ctx.output.write(result.output.as_bytes());
             Ok(ToolOutcome {
                 status: match result.status {
-                    ToolStatus::Completed | ToolStatus::Backgrounded => offstage_plugin_api::types::JobStatus::Completed,
+                    ToolStatus::Completed | ToolStatus::Backgrounded => {
+                        offstage_plugin_api::types::JobStatus::Completed
+                    }
                     ToolStatus::Error => offstage_plugin_api::types::JobStatus::Error,
                     ToolStatus::Cancelled => offstage_plugin_api::types::JobStatus::Cancelled,
                 },
@@ -619,71 +994,56 @@ impl Agent for Arc<PluginAgent> {
 
 extern "C" fn wrap_tool(ctx: HostCtx, tool: RString, abi: WrapperAbi) -> RResult<(), AbiError> {
     let plugin = plugin_ctx(ctx);
-    let wrapper = Arc::new(Wrapper { abi, plugin });
-    registered(plugin.check_grant(capability::TOOL_WRAP).map(|()| {
-        plugin
-            .service
-            .tools()
-            .wrap(tool.as_str(), plugin.owner.clone(), Arc::new(wrapper));
-    }))
+    let wrapper = Arc::new(Wrapper::new(abi, plugin));
+    registered((|| {
+        plugin.check_grant(capability::TOOL_WRAP)?;
+        plugin.register(Staged::Wrapper(tool.into_string(), Arc::new(wrapper)))
+    })())
 }
 
 extern "C" fn add_tool(ctx: HostCtx, spec: RString, abi: CallbackAbi) -> RResult<(), AbiError> {
     let plugin = plugin_ctx(ctx);
-    let callback = Callback { abi, plugin };
+    let callback = Callback::new(abi, plugin);
     registered((|| {
         plugin.check_grant(capability::TOOL_ADD)?;
         let spec: ToolSpec = parse("add_tool", spec.as_str())?;
+        // Checked now as well as at commit, so `init` sees a clash.
+        plugin
+            .service
+            .tools()
+            .check_add(&spec.name, &plugin.owner)?;
         let tool = Arc::new(PluginTool {
             callback,
             name: spec.name.clone(),
         });
-        plugin.service.tools().add(&spec.name, plugin.owner.clone(), Arc::new(tool))
+        plugin.register(Staged::Tool(spec.name, Arc::new(tool)))
     })())
 }
 
-extern "C" fn register_agent(ctx: HostCtx, name: RString, abi: CallbackAbi) -> RResult<(), AbiError> {
+extern "C" fn register_agent(
+    ctx: HostCtx,
+    name: RString,
+    abi: CallbackAbi,
+) -> RResult<(), AbiError> {
     let plugin = plugin_ctx(ctx);
-    let callback = Callback { abi, plugin };
+    let callback = Callback::new(abi, plugin);
     registered((|| {
         plugin.check_grant(capability::AGENTS)?;
-        let agent = Arc::new(PluginAgent { callback });
         plugin
             .service
             .agents()
-            .register(name.as_str(), plugin.owner.clone(), Arc::new(agent))
+            .check_register(name.as_str(), &plugin.owner)?;
+        let agent = Arc::new(PluginAgent { callback });
+        plugin.register(Staged::Agent(name.into_string(), Arc::new(agent)))
     })())
 }
 
 extern "C" fn subscribe(ctx: HostCtx, types: RString, abi: CallbackAbi) -> RResult<(), AbiError> {
     let plugin = plugin_ctx(ctx);
-    let callback = Callback { abi, plugin };
+    let callback = Callback::new(abi, plugin);
     registered((|| {
         plugin.check_grant(capability::EVENTS)?;
         let types: Vec<String> = parse("subscribe", types.as_str())?;
-        let mut events = plugin.service.events().subscribe();
-        let task = plugin.runtime.spawn(async move {
-            loop {
-                match events.recv().await {
-                    Ok(event) => {
-                        if types.is_empty() || types.contains(&event.kind) {
-                            if let Err(error) = callback.call(json!(event).to_string()).await {
-                                tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
-                            }
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
-                        tracing::warn!(plugin = %callback.plugin.name, lost, "event handler fell behind; events lost");
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
-                }
-            }
-        });
-        plugin
-            .subscriptions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(task.abort_handle());
-        Ok(())
+        plugin.register(Staged::Subscription(types, callback, plugin.new_queue()))
     })())
 }

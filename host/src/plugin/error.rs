@@ -121,10 +121,25 @@ pub enum LoadError {
     /// The host itself could not load the plugin (no tokio runtime, ...).
     #[error("{}: host error: {message}", path.display())]
     Host { path: PathBuf, message: String },
+
+    /// A reload found another plugin in the file the plugin came from.
+    #[error(
+        "{}: reload of plugin `{expected}` refused: the file now holds plugin `{found}`",
+        path.display()
+    )]
+    NameChanged {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+
+    /// A reload named a plugin the host has never seen.
+    #[error("no plugin named `{name}`")]
+    Unknown { name: String },
 }
 
 impl LoadError {
-    /// The plugin file the error is about.
+    /// The plugin file the error is about (empty for [`LoadError::Unknown`]).
     pub fn path(&self) -> &std::path::Path {
         match self {
             LoadError::Io { path, .. }
@@ -141,7 +156,9 @@ impl LoadError {
             | LoadError::DuplicateName { path, .. }
             | LoadError::InitPanic { path, .. }
             | LoadError::InitError { path, .. }
-            | LoadError::Host { path, .. } => path,
+            | LoadError::Host { path, .. }
+            | LoadError::NameChanged { path, .. } => path,
+            LoadError::Unknown { .. } => std::path::Path::new(""),
         }
     }
 
@@ -151,7 +168,9 @@ impl LoadError {
             LoadError::PanicAbort { name, .. }
             | LoadError::DuplicateName { name, .. }
             | LoadError::InitPanic { name, .. }
-            | LoadError::InitError { name, .. } => Some(name),
+            | LoadError::InitError { name, .. }
+            | LoadError::Unknown { name } => Some(name),
+            LoadError::NameChanged { expected, .. } => Some(expected),
             _ => None,
         }
     }

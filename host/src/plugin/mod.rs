@@ -25,16 +25,47 @@
 //!    checks the host vtable's layout itself; a mismatch comes back as a
 //!    layout error naming both types.
 //!
+//! 7. **Commit.** What `init` registered was staged in the generation's
+//!    context; only now does it reach the tool and agent registries and
+//!    start its subscriptions, so a failed `init` leaves nothing behind.
+//!
 //! Every failure is one [`LoadError`] — one line naming the file and the
 //! cause — logged at `warn`, published as a `plugin.failed` event and kept
 //! in [`PluginHost::list`] with status `failed`. One plugin's failure never
 //! stops the others, and a plugin that panics later (in a hook or a future)
 //! is marked failed by the adapter's failure callback while the host goes on.
+//!
+//! ## Hot reload ([`PluginHost::reload`])
+//!
+//! abi_stable never unloads a library, so a reload loads the file again as
+//! a new *generation* beside the old one (its own private copy, so its own
+//! image and statics) and swaps:
+//!
+//! 1. steps 1–5 above for the file the plugin came from; the manifest must
+//!    name the same plugin;
+//! 2. the old generation's `export_state()` is handed to the new one's
+//!    `init` as `previous_state`;
+//! 3. the new generation's staged registrations are committed in one step
+//!    per registry: tools and agents replaced by name, each wrapper put in
+//!    its predecessor's place (a wrapped tool never runs unwrapped), the
+//!    old generation's leftovers removed. From here new calls reach the new
+//!    generation;
+//! 4. the old generation is retired: its subscriptions finish the event in
+//!    hand and stop; calls, turns and hooks already running on it finish
+//!    there (each holds the adapter it started with);
+//! 5. once the last of its adapters is dropped (*drained*), its `shutdown`
+//!    runs and its instance is freed. Its code stays mapped, as do tasks it
+//!    spawned: those are the plugin's to end in `shutdown`.
+//!
+//! If any of 1–3 fails, nothing changed: the old generation keeps serving,
+//! and the failure is logged, published as `plugin.failed` and shown as
+//! the still-loaded plugin's `error` until a reload succeeds.
 
 mod adapter;
 mod error;
 mod file;
 mod loader;
+pub mod watch;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -46,8 +77,8 @@ use std::{
     },
 };
 
-use abi_stable::std_types::RResult;
-use offstage_plugin_api::abi::PluginInstance;
+use abi_stable::std_types::{ROption, RResult};
+use offstage_plugin_api::abi::{PluginInstance, PluginModuleRef};
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::runtime::Handle;
@@ -147,6 +178,9 @@ struct State {
     entries: Vec<Entry>,
     /// Last generation handed out per plugin name.
     generations: HashMap<String, u64>,
+    /// Generations replaced by a reload whose calls are still running,
+    /// by (name, generation); shut down when drained or at host shutdown.
+    draining: HashMap<(String, u64), Live>,
 }
 
 struct Entry {
@@ -158,9 +192,46 @@ struct Entry {
 struct Live {
     instance: PluginInstance,
     owner: Owner,
-    /// Keeps the state behind the plugin's `HostHandle` alive.
-    _ctx: Arc<adapter::PluginCtx>,
+    ctx: Arc<adapter::PluginCtx>,
 }
+
+impl Live {
+    /// Retires the generation and calls its `shutdown`, then frees it. A
+    /// generation that panicked is not trusted to shut down and is left
+    /// as it is (see [`PluginHost::mark_failed`]).
+    fn finish(self, name: &str, subscriptions: adapter::Subscriptions) {
+        let generation = match &self.owner {
+            Owner::Plugin { generation, .. } => *generation,
+            Owner::Host => 0,
+        };
+        adapter::retire(&self.ctx, subscriptions);
+        if self.ctx.has_failed() {
+            return;
+        }
+        let instance = &self.instance;
+        let shutdown = catch_unwind(AssertUnwindSafe(|| {
+            if let RResult::RErr(e) = (instance.shutdown)(instance.state) {
+                tracing::warn!(plugin = %name, generation, "plugin shutdown failed: {}", error::one_line(&e.message));
+            }
+            (instance.drop)(instance.state);
+        }));
+        if shutdown.is_err() {
+            tracing::warn!(plugin = %name, generation, "plugin shutdown panicked");
+        }
+        tracing::info!(plugin = %name, generation, "plugin generation shut down");
+    }
+}
+
+/// What was learnt about a file before `init`: enough to start it.
+struct Opened {
+    runtime: Handle,
+    module: PluginModuleRef,
+    manifest: ManifestInfo,
+    settings: PluginSettings,
+}
+
+/// After this long, a replaced generation still draining is logged.
+const DRAIN_NOTICE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Distinguishes private copies made by this process.
 static COPY_SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -248,12 +319,14 @@ impl PluginHost {
     }
 
     /// Retires every loaded plugin: removes its tools and agents, calls its
-    /// `shutdown`, frees its state, and lists it as `unloaded`. Safe to call
-    /// twice.
+    /// `shutdown`, frees its state, and lists it as `unloaded`. Generations
+    /// a reload replaced and that are still draining are shut down too,
+    /// without waiting further. Safe to call twice.
     pub fn shutdown(&self) {
+        let _serial = lock(&self.inner.loading);
         let retiring: Vec<(String, Live)> = {
             let mut state = lock(&self.inner.state);
-            state
+            let mut retiring: Vec<(String, Live)> = state
                 .entries
                 .iter_mut()
                 .filter(|e| e.info.status == PluginStatus::Loaded)
@@ -261,40 +334,226 @@ impl PluginHost {
                     e.info.status = PluginStatus::Unloaded;
                     e.live.take().map(|live| (e.info.name.clone(), live))
                 })
-                .collect()
+                .collect();
+            retiring.extend(state.draining.drain().map(|((name, _), live)| (name, live)));
+            retiring
         };
         for (name, live) in retiring {
-            self.remove_registrations(&live.owner);
-            let instance = &live.instance;
-            if let RResult::RErr(e) = (instance.shutdown)(instance.state) {
-                tracing::warn!(plugin = %name, "plugin shutdown failed: {}", error::one_line(&e.message));
-            }
-            (instance.drop)(instance.state);
-            tracing::info!(plugin = %name, "plugin shut down");
+            live.finish(&name, adapter::Subscriptions::Abort);
         }
     }
 
-    fn remove_registrations(&self, owner: &Owner) {
-        self.inner.service.tools().remove_owner(owner);
-        self.inner.service.agents().remove_owner(owner);
+    /// Loads `path` again as a new generation of the plugin called `name`
+    /// and swaps it in (see the module docs, "Hot reload"). Calls already
+    /// running finish on the old generation, whose `shutdown` runs once
+    /// they have. Must run inside a multi-thread tokio runtime, and may
+    /// block (file checks, `dlopen`, the plugin's `init`): from async code,
+    /// call it through `spawn_blocking`.
+    ///
+    /// On failure the old generation keeps serving and its [`PluginInfo`]
+    /// shows the error until a reload succeeds. A plugin known only as a
+    /// failed or disabled attempt is loaded afresh from its file.
+    pub fn reload(&self, name: &str) -> Result<PluginInfo, LoadError> {
+        let _serial = lock(&self.inner.loading);
+        let current = {
+            let state = lock(&self.inner.state);
+            let mut named = state.entries.iter().filter(|e| e.info.name == name);
+            match named.clone().find(|e| e.live.is_some()) {
+                Some(entry) => {
+                    let live = entry.live.as_ref().expect("found by live");
+                    Some((
+                        entry.info.path.clone(),
+                        entry.info.generation,
+                        Some((
+                            Arc::clone(&live.ctx),
+                            live.instance.state,
+                            live.instance.export_state,
+                        )),
+                    ))
+                }
+                None => named
+                    .next_back()
+                    .map(|e| (e.info.path.clone(), e.info.generation, None)),
+            }
+        };
+        let Some((path, generation, old)) = current else {
+            return Err(LoadError::Unknown {
+                name: name.to_string(),
+            });
+        };
+        let Some((old_ctx, state, export_state)) = old else {
+            let (info, result) = self.load_recorded_serial(&path);
+            return result.map(|()| info);
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let opened = self.open(&path)?;
+            if opened.manifest.name != name {
+                return Err(Failure::from(LoadError::NameChanged {
+                    path: path.clone(),
+                    expected: name.to_string(),
+                    found: opened.manifest.name.clone(),
+                }));
+            }
+            let previous_state = match catch_unwind(AssertUnwindSafe(|| export_state(state))) {
+                Ok(RResult::ROk(ROption::RSome(json))) => Some(json.into_string()),
+                Ok(RResult::ROk(ROption::RNone)) => None,
+                Ok(RResult::RErr(e)) => {
+                    tracing::warn!(plugin = %name, generation, "export_state failed, the new generation starts without state: {}", error::one_line(&e.message));
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(plugin = %name, generation, "export_state panicked, the new generation starts without state");
+                    None
+                }
+            };
+            self.start(&path, opened, previous_state, Some(&old_ctx))
+        }))
+        .unwrap_or_else(|payload| Err(loader_panicked(&path, payload.as_ref()).into()));
+        match outcome {
+            Ok((info, live)) => {
+                let old = {
+                    let mut state = lock(&self.inner.state);
+                    let entry = state.entries.iter_mut().find(|e| {
+                        e.live
+                            .as_ref()
+                            .is_some_and(|l| Arc::ptr_eq(&l.ctx, &old_ctx))
+                    });
+                    match entry {
+                        Some(entry) => {
+                            entry.info = info.clone();
+                            entry.live.replace(live)
+                        }
+                        None => {
+                            // Cannot happen while `loading` is held (only
+                            // loads, reloads and shutdown replace entries).
+                            state.entries.push(Entry {
+                                info: info.clone(),
+                                live: Some(live),
+                            });
+                            None
+                        }
+                    }
+                };
+                if let Some(old) = old {
+                    // Nothing of the old generation is registered any more
+                    // (the commit replaced or removed it); this stops its
+                    // subscriptions after the event in hand.
+                    adapter::retire(&old.ctx, adapter::Subscriptions::Finish);
+                    self.drain(name, generation, old);
+                }
+                tracing::info!(
+                    plugin = %name,
+                    version = %info.version,
+                    generation = info.generation,
+                    previous = generation,
+                    path = %path.display(),
+                    "plugin reloaded"
+                );
+                self.inner
+                    .service
+                    .events()
+                    .publish("plugin.reloaded", json!(info));
+                Ok(self.get_generation(name, info.generation).unwrap_or(info))
+            }
+            Err(failure) => {
+                let message = failure.error.to_string();
+                tracing::warn!(
+                    plugin = %name,
+                    generation,
+                    "reload failed, generation {generation} keeps serving: {message}"
+                );
+                let info = {
+                    let mut state = lock(&self.inner.state);
+                    let entry = state.entries.iter_mut().find(|e| {
+                        e.live
+                            .as_ref()
+                            .is_some_and(|l| Arc::ptr_eq(&l.ctx, &old_ctx))
+                    });
+                    entry.map(|entry| {
+                        entry.info.error = Some(message);
+                        entry.info.clone()
+                    })
+                };
+                if let Some(info) = info {
+                    let mut properties = json!(info);
+                    if failure.generation > 0 {
+                        properties["failed_generation"] = json!(failure.generation);
+                    }
+                    self.inner
+                        .service
+                        .events()
+                        .publish("plugin.failed", properties);
+                }
+                Err(failure.error)
+            }
+        }
+    }
+
+    /// Loads `path` if no plugin came from it yet, else reloads the plugin
+    /// that did: what `offstage dev` does when a file in a plugin dir
+    /// changes.
+    pub fn load_or_reload(&self, path: &Path) -> Result<PluginInfo, LoadError> {
+        let canonical = std::fs::canonicalize(path).ok();
+        let same_file = |known: &Path| {
+            known == path || canonical.is_some() && std::fs::canonicalize(known).ok() == canonical
+        };
+        let name = lock(&self.inner.state)
+            .entries
+            .iter()
+            .find(|e| e.live.is_some() && same_file(&e.info.path))
+            .map(|e| e.info.name.clone());
+        match name {
+            Some(name) => self.reload(&name),
+            None => self.load_file(path),
+        }
+    }
+
+    /// Waits (on the runtime, not here) until the replaced generation
+    /// `old` has no call running, then shuts it down.
+    fn drain(&self, name: &str, generation: u64, old: Live) {
+        let key = (name.to_string(), generation);
+        let ctx = Arc::clone(&old.ctx);
+        lock(&self.inner.state).draining.insert(key.clone(), old);
+        let host = Arc::downgrade(&self.inner);
+        ctx.runtime().clone().spawn(async move {
+            let drained = ctx.drained();
+            let mut drained = std::pin::pin!(drained);
+            if tokio::time::timeout(DRAIN_NOTICE, drained.as_mut())
+                .await
+                .is_err()
+            {
+                tracing::info!(
+                    plugin = %key.0,
+                    generation = key.1,
+                    "replaced generation still has calls running; it shuts down when they end"
+                );
+                drained.await;
+            }
+            let Some(inner) = Weak::upgrade(&host) else {
+                return;
+            };
+            // Gone if the host shut it down meanwhile.
+            let Some(live) = lock(&inner.state).draining.remove(&key) else {
+                return;
+            };
+            tracing::debug!(plugin = %key.0, generation = key.1, "replaced generation drained");
+            let _ = tokio::task::spawn_blocking(move || {
+                live.finish(&key.0, adapter::Subscriptions::Finish)
+            })
+            .await;
+        });
     }
 
     /// Loads `path` and records the outcome; the info is the recorded one.
     fn load_recorded(&self, path: &Path) -> (PluginInfo, Result<(), LoadError>) {
         let _serial = lock(&self.inner.loading);
-        let outcome =
-            catch_unwind(AssertUnwindSafe(|| self.load(path))).unwrap_or_else(|payload| {
-                let message = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(LoadError::Host {
-                    path: path.to_path_buf(),
-                    message: format!("the loader panicked: {message}"),
-                }
-                .into())
-            });
+        self.load_recorded_serial(path)
+    }
+
+    /// [`load_recorded`](Self::load_recorded) with `loading` held.
+    fn load_recorded_serial(&self, path: &Path) -> (PluginInfo, Result<(), LoadError>) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.load(path)))
+            .unwrap_or_else(|payload| Err(loader_panicked(path, payload.as_ref()).into()));
         match outcome {
             Ok((info, live)) => {
                 self.record(info.clone(), live);
@@ -378,6 +637,35 @@ impl PluginHost {
     }
 
     fn load(&self, path: &Path) -> Result<(PluginInfo, Option<Live>), Failure> {
+        let opened = self.open(path)?;
+        let manifest = &opened.manifest;
+        if !opened.settings.enabled {
+            let info = info_from(path, manifest, 0, PluginStatus::Unloaded, Vec::new());
+            return Ok((info, None));
+        }
+        let duplicate = lock(&self.inner.state)
+            .entries
+            .iter()
+            .find(|e| e.info.name == manifest.name && e.info.status == PluginStatus::Loaded)
+            .map(|e| e.info.path.clone());
+        if let Some(other) = duplicate {
+            return Err(Failure {
+                error: LoadError::DuplicateName {
+                    path: path.to_path_buf(),
+                    name: manifest.name.clone(),
+                    other,
+                },
+                manifest: Some(Box::new(manifest.clone())),
+                generation: 0,
+            });
+        }
+        let (info, live) = self.start(path, opened, None, None)?;
+        Ok((info, Some(live)))
+    }
+
+    /// Steps 1–5 of a load: permissions, format, private copy, root module
+    /// and manifest, `panic = "abort"`.
+    fn open(&self, path: &Path) -> Result<Opened, Failure> {
         let config = &self.inner.config;
         let runtime = Handle::try_current().map_err(|_| LoadError::Host {
             path: path.to_path_buf(),
@@ -402,45 +690,45 @@ impl PluginHost {
         }
         let module = opened?;
         let manifest = loader::manifest(path, module)?;
-        let with_manifest = |error: LoadError, generation: u64| Failure {
-            error,
-            manifest: Some(Box::new(manifest.clone())),
-            generation,
-        };
         if manifest.panic_abort {
-            return Err(with_manifest(
-                LoadError::PanicAbort {
+            return Err(Failure {
+                error: LoadError::PanicAbort {
                     path: path.to_path_buf(),
                     name: manifest.name.clone(),
                 },
-                0,
-            ));
+                manifest: Some(Box::new(manifest)),
+                generation: 0,
+            });
         }
         let settings = config
             .settings
             .get(&manifest.name)
             .cloned()
             .unwrap_or_default();
-        if !settings.enabled {
-            let info = info_from(path, &manifest, 0, PluginStatus::Unloaded, Vec::new());
-            return Ok((info, None));
-        }
-        let duplicate = lock(&self.inner.state)
-            .entries
-            .iter()
-            .find(|e| e.info.name == manifest.name && e.info.status == PluginStatus::Loaded)
-            .map(|e| e.info.path.clone());
-        if let Some(other) = duplicate {
-            return Err(with_manifest(
-                LoadError::DuplicateName {
-                    path: path.to_path_buf(),
-                    name: manifest.name.clone(),
-                    other,
-                },
-                0,
-            ));
-        }
+        Ok(Opened {
+            runtime,
+            module,
+            manifest,
+            settings,
+        })
+    }
 
+    /// Steps 6–7: `init` as a new generation (handing it `previous_state`),
+    /// then commits its registrations in place of `previous`'s. On failure
+    /// nothing it registered took effect.
+    fn start(
+        &self,
+        path: &Path,
+        opened: Opened,
+        previous_state: Option<String>,
+        previous: Option<&Arc<adapter::PluginCtx>>,
+    ) -> Result<(PluginInfo, Live), Failure> {
+        let Opened {
+            runtime,
+            module,
+            manifest,
+            settings,
+        } = opened;
         let grants = granted(&manifest.capabilities, settings.grant.as_deref());
         let options = match settings.options {
             Value::Object(map) => Value::Object(map),
@@ -452,6 +740,11 @@ impl PluginHost {
             *last += 1;
             *last
         };
+        let failure = |error: LoadError| Failure {
+            error,
+            manifest: Some(Box::new(manifest.clone())),
+            generation,
+        };
         let owner = Owner::Plugin {
             name: manifest.name.clone(),
             generation,
@@ -462,7 +755,7 @@ impl PluginHost {
             owner.clone(),
             grants.clone(),
             options,
-            None,
+            previous_state,
             self.failure_callback(&manifest.name, generation),
         );
         let handle = adapter::host_handle(&ctx);
@@ -473,11 +766,23 @@ impl PluginHost {
         let instance = match initialised {
             Ok(instance) => instance,
             Err(error) => {
-                // Whatever it registered before failing must not stay.
-                self.remove_registrations(&owner);
-                return Err(with_manifest(error, generation));
+                // Whatever it staged is dropped; nothing was registered.
+                adapter::retire(&ctx, adapter::Subscriptions::Abort);
+                return Err(failure(error));
             }
         };
+        let live = Live {
+            instance,
+            owner,
+            ctx,
+        };
+        if let Err(error) = adapter::commit(&live.ctx, previous.map(|p| &**p)) {
+            live.finish(&manifest.name, adapter::Subscriptions::Abort);
+            return Err(failure(LoadError::Host {
+                path: path.to_path_buf(),
+                message: format!("cannot register what the plugin added: {error}"),
+            }));
+        }
         let info = info_from(
             path,
             &manifest,
@@ -485,14 +790,7 @@ impl PluginHost {
             PluginStatus::Loaded,
             grants.into_iter().collect(),
         );
-        Ok((
-            info,
-            Some(Live {
-                instance,
-                owner,
-                _ctx: ctx,
-            }),
-        ))
+        Ok((info, live))
     }
 
     /// What the adapter calls when a hook or future of this generation
@@ -506,6 +804,19 @@ impl PluginHost {
                 PluginHost { inner }.mark_failed(&name, generation, &message);
             }
         })
+    }
+}
+
+/// The one-line error for a panic that escaped the loader itself.
+fn loader_panicked(path: &Path, payload: &(dyn std::any::Any + Send)) -> LoadError {
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    LoadError::Host {
+        path: path.to_path_buf(),
+        message: format!("the loader panicked: {message}"),
     }
 }
 

@@ -147,7 +147,9 @@ impl Registry {
             let same_plugin = matches!((&existing.owner, owner),
                 (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) if a == b);
             if !same_plugin {
-                return Err(ServiceError::Conflict(format!("tool {name} already exists")));
+                return Err(ServiceError::Conflict(format!(
+                    "tool {name} already exists"
+                )));
             }
         }
         Ok(())
@@ -155,15 +157,30 @@ impl Registry {
 
     /// Adds a wrapper of `tool`; a newer generation of a plugin takes its
     /// predecessor's place. Returns the predecessor.
-    fn put_wrapper(&mut self, tool: &str, owner: Owner, wrapper: Arc<dyn ToolWrapper>) -> Option<Arc<dyn ToolWrapper>> {
+    fn put_wrapper(
+        &mut self,
+        tool: &str,
+        owner: Owner,
+        wrapper: Arc<dyn ToolWrapper>,
+    ) -> Option<Arc<dyn ToolWrapper>> {
         let wrappers = self.wrappers.entry(tool.to_string()).or_default();
         let predecessor = wrappers.iter().position(|w| match (&w.owner, &owner) {
-            (Owner::Plugin { name: a, generation: old }, Owner::Plugin { name: b, generation: new }) => {
-                a == b && old < new
-            }
+            (
+                Owner::Plugin {
+                    name: a,
+                    generation: old,
+                },
+                Owner::Plugin {
+                    name: b,
+                    generation: new,
+                },
+            ) => a == b && old < new,
             _ => false,
         });
-        let entry = Registered { owner, item: wrapper };
+        let entry = Registered {
+            owner,
+            item: wrapper,
+        };
         // Swapping in place keeps the wrapper's position, so there is no
         // moment where the tool runs without it.
         match predecessor {
@@ -188,13 +205,18 @@ impl ToolRegistry {
     pub fn add(&self, name: &str, owner: Owner, tool: Arc<dyn Tool>) -> Result<()> {
         let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
         registry.check_add(name, &owner)?;
-        registry.tools.insert(name.to_string(), Registered { owner, item: tool });
+        registry
+            .tools
+            .insert(name.to_string(), Registered { owner, item: tool });
         Ok(())
     }
 
     /// Whether [`add`](Self::add) would accept `name` from `owner` now.
     pub fn check_add(&self, name: &str, owner: &Owner) -> Result<()> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner()).check_add(name, owner)
+        self.inner
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .check_add(name, owner)
     }
 
     /// Puts a plugin generation's registrations in place in one step, as
@@ -217,7 +239,10 @@ impl ToolRegistry {
         }
         let mut replaced: Vec<Box<dyn Send + Sync>> = Vec::new();
         for (name, tool) in tools {
-            let entry = Registered { owner: owner.clone(), item: tool };
+            let entry = Registered {
+                owner: owner.clone(),
+                item: tool,
+            };
             if let Some(old) = registry.tools.insert(name, entry) {
                 replaced.push(Box::new(old.item));
             }

@@ -1,0 +1,420 @@
+//! `offstage dev`: hot reload driven by the file system.
+//!
+//! - **Plugin dirs.** A library file that appears or changes in a plugin
+//!   dir is loaded, or reloaded if a plugin came from it
+//!   ([`PluginHost::load_or_reload`]). Changes are debounced: the watcher
+//!   acts once the dir has been quiet for [`DEBOUNCE`], so a build or a
+//!   copy that writes a file in many steps causes one reload.
+//! - **Source dirs** (`--watch-src DIR`, a plugin crate). A change to a
+//!   `.rs` file or a `Cargo.toml` under it (not under `target/`) runs
+//!   `cargo build` there, its output streamed to the host's log. On
+//!   success, the cdylibs it built are copied into the first plugin dir
+//!   (written beside it and renamed, so the watcher never sees half a
+//!   file), which reloads them as above. On failure the errors are logged
+//!   and the old generation keeps serving. Either way a `plugin.build`
+//!   event says how it went: `{"dir", "status": "ok" | "failed",
+//!   "installed": [paths], "errors": text}`.
+//!
+//! A failed load or reload is reported by the plugin host itself (log line,
+//! `plugin.failed` event, the plugin's `error`).
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use notify::{
+    event::{AccessKind, AccessMode},
+    EventKind, RecommendedWatcher, RecursiveMode, Watcher,
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::PluginHost;
+
+/// How long the watched dirs must be quiet before the watcher acts.
+pub const DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// Watches plugin dirs and plugin sources until dropped.
+pub struct DevWatcher {
+    _watcher: RecommendedWatcher,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for DevWatcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts watching `plugin_dirs` (reloading what changes in them) and
+/// `source_dirs` (rebuilding with cargo and installing into the first
+/// plugin dir). Must run inside a tokio runtime. Fails if a dir cannot be
+/// watched, or sources are given without a plugin dir to install into.
+pub fn watch(
+    host: PluginHost,
+    plugin_dirs: Vec<PathBuf>,
+    source_dirs: Vec<PathBuf>,
+) -> Result<DevWatcher, String> {
+    if !source_dirs.is_empty() && plugin_dirs.is_empty() {
+        return Err("--watch-src needs a --plugin-dir to install the built plugins into".into());
+    }
+    let absolute = |dir: &PathBuf| {
+        std::fs::canonicalize(dir).map_err(|e| format!("cannot watch {}: {e}", dir.display()))
+    };
+    // Events name canonical paths; the plugin host knows each file by the
+    // path it was loaded from, under the dir as configured.
+    let plugin_dirs = plugin_dirs
+        .iter()
+        .map(|dir| {
+            Ok(PluginDir {
+                watched: absolute(dir)?,
+                configured: dir.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let source_dirs = source_dirs
+        .iter()
+        .map(absolute)
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let _ = sender.send(event);
+    })
+    .map_err(|e| format!("cannot start the file watcher: {e}"))?;
+    for dir in &plugin_dirs {
+        watcher
+            .watch(&dir.watched, RecursiveMode::NonRecursive)
+            .map_err(|e| format!("cannot watch plugin dir {}: {e}", dir.configured.display()))?;
+    }
+    for dir in &source_dirs {
+        watcher
+            .watch(dir, RecursiveMode::Recursive)
+            .map_err(|e| format!("cannot watch sources in {}: {e}", dir.display()))?;
+    }
+    tracing::info!(
+        plugin_dirs = ?plugin_dirs.iter().map(|d| &d.configured).collect::<Vec<_>>(),
+        sources = ?source_dirs,
+        "dev mode: watching for changes"
+    );
+    let task = tokio::spawn(run(host, plugin_dirs, source_dirs, receiver));
+    Ok(DevWatcher {
+        _watcher: watcher,
+        task,
+    })
+}
+
+/// A watched plugin dir.
+#[derive(Debug, Clone)]
+struct PluginDir {
+    /// Canonical: what events name.
+    watched: PathBuf,
+    /// As given: what the plugin host's paths start with.
+    configured: PathBuf,
+}
+
+/// What one quiet period's changes ask for.
+#[derive(Debug, Default, PartialEq)]
+struct Changes {
+    /// Library files in a plugin dir, to load or reload.
+    libraries: BTreeSet<PathBuf>,
+    /// Source dirs whose crate must be rebuilt.
+    sources: BTreeSet<PathBuf>,
+}
+
+async fn run(
+    host: PluginHost,
+    plugin_dirs: Vec<PluginDir>,
+    source_dirs: Vec<PathBuf>,
+    mut events: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
+) {
+    while let Some(first) = events.recv().await {
+        let mut changes = Changes::default();
+        classify(&mut changes, first, &plugin_dirs, &source_dirs);
+        // Debounce: go on collecting until nothing happens for DEBOUNCE.
+        loop {
+            match tokio::time::timeout(DEBOUNCE, events.recv()).await {
+                Ok(Some(event)) => classify(&mut changes, event, &plugin_dirs, &source_dirs),
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        for source in &changes.sources {
+            let (source, install) = (source.clone(), plugin_dirs[0].watched.clone());
+            // Installing writes into a plugin dir; the watcher sees that
+            // and reloads in a later round.
+            let built = tokio::task::spawn_blocking(move || {
+                let outcome = build_and_install(&source, &install);
+                (source, outcome)
+            })
+            .await;
+            if let Ok((source, outcome)) = built {
+                let event = match outcome {
+                    Ok(installed) => json!({
+                        "dir": source,
+                        "status": "ok",
+                        "installed": installed,
+                    }),
+                    Err(errors) => json!({
+                        "dir": source,
+                        "status": "failed",
+                        "errors": errors,
+                    }),
+                };
+                host.inner.service.events().publish("plugin.build", event);
+            }
+        }
+        for library in changes.libraries {
+            if !library.is_file() {
+                tracing::info!(path = %library.display(), "plugin file removed; the loaded generation keeps serving");
+                continue;
+            }
+            let host = host.clone();
+            let outcome = tokio::task::spawn_blocking(move || host.load_or_reload(&library)).await;
+            if let Ok(Ok(info)) = outcome {
+                tracing::info!(plugin = %info.name, generation = info.generation, "dev: plugin is up to date");
+            }
+            // Failures were reported by the plugin host.
+        }
+    }
+}
+
+fn classify(
+    changes: &mut Changes,
+    event: notify::Result<notify::Event>,
+    plugin_dirs: &[PluginDir],
+    source_dirs: &[PathBuf],
+) {
+    let event = match event {
+        Ok(event) => event,
+        Err(error) => {
+            tracing::warn!(%error, "file watcher error");
+            return;
+        }
+    };
+    let relevant = match event.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    };
+    if !relevant {
+        return;
+    }
+    for path in event.paths {
+        if let Some(library) = plugin_library(&path, plugin_dirs) {
+            changes.libraries.insert(library);
+        } else if let Some(source) = source_of(&path, source_dirs) {
+            changes.sources.insert(source);
+        }
+    }
+}
+
+/// If `path` is a library file directly inside a plugin dir, its path
+/// under the dir as configured.
+fn plugin_library(path: &Path, plugin_dirs: &[PluginDir]) -> Option<PathBuf> {
+    let dir = path.parent()?;
+    let name = path.file_name()?.to_str()?;
+    if !name.ends_with(std::env::consts::DLL_SUFFIX) || name.starts_with('.') {
+        return None;
+    }
+    let dir = plugin_dirs.iter().find(|d| d.watched == dir)?;
+    Some(dir.configured.join(name))
+}
+
+/// The source dir `path` belongs to, if it is a `.rs` file or a
+/// `Cargo.toml` outside the build output.
+fn source_of(path: &Path, source_dirs: &[PathBuf]) -> Option<PathBuf> {
+    let dir = source_dirs.iter().find(|d| path.starts_with(d))?;
+    let inside = path.strip_prefix(dir).ok()?;
+    if inside
+        .components()
+        .any(|c| c.as_os_str() == "target" || c.as_os_str().to_string_lossy().starts_with('.'))
+    {
+        return None;
+    }
+    let name = path.file_name()?.to_str()?;
+    (name.ends_with(".rs") || name == "Cargo.toml").then(|| dir.clone())
+}
+
+/// How much of cargo's output a failed build's event carries.
+const ERRORS_TAIL: usize = 8 * 1024;
+
+/// Runs `cargo build` in `source`, logging its output, and copies each
+/// cdylib it produced into `install`. Returns the files installed, or why
+/// there are none (for a failed build, the end of cargo's output).
+fn build_and_install(source: &Path, install: &Path) -> Result<Vec<PathBuf>, String> {
+    tracing::info!(dir = %source.display(), "dev: sources changed; running cargo build");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let child = Command::new(cargo)
+        .current_dir(source)
+        .args(["build", "--message-format=json-render-diagnostics"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(error) => {
+            tracing::error!(dir = %source.display(), %error, "dev: cannot run cargo");
+            return Err(format!("cannot run cargo: {error}"));
+        }
+    };
+    // Human-readable output (progress, rendered errors) comes on stderr.
+    let stderr = child.stderr.take().expect("piped");
+    let dir = source.display().to_string();
+    let logger = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            tracing::info!(target: "offstage::dev::cargo", dir = %dir, "{line}");
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let mut libraries = Vec::new();
+    let stdout = child.stdout.take().expect("piped");
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        libraries.extend(cdylibs(&line));
+    }
+    let output = logger.join().unwrap_or_default();
+    match child.wait() {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            tracing::error!(dir = %source.display(), %status, "dev: cargo build failed; the loaded plugin keeps serving");
+            let mut start = output.len().saturating_sub(ERRORS_TAIL);
+            while !output.is_char_boundary(start) {
+                start += 1;
+            }
+            return Err(output[start..].to_string());
+        }
+        Err(error) => {
+            tracing::error!(dir = %source.display(), %error, "dev: cargo build did not finish");
+            return Err(format!("cargo build did not finish: {error}"));
+        }
+    }
+    if libraries.is_empty() {
+        tracing::warn!(dir = %source.display(), "dev: cargo built no cdylib; is the crate a plugin (crate-type = [\"cdylib\"])?");
+        return Err("cargo built no cdylib".into());
+    }
+    let mut installed = Vec::new();
+    for library in libraries {
+        match install_file(&library, install) {
+            Ok(dest) => {
+                tracing::info!(from = %library.display(), to = %dest.display(), "dev: installed the new build");
+                installed.push(dest);
+            }
+            Err(error) => {
+                tracing::error!(from = %library.display(), %error, "dev: cannot install the new build");
+                return Err(format!("cannot install {}: {error}", library.display()));
+            }
+        }
+    }
+    Ok(installed)
+}
+
+/// The cdylib files named by one line of cargo's JSON messages.
+fn cdylibs(line: &str) -> Vec<PathBuf> {
+    let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+        return Vec::new();
+    };
+    if message["reason"] != "compiler-artifact" {
+        return Vec::new();
+    }
+    let is_cdylib = message["target"]["kind"]
+        .as_array()
+        .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"));
+    if !is_cdylib {
+        return Vec::new();
+    }
+    message["filenames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str())
+        .filter(|f| f.ends_with(std::env::consts::DLL_SUFFIX))
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Copies `library` into `dir` under its own name: written to a hidden
+/// temporary name first and renamed, so the file appears complete.
+fn install_file(library: &Path, dir: &Path) -> std::io::Result<PathBuf> {
+    let name = library
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the build output has no file name"))?;
+    let dest = dir.join(name);
+    let temp = dir.join(format!(".{}.partial", name.to_string_lossy()));
+    std::fs::copy(library, &temp)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755))?;
+    }
+    std::fs::rename(&temp, &dest)?;
+    Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libraries_in_plugin_dirs_and_sources_are_told_apart() {
+        let plugins = vec![PluginDir {
+            watched: PathBuf::from("/p"),
+            configured: PathBuf::from("here/p"),
+        }];
+        let sources = vec![PathBuf::from("/src/crate")];
+        let lib = format!("/p/libx{}", std::env::consts::DLL_SUFFIX);
+        let configured = format!("here/p/libx{}", std::env::consts::DLL_SUFFIX);
+        assert_eq!(
+            plugin_library(Path::new(&lib), &plugins),
+            Some(PathBuf::from(configured))
+        );
+        let hidden = format!("/p/.libx{}.partial", std::env::consts::DLL_SUFFIX);
+        assert_eq!(plugin_library(Path::new(&hidden), &plugins), None);
+        assert_eq!(plugin_library(Path::new("/p/notes.txt"), &plugins), None);
+        let nested = format!("/p/sub/libx{}", std::env::consts::DLL_SUFFIX);
+        assert_eq!(plugin_library(Path::new(&nested), &plugins), None);
+
+        let crate_dir = Some(PathBuf::from("/src/crate"));
+        assert_eq!(
+            source_of(Path::new("/src/crate/src/lib.rs"), &sources),
+            crate_dir
+        );
+        assert_eq!(
+            source_of(Path::new("/src/crate/Cargo.toml"), &sources),
+            crate_dir
+        );
+        assert_eq!(
+            source_of(Path::new("/src/crate/target/debug/build/x.rs"), &sources),
+            None
+        );
+        assert_eq!(source_of(Path::new("/src/crate/README.md"), &sources), None);
+        assert_eq!(source_of(Path::new("/elsewhere/lib.rs"), &sources), None);
+    }
+
+    #[test]
+    fn cdylibs_come_from_compiler_artifacts() {
+        let lib = format!("/t/debug/libx{}", std::env::consts::DLL_SUFFIX);
+        let line = serde_json::json!({
+            "reason": "compiler-artifact",
+            "target": { "kind": ["cdylib"] },
+            "filenames": [lib, "/t/debug/libx.rlib"],
+        })
+        .to_string();
+        assert_eq!(cdylibs(&line), vec![PathBuf::from(&lib)]);
+        let rlib = serde_json::json!({
+            "reason": "compiler-artifact",
+            "target": { "kind": ["lib"] },
+            "filenames": ["/t/debug/liby.rlib"],
+        })
+        .to_string();
+        assert!(cdylibs(&rlib).is_empty());
+        assert!(cdylibs("Compiling x").is_empty());
+    }
+}
