@@ -29,7 +29,11 @@ pub fn new_id(prefix: &str) -> String {
         .unwrap_or_default();
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
     let tail = SEED.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    format!("{prefix}_{millis:012x}{:06x}{:06x}", count & 0xff_ffff, tail & 0xff_ffff)
+    format!(
+        "{prefix}_{millis:012x}{:06x}{:06x}",
+        count & 0xff_ffff,
+        tail & 0xff_ffff
+    )
 }
 
 /// Now, as an RFC 3339 string with milliseconds.

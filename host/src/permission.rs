@@ -161,7 +161,8 @@ impl Permissions {
     /// Decides whether `tool` may do `pattern` in `session_id`, asking and
     /// waiting for a reply if a rule says `ask`.
     pub async fn check(&self, session_id: &str, tool: &str, pattern: &str) -> Result<()> {
-        let denied = || ServiceError::PermissionDenied(format!("permission denied: {tool} {pattern:?}"));
+        let denied =
+            || ServiceError::PermissionDenied(format!("permission denied: {tool} {pattern:?}"));
         match self.evaluate(tool, pattern) {
             Action::Allow => Ok(()),
             Action::Deny => Err(denied()),
@@ -178,11 +179,20 @@ impl Permissions {
                 self.pending
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(request.id.clone(), Pending { request: request.clone(), reply });
+                    .insert(
+                        request.id.clone(),
+                        Pending {
+                            request: request.clone(),
+                            reply,
+                        },
+                    );
                 let id = request.id.clone();
                 self.events.publish("permission.asked", json!(request));
                 // If the caller gives up, the question goes away with it.
-                let _cleanup = RemoveOnDrop { permissions: self, id };
+                let _cleanup = RemoveOnDrop {
+                    permissions: self,
+                    id,
+                };
                 match answer.await {
                     Ok(Reply::Once | Reply::Always) => Ok(()),
                     Ok(Reply::Reject) | Err(_) => Err(denied()),
@@ -235,7 +245,12 @@ impl Permissions {
             pending.remove(id).expect("looked up under the same lock")
         };
         let mut request = pending.request;
-        request.status = if reply == Reply::Reject { "rejected" } else { "allowed" }.into();
+        request.status = if reply == Reply::Reject {
+            "rejected"
+        } else {
+            "allowed"
+        }
+        .into();
         if reply == Reply::Always {
             self.always
                 .write()
@@ -279,8 +294,16 @@ mod tests {
     #[test]
     fn last_matching_rule_wins() {
         let rules = vec![
-            Rule { tool: "shell".into(), pattern: "*".into(), action: Action::Deny },
-            Rule { tool: "shell".into(), pattern: "echo *".into(), action: Action::Allow },
+            Rule {
+                tool: "shell".into(),
+                pattern: "*".into(),
+                action: Action::Deny,
+            },
+            Rule {
+                tool: "shell".into(),
+                pattern: "echo *".into(),
+                action: Action::Allow,
+            },
         ];
         let permissions = Permissions::new(rules, EventBus::default());
         assert_eq!(permissions.evaluate("shell", "echo hi"), Action::Allow);

@@ -92,8 +92,9 @@ impl Context {
             Value::Null => Value::Object(Default::default()),
             value => value,
         };
-        serde_json::from_value(value)
-            .map_err(|e| Error::invalid_input(format!("bad options for plugin {}: {e}", self.name())))
+        serde_json::from_value(value).map_err(|e| {
+            Error::invalid_input(format!("bad options for plugin {}: {e}", self.name()))
+        })
     }
 
     /// State the previous generation of this plugin exported before a hot
@@ -136,10 +137,10 @@ impl Context {
         Timeout {
             fut: Box::pin(fut),
             sleep: Box::pin(
-                self.inner
-                    .vtable
-                    .sleep()
-                    .expect("every 1.x host has sleep")(self.inner.ctx, saturating_millis(duration)),
+                self.inner.vtable.sleep().expect("every 1.x host has sleep")(
+                    self.inner.ctx,
+                    saturating_millis(duration),
+                ),
             ),
         }
     }

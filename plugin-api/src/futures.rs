@@ -76,7 +76,10 @@ impl<T, F: Future<Output = Result<T>>> Future for CatchUnwind<F> {
 }
 
 /// Makes a plugin future safe to hand to the host.
-pub(crate) fn catch_unwind_future<T, F>(what: &'static str, fut: F) -> impl Future<Output = Result<T>>
+pub(crate) fn catch_unwind_future<T, F>(
+    what: &'static str,
+    fut: F,
+) -> impl Future<Output = Result<T>>
 where
     F: Future<Output = Result<T>>,
 {
@@ -91,9 +94,7 @@ pub(crate) fn export_json_future<F>(what: &'static str, fut: F) -> FfiFuture<Abi
 where
     F: Future<Output = Result<String>> + Send + 'static,
 {
-    catch_unwind_future(what, fut)
-        .map_to_abi()
-        .into_ffi()
+    catch_unwind_future(what, fut).map_to_abi().into_ffi()
 }
 
 trait MapToAbi: Future<Output = Result<String>> + Sized {

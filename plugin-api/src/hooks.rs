@@ -51,7 +51,11 @@ fn handler_abi(handler: JsonHandler) -> CallbackAbi {
     }
 }
 
-extern "C" fn call_wrapper(state: CallbackState, input: RString, next: NextAbi) -> FfiFuture<AbiResult> {
+extern "C" fn call_wrapper(
+    state: CallbackState,
+    input: RString,
+    next: NextAbi,
+) -> FfiFuture<AbiResult> {
     // SAFETY: as in `call_handler`, for a leaked `JsonWrapper`.
     let wrapper = unsafe { &*(state.0 as *const JsonWrapper) };
     let next = Next { abi: Some(next) };
@@ -97,7 +101,10 @@ impl Next {
     /// meanwhile, the *caller* of the tool is released with the output so
     /// far; this future goes on until the job ends, and what the wrapper
     /// returns then is what the session's notice reports.
-    pub fn run(mut self, call: ToolCall) -> impl Future<Output = Result<ToolResult>> + Send + 'static {
+    pub fn run(
+        mut self,
+        call: ToolCall,
+    ) -> impl Future<Output = Result<ToolResult>> + Send + 'static {
         let abi = self.abi.take();
         let started = to_json(&call).map(|json| {
             let abi = abi.expect("Next holds its chain until run");
@@ -105,8 +112,12 @@ impl Next {
         });
         async move {
             let json = from_abi_result(started?.await)?;
-            serde_json::from_str(&json)
-                .map_err(|e| Error::new(crate::ErrorKind::HostFailure, format!("host sent a bad tool result: {e}")))
+            serde_json::from_str(&json).map_err(|e| {
+                Error::new(
+                    crate::ErrorKind::HostFailure,
+                    format!("host sent a bad tool result: {e}"),
+                )
+            })
         }
     }
 }
@@ -152,7 +163,11 @@ impl Tools {
             let call: std::result::Result<ToolCall, _> = serde_json::from_str(&input);
             let fut = call.map(|call| wrapper(call, next));
             Box::pin(async move {
-                let result = fut.map_err(|e| Error::new(crate::ErrorKind::HostFailure, format!("bad tool call: {e}")))?.await?;
+                let result = fut
+                    .map_err(|e| {
+                        Error::new(crate::ErrorKind::HostFailure, format!("bad tool call: {e}"))
+                    })?
+                    .await?;
                 to_json(&result)
             })
         });
@@ -175,7 +190,11 @@ impl Tools {
         let handler = json_handler(move |call: ToolCall| handler(call));
         let (ctx, vtable) = self.ctx.host();
         let add = vtable.add_tool().ok_or_else(|| missing("plugin tools"))?;
-        registered(add(ctx, RString::from(to_json(&spec)?), handler_abi(handler)))
+        registered(add(
+            ctx,
+            RString::from(to_json(&spec)?),
+            handler_abi(handler),
+        ))
     }
 }
 
@@ -191,7 +210,12 @@ where
         let fut = parsed.map(&f);
         Box::pin(async move {
             let out = fut
-                .map_err(|e| Error::new(crate::ErrorKind::HostFailure, format!("host sent bad input: {e}")))?
+                .map_err(|e| {
+                    Error::new(
+                        crate::ErrorKind::HostFailure,
+                        format!("host sent bad input: {e}"),
+                    )
+                })?
                 .await?;
             to_json(&out)
         })
@@ -218,8 +242,14 @@ impl Events {
     {
         let handler = json_handler(move |event: Event| handler(event));
         let (ctx, vtable) = self.ctx.host();
-        let subscribe = vtable.subscribe().ok_or_else(|| missing("event subscriptions"))?;
-        registered(subscribe(ctx, RString::from(to_json(&types)?), handler_abi(handler)))
+        let subscribe = vtable
+            .subscribe()
+            .ok_or_else(|| missing("event subscriptions"))?;
+        registered(subscribe(
+            ctx,
+            RString::from(to_json(&types)?),
+            handler_abi(handler),
+        ))
     }
 }
 

@@ -131,7 +131,7 @@ pub mod prelude {
 pub mod __private {
     pub use crate::plugin::root_module;
     pub use abi_stable::library::{
-        CheckTypeLayout, LibHeader, RootModuleResult, __call_root_module_loader,
+        __call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult,
     };
 }
 

@@ -66,8 +66,11 @@ impl<S: Subscriber> Layer<S> for ForwardToHost {
         event.record(&mut fields);
         fields.message.push_str(&fields.rest);
         let metadata = event.metadata();
-        self.ctx
-            .log(level_number(metadata.level()), metadata.target(), &fields.message);
+        self.ctx.log(
+            level_number(metadata.level()),
+            metadata.target(),
+            &fields.message,
+        );
     }
 }
 

@@ -54,7 +54,8 @@ impl Manifest {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.capabilities.extend(capabilities.into_iter().map(Into::into));
+        self.capabilities
+            .extend(capabilities.into_iter().map(Into::into));
         self
     }
 }
@@ -107,7 +108,8 @@ fn abi_result<T>(result: Result<T>) -> RResult<T, AbiError> {
     }
 }
 
-extern "C" fn manifest_entry<P: Plugin, const PANIC_ABORT: bool>() -> RResult<AbiManifest, AbiError> {
+extern "C" fn manifest_entry<P: Plugin, const PANIC_ABORT: bool>() -> RResult<AbiManifest, AbiError>
+{
     abi_result(guard("manifest", || {
         let manifest = P::manifest();
         Ok(AbiManifest {
@@ -115,7 +117,11 @@ extern "C" fn manifest_entry<P: Plugin, const PANIC_ABORT: bool>() -> RResult<Ab
             version: manifest.version.into(),
             api_version: RString::from(env!("CARGO_PKG_VERSION")),
             description: manifest.description.into(),
-            capabilities: manifest.capabilities.into_iter().map(RString::from).collect::<RVec<_>>(),
+            capabilities: manifest
+                .capabilities
+                .into_iter()
+                .map(RString::from)
+                .collect::<RVec<_>>(),
             panic_strategy: if PANIC_ABORT {
                 abi::PANIC_ABORT
             } else {
@@ -129,7 +135,10 @@ extern "C" fn init_entry<P: Plugin>(handle: HostHandle) -> RResult<PluginInstanc
     abi_result(guard("init", || {
         // SAFETY: the host fills `vtable_layout` with a `&'static TypeLayout`.
         let vtable = unsafe { abi::check_host_layout(&handle) }.map_err(|report| {
-            Error::new(ErrorKind::Incompatible, format!("incompatible host vtable layout:\n{report}"))
+            Error::new(
+                ErrorKind::Incompatible,
+                format!("incompatible host vtable layout:\n{report}"),
+            )
         })?;
         let ctx = Context::new(handle.ctx, vtable, P::manifest().name);
         logging::install(&ctx);
@@ -149,7 +158,9 @@ fn instance<'a, P: Plugin>(state: CallbackState) -> &'a P {
     unsafe { &*(state.0 as *const P) }
 }
 
-extern "C" fn export_state_entry<P: Plugin>(state: CallbackState) -> RResult<ROption<RString>, AbiError> {
+extern "C" fn export_state_entry<P: Plugin>(
+    state: CallbackState,
+) -> RResult<ROption<RString>, AbiError> {
     abi_result(guard("export_state", || {
         Ok(match instance::<P>(state).export_state() {
             Some(value) => ROption::RSome(RString::from(serde_json::to_string(&value)?)),

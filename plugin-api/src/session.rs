@@ -29,8 +29,12 @@ fn encode(args: impl Serialize) -> Result<RString> {
 }
 
 fn decode<T: DeserializeOwned>(method: &str, json: String) -> Result<T> {
-    serde_json::from_str(&json)
-        .map_err(|e| Error::new(crate::ErrorKind::HostFailure, format!("host sent a bad {method} reply: {e}")))
+    serde_json::from_str(&json).map_err(|e| {
+        Error::new(
+            crate::ErrorKind::HostFailure,
+            format!("host sent a bad {method} reply: {e}"),
+        )
+    })
 }
 
 fn unsupported(method: &str) -> Error {

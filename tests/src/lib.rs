@@ -16,7 +16,10 @@ use std::{
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// File name of a cdylib for `crate_name` on this platform.
@@ -57,7 +60,10 @@ pub fn plugin_library(package: &str) -> PathBuf {
         return path.clone();
     }
     let path = build_package_into(package, "test-plugins", &[]);
-    built.lock().unwrap().insert(package.to_string(), path.clone());
+    built
+        .lock()
+        .unwrap()
+        .insert(package.to_string(), path.clone());
     path
 }
 

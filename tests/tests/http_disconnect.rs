@@ -74,7 +74,10 @@ fn a_disconnected_tool_call_moves_its_job_to_the_background() {
             .cloned()
     });
     assert_eq!(notice["metadata"]["state"], "completed");
-    assert!(notice["text"].as_str().unwrap().contains("finished"), "{notice}");
+    assert!(
+        notice["text"].as_str().unwrap().contains("finished"),
+        "{notice}"
+    );
     let job = server.expect("GET", "/api/job/job_disconnected", None, 200);
     assert_eq!(job["status"], "completed");
 }

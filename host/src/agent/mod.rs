@@ -42,7 +42,9 @@ impl AgentRegistry {
                 (a, b) => a == b,
             };
             if !same {
-                return Err(crate::ServiceError::Conflict(format!("agent {name} already exists")));
+                return Err(crate::ServiceError::Conflict(format!(
+                    "agent {name} already exists"
+                )));
             }
         }
         agents.insert(name.to_string(), Registered { owner, agent });
@@ -174,18 +176,28 @@ impl Agent for ScriptAgent {
                             .filter(|l| !l.is_empty() && !l.starts_with('#'));
                         for line in lines {
                             let request = ToolRequest::new("shell", json!({ "command": line }));
-                            let line_summary = match service.call_tool(&turn.session_id, request).await {
-                                Ok(result) => match result.status {
-                                    ToolStatus::Backgrounded => {
-                                        format!("`{line}` → moved to the background as {}", result.job_id)
-                                    }
-                                    status => {
-                                        let exit = result.exit_code.map(|c| format!(", exit code {c}")).unwrap_or_default();
-                                        format!("`{line}` → {}{exit}", json!(status).as_str().unwrap_or("done"))
-                                    }
-                                },
-                                Err(error) => format!("`{line}` → refused: {error}"),
-                            };
+                            let line_summary =
+                                match service.call_tool(&turn.session_id, request).await {
+                                    Ok(result) => match result.status {
+                                        ToolStatus::Backgrounded => {
+                                            format!(
+                                                "`{line}` → moved to the background as {}",
+                                                result.job_id
+                                            )
+                                        }
+                                        status => {
+                                            let exit = result
+                                                .exit_code
+                                                .map(|c| format!(", exit code {c}"))
+                                                .unwrap_or_default();
+                                            format!(
+                                                "`{line}` → {}{exit}",
+                                                json!(status).as_str().unwrap_or("done")
+                                            )
+                                        }
+                                    },
+                                    Err(error) => format!("`{line}` → refused: {error}"),
+                                };
                             summary.push(line_summary);
                         }
                     }

@@ -195,7 +195,11 @@ mod tests {
             if limit >= 4 {
                 assert_eq!(paged, text, "limit {limit}");
             } else {
-                assert_eq!(offset, text.len() as u64, "limit {limit}: still gets to the end");
+                assert_eq!(
+                    offset,
+                    text.len() as u64,
+                    "limit {limit}: still gets to the end"
+                );
             }
         }
     }

@@ -117,13 +117,18 @@ impl Drop for CallerGuard<'_> {
         }
         let moved = self.service.move_jobs(|job| job.id == self.job_id);
         if !moved.is_empty() {
-            tracing::info!(job_id = self.job_id, "the caller went away; the job goes on in the background");
+            tracing::info!(
+                job_id = self.job_id,
+                "the caller went away; the job goes on in the background"
+            );
             let text = format!(
                 "The caller of job {} went away; the job goes on in the background.",
                 self.job_id
             );
             let metadata = json!({ "backgrounded": [self.job_id], "reason": "caller_gone" });
-            let _ = self.service.append(self.session_id, Role::Tool, &text, metadata);
+            let _ = self
+                .service
+                .append(self.session_id, Role::Tool, &text, metadata);
         }
     }
 }
@@ -151,17 +156,25 @@ impl SessionService {
         let policy = tool.policy(&request.input)?;
         let job_id = match request.call_id {
             Some(id) if id.trim().is_empty() => {
-                return Err(ServiceError::InvalidInput("call_id must not be empty".into()))
+                return Err(ServiceError::InvalidInput(
+                    "call_id must not be empty".into(),
+                ))
             }
             Some(id) => id,
             None => new_id("job"),
         };
         if self.state().jobs.contains_key(&job_id) {
-            return Err(ServiceError::Conflict(format!("a job with id {job_id} already exists")));
+            return Err(ServiceError::Conflict(format!(
+                "a job with id {job_id} already exists"
+            )));
         }
         self.inner
             .permissions
-            .check(session_id, &request.tool, &tool.permission_pattern(&request.input))
+            .check(
+                session_id,
+                &request.tool,
+                &tool.permission_pattern(&request.input),
+            )
             .await?;
 
         let output = Arc::new(OutputSink::create(
@@ -190,7 +203,9 @@ impl SessionService {
         let _blocking = {
             let mut state = self.state();
             if state.jobs.contains_key(&job_id) {
-                return Err(ServiceError::Conflict(format!("a job with id {job_id} already exists")));
+                return Err(ServiceError::Conflict(format!(
+                    "a job with id {job_id} already exists"
+                )));
             }
             let entry = state
                 .sessions
@@ -228,7 +243,10 @@ impl SessionService {
             session_id: session_id.to_string(),
             output,
         };
-        tokio::spawn(self.clone().run_job(runtime.clone(), ctx, call, tool, wrappers));
+        tokio::spawn(
+            self.clone()
+                .run_job(runtime.clone(), ctx, call, tool, wrappers),
+        );
 
         let mut guard = CallerGuard {
             service: self,
@@ -319,10 +337,15 @@ impl SessionService {
         let job_id = call.job_id.clone();
         // Built inside the future, so that a wrapper panicking as it is
         // called is caught as well as one panicking while polled.
-        let chain = AssertUnwindSafe(async move { run_chain(ctx, call, tool, wrappers).await }).catch_unwind();
+        let chain = AssertUnwindSafe(async move { run_chain(ctx, call, tool, wrappers).await })
+            .catch_unwind();
         let mut cancel = runtime.cancel.subscribe();
         let cancelled = |reason: CancelReason| {
-            let status = if reason == CancelReason::Timeout { JobStatus::Error } else { JobStatus::Cancelled };
+            let status = if reason == CancelReason::Timeout {
+                JobStatus::Error
+            } else {
+                JobStatus::Cancelled
+            };
             let note = match reason {
                 CancelReason::Timeout => "timed out; process group killed",
                 CancelReason::Interrupted => "interrupted",
@@ -331,7 +354,10 @@ impl SessionService {
                 CancelReason::User => "cancelled",
             };
             output.write(format!("\n[{note}]\n").as_bytes());
-            ToolOutcome { status, exit_code: None }
+            ToolOutcome {
+                status,
+                exit_code: None,
+            }
         };
         let outcome = tokio::select! {
             result = chain => match (result, *runtime.cancel.borrow()) {
@@ -390,8 +416,10 @@ impl SessionService {
             entry.job.completed_at = Some(now());
             let job = entry.job.clone();
             let session_exists = state.sessions.contains_key(&job.session_id);
-            let notice = (job.backgrounded && session_exists && cancel_reason != Some(CancelReason::SessionRemoved))
-                .then(|| notice_message(&job, &tail, false));
+            let notice = (job.backgrounded
+                && session_exists
+                && cancel_reason != Some(CancelReason::SessionRemoved))
+            .then(|| notice_message(&job, &tail, false));
             let written = match self.inner.store.finish_job(&job, notice.as_ref()) {
                 Ok(written) => written,
                 // The session was removed (with its jobs) meanwhile.
@@ -452,10 +480,18 @@ impl SessionService {
                 && request.job_id.as_deref().is_none_or(|id| job.id == id)
         });
         if !moved.is_empty() {
-            let list: Vec<String> = moved.iter().map(|j| format!("{} ({}: {})", j.id, j.kind, j.title)).collect();
+            let list: Vec<String> = moved
+                .iter()
+                .map(|j| format!("{} ({}: {})", j.id, j.kind, j.title))
+                .collect();
             let text = format!("Moved to the background: {}", list.join(", "));
             let ids: Vec<&str> = moved.iter().map(|j| j.id.as_str()).collect();
-            self.append(&request.session_id, Role::Tool, &text, json!({ "backgrounded": ids }))?;
+            self.append(
+                &request.session_id,
+                Role::Tool,
+                &text,
+                json!({ "backgrounded": ids }),
+            )?;
         }
         Ok(moved)
     }
@@ -528,7 +564,11 @@ impl SessionService {
         let path = job
             .output_path
             .ok_or_else(|| ServiceError::NotFound(format!("job {id} has no output file")))?;
-        read_range(std::path::Path::new(&path), offset, limit.min(4 * 1024 * 1024))
+        read_range(
+            std::path::Path::new(&path),
+            offset,
+            limit.min(4 * 1024 * 1024),
+        )
     }
 
     /// Cancels a running job, killing its process group; a user's cancel is
@@ -536,7 +576,10 @@ impl SessionService {
     pub async fn cancel_job(&self, id: &str) -> Result<Job> {
         let runtime = {
             let state = self.state();
-            let entry = state.jobs.get(id).ok_or_else(|| ServiceError::not_found("job", id))?;
+            let entry = state
+                .jobs
+                .get(id)
+                .ok_or_else(|| ServiceError::not_found("job", id))?;
             match &entry.runtime {
                 Some(runtime) if !entry.job.status.is_final() => runtime.clone(),
                 _ => return Ok(entry.job.clone()),
@@ -555,7 +598,11 @@ impl SessionService {
             state
                 .jobs
                 .values()
-                .filter(|e| e.job.session_id == session_id && e.job.status == JobStatus::Running && !e.job.backgrounded)
+                .filter(|e| {
+                    e.job.session_id == session_id
+                        && e.job.status == JobStatus::Running
+                        && !e.job.backgrounded
+                })
                 .filter_map(|e| e.runtime.clone())
                 .collect()
         };
@@ -595,7 +642,10 @@ impl SessionService {
         };
         // Under the state lock, like every other write of a job.
         let state = self.state();
-        let running = state.jobs.get(job_id).is_some_and(|e| e.job.status == JobStatus::Running);
+        let running = state
+            .jobs
+            .get(job_id)
+            .is_some_and(|e| e.job.status == JobStatus::Running);
         if running {
             if let Err(error) = self.inner.store.set_job_process(job_id, &record) {
                 tracing::warn!(job_id, %error, "cannot record the job's process group");
@@ -643,7 +693,10 @@ pub(super) fn notice_message(job: &Job, tail: &str, restarted: bool) -> Message 
             JobStatus::Cancelled => "was cancelled",
             JobStatus::Running => "ended",
         };
-        let exit = job.exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default();
+        let exit = job
+            .exit_code
+            .map(|c| format!(" with exit code {c}"))
+            .unwrap_or_default();
         (
             format!(
                 "Background job {} ({}: {}) {state_word}{exit}.\n{tail}",

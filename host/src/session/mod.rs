@@ -117,7 +117,11 @@ impl SessionService {
         SessionService {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
-                permissions: Permissions::with_store(config.permissions, events.clone(), store.clone()),
+                permissions: Permissions::with_store(
+                    config.permissions,
+                    events.clone(),
+                    store.clone(),
+                ),
                 events,
                 tools,
                 agents,
@@ -207,19 +211,28 @@ impl SessionService {
 
     /// Every session, oldest first.
     pub async fn list(&self) -> Result<Vec<Session>> {
-        Ok(self.state().sessions.values().map(|e| e.session.clone()).collect())
+        Ok(self
+            .state()
+            .sessions
+            .values()
+            .map(|e| e.session.clone())
+            .collect())
     }
 
     /// Creates a session. An unknown agent or parent is refused.
     pub async fn create(&self, new: NewSession) -> Result<Session> {
         let agent = new.agent.unwrap_or_else(|| DEFAULT_AGENT.to_string());
         if !self.inner.agents.contains(&agent) {
-            return Err(ServiceError::InvalidInput(format!("unknown agent {agent:?}")));
+            return Err(ServiceError::InvalidInput(format!(
+                "unknown agent {agent:?}"
+            )));
         }
         let id = new_id("ses");
         let created_at = now();
         let session = Session {
-            title: new.title.unwrap_or_else(|| format!("Session {}", &id[id.len() - 6..])),
+            title: new
+                .title
+                .unwrap_or_else(|| format!("Session {}", &id[id.len() - 6..])),
             id: id.clone(),
             parent_id: new.parent_id,
             agent,
@@ -254,7 +267,10 @@ impl SessionService {
     /// One session.
     pub async fn get(&self, id: &str) -> Result<Session> {
         let state = self.state();
-        let entry = state.sessions.get(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+        let entry = state
+            .sessions
+            .get(id)
+            .ok_or_else(|| ServiceError::not_found("session", id))?;
         Ok(entry.session.clone())
     }
 
@@ -265,7 +281,10 @@ impl SessionService {
         }
         let session = {
             let mut state = self.state();
-            let entry = state.sessions.get_mut(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+            let entry = state
+                .sessions
+                .get_mut(id)
+                .ok_or_else(|| ServiceError::not_found("session", id))?;
             let mut session = entry.session.clone();
             session.title = title.to_string();
             session.updated_at = now();
@@ -319,7 +338,9 @@ impl SessionService {
                     turns.extend(entry.turn.take());
                 }
             }
-            state.jobs.retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
+            state
+                .jobs
+                .retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
             turns
         };
         for turn in turns {
@@ -333,7 +354,9 @@ impl SessionService {
                     tracing::warn!(dir = %dir.display(), %error, "cannot remove session output");
                 }
             }
-            self.inner.events.publish("session.deleted", json!({ "id": session_id }));
+            self.inner
+                .events
+                .publish("session.deleted", json!({ "id": session_id }));
         }
         Ok(())
     }
@@ -341,7 +364,10 @@ impl SessionService {
     /// A session's messages, oldest first.
     pub async fn messages(&self, id: &str) -> Result<Vec<Message>> {
         let state = self.state();
-        let entry = state.sessions.get(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+        let entry = state
+            .sessions
+            .get(id)
+            .ok_or_else(|| ServiceError::not_found("session", id))?;
         Ok(entry.messages.clone())
     }
 
@@ -357,7 +383,10 @@ impl SessionService {
     pub async fn wait_idle(&self, id: &str) -> Result<Session> {
         let mut status = {
             let state = self.state();
-            let entry = state.sessions.get(id).ok_or_else(|| ServiceError::not_found("session", id))?;
+            let entry = state
+                .sessions
+                .get(id)
+                .ok_or_else(|| ServiceError::not_found("session", id))?;
             entry.status.subscribe()
         };
         status
@@ -428,9 +457,10 @@ impl SessionService {
         if entry.session.status != status {
             entry.session.status = status;
             entry.status.send_replace(status);
-            self.inner
-                .events
-                .publish("session.status", json!({ "session_id": session_id, "status": status }));
+            self.inner.events.publish(
+                "session.status",
+                json!({ "session_id": session_id, "status": status }),
+            );
         }
     }
 

@@ -68,10 +68,17 @@ impl SessionService {
     /// Adds a user message and runs the session's agent (or `agent`) for one
     /// turn; returns the messages the turn added. Waits for a running turn
     /// to end first.
-    pub async fn prompt(&self, session_id: &str, text: &str, agent: Option<&str>) -> Result<Vec<Message>> {
+    pub async fn prompt(
+        &self,
+        session_id: &str,
+        text: &str,
+        agent: Option<&str>,
+    ) -> Result<Vec<Message>> {
         if let Some(agent) = agent {
             if !self.inner.agents.contains(agent) {
-                return Err(ServiceError::InvalidInput(format!("unknown agent {agent:?}")));
+                return Err(ServiceError::InvalidInput(format!(
+                    "unknown agent {agent:?}"
+                )));
             }
         }
         self.get(session_id).await?;
@@ -91,7 +98,12 @@ impl SessionService {
                 } else {
                     let first_new = entry.messages.len();
                     self.append_locked(&mut state, session_id, Role::User, text, json!({}))?;
-                    let started = self.start_turn_locked(&mut state, session_id, agent.map(str::to_string), Some(tx));
+                    let started = self.start_turn_locked(
+                        &mut state,
+                        session_id,
+                        agent.map(str::to_string),
+                        Some(tx),
+                    );
                     debug_assert!(started, "no turn ran and the inbox has the prompt");
                     Some(first_new)
                 }
@@ -142,7 +154,12 @@ impl SessionService {
 
     /// Starts a turn if none runs and the inbox has something. Returns
     /// whether it started one.
-    fn start_turn(&self, session_id: &str, agent: Option<String>, done: Option<oneshot::Sender<()>>) -> bool {
+    fn start_turn(
+        &self,
+        session_id: &str,
+        agent: Option<String>,
+        done: Option<oneshot::Sender<()>>,
+    ) -> bool {
         let mut state = self.state();
         self.start_turn_locked(&mut state, session_id, agent, done)
     }
@@ -191,7 +208,9 @@ impl SessionService {
             };
             let reply = match service.inner.agents.get(&agent_name) {
                 Some(agent) => agent.turn(service.clone(), turn).await,
-                None => Err(ServiceError::NotFound(format!("agent {agent_name} not found"))),
+                None => Err(ServiceError::NotFound(format!(
+                    "agent {agent_name} not found"
+                ))),
             };
             let (text, metadata) = match reply {
                 Ok(text) => (text, json!({ "agent": agent_name })),
@@ -227,7 +246,10 @@ impl SessionService {
             // cancelled below, not moved to the background as a caller
             // that went away would have them.
             for job in state.jobs.values() {
-                if job.job.session_id == session_id && !job.job.backgrounded && !job.job.status.is_final() {
+                if job.job.session_id == session_id
+                    && !job.job.backgrounded
+                    && !job.job.status.is_final()
+                {
                     if let Some(runtime) = &job.runtime {
                         runtime.mark_interrupting();
                     }

@@ -104,7 +104,9 @@ pub struct Next {
 }
 
 impl Next {
-    pub(crate) fn new(run: impl FnOnce(ToolCall) -> BoxFuture<Result<ToolResult>> + Send + 'static) -> Self {
+    pub(crate) fn new(
+        run: impl FnOnce(ToolCall) -> BoxFuture<Result<ToolResult>> + Send + 'static,
+    ) -> Self {
         Next { run: Box::new(run) }
     }
 

@@ -43,7 +43,9 @@ fn parse(input: &Value) -> Result<ShellInput> {
     let parsed: ShellInput = serde_json::from_value(input.clone())
         .map_err(|e| ServiceError::InvalidInput(format!("shell input: {e}")))?;
     if parsed.command.trim().is_empty() {
-        return Err(ServiceError::InvalidInput("shell input: empty command".into()));
+        return Err(ServiceError::InvalidInput(
+            "shell input: empty command".into(),
+        ));
     }
     Ok(parsed)
 }
@@ -66,7 +68,9 @@ impl Tool for Shell {
         };
         Ok(ForegroundPolicy {
             background: input.background,
-            timeout: Some(Duration::from_millis(input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS))),
+            timeout: Some(Duration::from_millis(
+                input.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS),
+            )),
             on_timeout,
         })
     }

@@ -18,7 +18,8 @@ struct SubagentInput {
 }
 
 fn parse(input: &Value) -> Result<SubagentInput> {
-    serde_json::from_value(input.clone()).map_err(|e| ServiceError::InvalidInput(format!("subagent input: {e}")))
+    serde_json::from_value(input.clone())
+        .map_err(|e| ServiceError::InvalidInput(format!("subagent input: {e}")))
 }
 
 /// The `subagent` tool.
@@ -64,7 +65,11 @@ impl Tool for Subagent {
             let child = ctx
                 .service
                 .create(NewSession {
-                    title: Some(input.description.unwrap_or_else(|| format!("{} subagent", input.agent))),
+                    title: Some(
+                        input
+                            .description
+                            .unwrap_or_else(|| format!("{} subagent", input.agent)),
+                    ),
                     agent: Some(input.agent),
                     parent_id: Some(ctx.session_id.clone()),
                 })
@@ -89,7 +94,11 @@ impl Tool for Subagent {
                 .find(|m| m.role == Role::Assistant)
                 .is_some_and(|m| m.metadata.get("error").is_some());
             Ok(ToolOutcome {
-                status: if failed { JobStatus::Error } else { JobStatus::Completed },
+                status: if failed {
+                    JobStatus::Error
+                } else {
+                    JobStatus::Completed
+                },
                 exit_code: None,
             })
         })
