@@ -50,7 +50,7 @@ use offstage::{
 use offstage_bench::{
     http::Conn,
     median, micros,
-    proc::{descendants_or_marked, rss_bytes},
+    proc::{processes_of, rss_bytes},
     summarize,
 };
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
@@ -776,7 +776,7 @@ async fn mass() {
     let ready = Instant::now();
     loop {
         let running = service.jobs(Some(&session)).await.unwrap().len();
-        let processes = descendants_or_marked(std::process::id(), &marker)
+        let processes = processes_of(std::process::id(), &marker)
             .iter()
             .filter(|(_, cmd)| cmd.contains(&marker))
             .count();
@@ -824,7 +824,7 @@ async fn mass() {
     let cancelled = cancel_start.elapsed();
     let mut left = Vec::new();
     for _ in 0..100 {
-        left = descendants_or_marked(std::process::id(), &marker);
+        left = processes_of(std::process::id(), &marker);
         if left.is_empty() {
             break;
         }

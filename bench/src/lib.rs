@@ -59,4 +59,5 @@ mod tests {
 }
 
 pub mod http;
-pub mod proc;
+/// Reading `/proc`: shared with the tests.
+pub use offstage_tests::proc;

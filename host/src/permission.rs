@@ -87,28 +87,9 @@ pub struct Permissions {
     store: Option<Arc<Store>>,
 }
 
-/// Matches `text` against a wildcard `pattern`.
-pub fn wildcard_match(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
+/// Matches `text` against a wildcard `pattern` (`*` any run, `?` one
+/// character): the plugin API's matcher, so plugins' patterns mean the same.
+pub use offstage_plugin_api::pattern::wildcard_match;
 
 impl Permissions {
     /// Permissions with `rules`, publishing questions on `events`.
@@ -281,15 +262,6 @@ impl Drop for RemoveOnDrop<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wildcards() {
-        assert!(wildcard_match("*", "anything at all"));
-        assert!(wildcard_match("rm *", "rm -rf /tmp/x"));
-        assert!(!wildcard_match("rm *", "ls"));
-        assert!(wildcard_match("git ?tatus", "git status"));
-        assert!(wildcard_match("*sleep*", "echo a; sleep 3"));
-    }
 
     #[test]
     fn last_matching_rule_wins() {

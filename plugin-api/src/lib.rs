@@ -70,6 +70,7 @@ mod error;
 mod futures;
 mod hooks;
 mod logging;
+pub mod pattern;
 mod plugin;
 mod session;
 #[allow(missing_docs)]

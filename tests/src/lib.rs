@@ -6,7 +6,10 @@
 //! holds the lock on the main one. Cargo's own lock makes concurrent builds
 //! from parallel test binaries safe; the second one finds everything fresh.
 
+pub mod host;
+pub mod proc;
 pub mod server;
+pub mod wait;
 
 use std::{
     path::{Path, PathBuf},

@@ -6,7 +6,7 @@
 use std::{
     io::Write,
     net::{Shutdown, TcpStream},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use offstage_tests::server::Server;
@@ -15,15 +15,8 @@ use serde_json::{json, Value};
 /// A bound on any wait: reaching it fails the test, it measures nothing.
 const PATIENCE: Duration = Duration::from_secs(60);
 
-fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn eventually<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    offstage_tests::wait::poll_blocking(what, PATIENCE, check)
 }
 
 #[test]

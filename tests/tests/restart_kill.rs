@@ -15,7 +15,7 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use offstage_tests::server::{cli, http, offstage_binary};
@@ -127,30 +127,13 @@ impl Drop for Host {
     }
 }
 
-fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn eventually<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    offstage_tests::wait::poll_blocking(what, PATIENCE, check)
 }
 
-/// Whether `pid` is a live process (a zombie counts as ended: it runs no
-/// more and waits only for its new parent, init, to reap it).
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat[stat.rfind(')').unwrap() + 1..]
-                .split_whitespace()
-                .next();
-            state != Some("Z")
-        }
-        Err(_) => false,
-    }
-}
+// Whether `pid` is a live process (a zombie counts as ended: it runs no
+// more and waits only for its new parent, init, to reap it).
+use offstage_tests::proc::pid_alive as alive;
 
 fn notices_for(messages: &[Value], job_id: &str) -> Vec<Value> {
     messages

@@ -73,18 +73,8 @@ fn run<T>(dir: &Path, body: impl AsyncFnOnce(SessionService) -> T) -> T {
     result
 }
 
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+async fn eventually<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    offstage_tests::wait::poll_every(what, PATIENCE, Duration::from_millis(10), check).await
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -51,32 +51,10 @@ impl Options {
     }
 }
 
-/// Matches `text` against `pattern`, where `*` stands for any run of
-/// characters (none included) and `?` for exactly one.
-pub fn wildcard_match(pattern: &str, text: &str) -> bool {
-    let pattern: Vec<char> = pattern.chars().collect();
-    let text: Vec<char> = text.chars().collect();
-    // Greedy match with backtracking to the last `*`: linear in practice,
-    // never exponential.
-    let (mut p, mut t) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while t < text.len() {
-        if p < pattern.len() && (pattern[p] == '?' || pattern[p] == text[t]) {
-            p += 1;
-            t += 1;
-        } else if p < pattern.len() && pattern[p] == '*' {
-            star = Some((p, t));
-            p += 1;
-        } else if let Some((star_p, star_t)) = star {
-            p = star_p + 1;
-            t = star_t + 1;
-            star = Some((star_p, star_t + 1));
-        } else {
-            return false;
-        }
-    }
-    pattern[p..].iter().all(|&c| c == '*')
-}
+/// Matches `text` against `pattern` (`*` any run of characters, `?`
+/// exactly one): the plugin API's matcher, the same rules as the host's
+/// permission config.
+pub use offstage_plugin_api::pattern::wildcard_match;
 
 /// The plugin. It holds nothing but its options: all the work happens in
 /// the `shell` wrapper registered at `init`.
@@ -149,20 +127,6 @@ export_plugin!(AutoBackground);
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wildcards() {
-        assert!(wildcard_match("sleep *", "sleep 10"));
-        assert!(wildcard_match("*", ""));
-        assert!(wildcard_match("*watch*", "cargo watch -x test"));
-        assert!(wildcard_match("ca?go *", "cargo build"));
-        assert!(wildcard_match("a*b*c", "aXXbYYc"));
-        assert!(wildcard_match("a*b", "abab"));
-        assert!(!wildcard_match("sleep *", "echo; sleep 10"));
-        assert!(!wildcard_match("a*b", "abac"));
-        assert!(!wildcard_match("?", ""));
-        assert!(!wildcard_match("exact", "exactly"));
-    }
 
     #[test]
     fn options_defaults_and_ignore() {

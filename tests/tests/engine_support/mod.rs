@@ -12,13 +12,8 @@ use std::{
     time::Duration,
 };
 
-use offstage::{
-    permission::Rule,
-    session::{ServiceConfig, SessionService},
-};
-use offstage_plugin_api::types::{
-    Event, Job, JobStatus, Message, NewSession, Role, ToolRequest, ToolResult,
-};
+use offstage::{permission::Rule, session::SessionService};
+use offstage_plugin_api::types::{Event, Job, JobStatus, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use tokio::{sync::broadcast, task::JoinHandle};
 
@@ -40,10 +35,7 @@ impl Engine {
 
     pub fn with_rules(permissions: Vec<Rule>) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let service = SessionService::new(ServiceConfig {
-            data_dir: dir.path().join("data"),
-            permissions,
-        });
+        let service = offstage_tests::host::service(dir.path().join("data"), permissions);
         Engine { service, dir }
     }
 
@@ -54,15 +46,7 @@ impl Engine {
 
     /// A new session running the `script` agent.
     pub async fn session(&self) -> String {
-        self.service
-            .create(NewSession {
-                title: Some("test".into()),
-                agent: Some("script".into()),
-                parent_id: None,
-            })
-            .await
-            .unwrap()
-            .id
+        offstage_tests::host::script_session(&self.service).await
     }
 
     /// Starts a blocking `shell` call with a known job id on its own task;
@@ -167,29 +151,13 @@ pub fn shell(command: &str) -> Value {
 
 /// Calls `check` every 20 ms until it yields a value; panics naming `what`
 /// after [`PATIENCE`].
-pub async fn poll<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+pub async fn poll<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    offstage_tests::wait::poll(what, PATIENCE, check).await
 }
 
 /// Awaits `fut` for at most [`PATIENCE`].
 pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(PATIENCE, fut)
-        .await
-        .unwrap_or_else(|_| panic!("gave up waiting for {what}"))
+    offstage_tests::wait::within(what, PATIENCE, fut).await
 }
 
 /// Reads events until one satisfies `matches`.
@@ -222,20 +190,7 @@ pub fn drain(events: &mut broadcast::Receiver<Event>) -> Vec<Event> {
     seen
 }
 
-/// Whether `pid` is a live process: present in `/proc` and not a zombie
-/// (an exited process nobody has reaped yet counts as gone).
-pub fn pid_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            // The state follows the parenthesised command name.
-            let state = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next());
-            !matches!(state, Some("Z") | Some("X"))
-        }
-        Err(_) => false,
-    }
-}
+pub use offstage_tests::proc::pid_alive;
 
 /// Waits until `pid` is gone.
 pub async fn wait_pid_gone(pid: u32) {

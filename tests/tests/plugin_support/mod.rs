@@ -11,8 +11,8 @@ use std::{
 };
 
 use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginInfo, PluginSettings, PluginStatus},
-    ServiceConfig, SessionService,
+    plugin::{PluginHost, PluginInfo, PluginSettings, PluginStatus},
+    SessionService,
 };
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolResult};
 use serde_json::Value;
@@ -100,18 +100,13 @@ impl Fixture {
     /// Creates the service and plugin host and runs `load_all`. Call it
     /// inside a multi-thread tokio runtime.
     pub fn start(self) -> Host {
-        let service = SessionService::new(ServiceConfig {
-            data_dir: self.data_dir.clone(),
-            permissions: vec![],
-        });
-        let plugins = PluginHost::new(
-            service.clone(),
-            PluginHostConfig {
-                dirs: vec![self.plugin_dir.clone()],
-                data_dir: self.data_dir.clone(),
-                allow_insecure_permissions: self.allow_insecure_permissions,
-                settings: self.settings.clone(),
-            },
+        let service = offstage_tests::host::service(self.data_dir.clone(), vec![]);
+        let plugins = offstage_tests::host::plugin_host(
+            &service,
+            self.plugin_dir.clone(),
+            self.data_dir.clone(),
+            self.settings.clone(),
+            self.allow_insecure_permissions,
         );
         let loaded = plugins.load_all();
         Host {
@@ -178,22 +173,9 @@ impl Host {
 }
 
 /// Fails the test run if the returned guard is still alive well after
-/// [`PATIENCE`]. `tokio::time::timeout` alone cannot catch a deadlock that
-/// holds every runtime worker: the timer is driven by those workers. This
-/// watchdog is a plain thread.
+/// [`PATIENCE`] (see [`offstage_tests::wait::watchdog`]).
 pub fn watchdog(what: &str) -> std::sync::mpsc::Sender<()> {
-    let (guard, watch) = std::sync::mpsc::channel::<()>();
-    let what = what.to_string();
-    std::thread::spawn(move || {
-        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = watch.recv_timeout(PATIENCE * 2) {
-            eprintln!(
-                "{what} is stuck after {:?}: deadlock; failing the test run",
-                PATIENCE * 2
-            );
-            std::process::exit(101);
-        }
-    });
-    guard
+    offstage_tests::wait::watchdog(what, PATIENCE * 2)
 }
 
 /// The library file name of `package` on this platform.
@@ -201,15 +183,7 @@ pub fn lib_name(package: &str) -> String {
     offstage_tests::library_file_name(package)
 }
 
-pub fn set_mode(path: &Path, mode: u32) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
-    }
-    #[cfg(not(unix))]
-    let _ = (path, mode);
-}
+pub use offstage_tests::host::set_mode;
 
 /// Asserts `error` is one line that names `path` and contains each of `parts`.
 pub fn assert_one_line(error: &str, path: &Path, parts: &[&str]) {

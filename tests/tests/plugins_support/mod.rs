@@ -3,14 +3,14 @@
 
 #![allow(dead_code)]
 
-use std::{collections::BTreeMap, future::Future, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use offstage::{
     event::Event,
-    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    ServiceConfig, SessionService,
+    plugin::{PluginHost, PluginSettings, PluginStatus},
+    SessionService,
 };
-use offstage_plugin_api::types::{Message, NewSession, Role};
+use offstage_plugin_api::types::{Message, Role};
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -76,20 +76,10 @@ impl Host {
         }
         let data_dir = dir.path().join("data");
         std::fs::create_dir_all(&data_dir).unwrap();
-        let service = SessionService::new(ServiceConfig {
-            data_dir: data_dir.clone(),
-            permissions: vec![],
-        });
+        let service = offstage_tests::host::service(data_dir.clone(), vec![]);
         let events = service.events().subscribe();
-        let plugins = PluginHost::new(
-            service.clone(),
-            PluginHostConfig {
-                dirs: vec![plugin_dir],
-                data_dir,
-                allow_insecure_permissions: false,
-                settings,
-            },
-        );
+        let plugins =
+            offstage_tests::host::plugin_host(&service, plugin_dir, data_dir, settings, false);
         plugins.load_all();
         Host {
             service,
@@ -106,15 +96,7 @@ impl Host {
 
     /// A new session with the `script` agent.
     pub async fn session(&self) -> String {
-        self.service
-            .create(NewSession {
-                title: Some("test".into()),
-                agent: Some("script".into()),
-                parent_id: None,
-            })
-            .await
-            .unwrap()
-            .id
+        offstage_tests::host::script_session(&self.service).await
     }
 
     /// Waits for the next event that `matches`.
@@ -160,20 +142,6 @@ impl Drop for Host {
 }
 
 /// Polls `probe` until it returns `Some`, failing after [`PATIENCE`].
-pub async fn poll<T, F, Fut>(what: &str, probe: F) -> T
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+pub async fn poll<T>(what: &str, probe: impl AsyncFnMut() -> Option<T>) -> T {
+    offstage_tests::wait::poll(what, PATIENCE, probe).await
 }
