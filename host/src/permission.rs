@@ -57,12 +57,13 @@ pub enum Reply {
     Reject,
 }
 
-/// A pending (or answered) question to the user.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A question to the user, asked because a permission rule says `ask`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PermissionRequest {
     pub id: String,
     pub session_id: String,
     pub tool: String,
+    /// What the call would do: a command line, a subagent's name.
     pub pattern: String,
     /// `pending`, `allowed` or `rejected`.
     pub status: String,

@@ -2,50 +2,19 @@
 //! from the handlers' annotations and the record types themselves, so it
 //! cannot drift from what the server does.
 //!
-//! Three answer types live in modules that do not depend on utoipa
-//! (`PermissionRequest`, `OutputChunk`, the plugin record); they are
-//! described here by mirror types, and a unit test checks each mirror
-//! against the real type's JSON field by field.
+//! The host's own answer types (`PermissionRequest`, `OutputChunk`, the
+//! plugin record) derive their schemas where they are defined; the plugin
+//! API's records do so behind its `openapi` feature.
 
 use offstage_plugin_api::types::{
     Event, Job, JobStatus, Message, Role, Session, SessionStatus, ToolResult, ToolStatus,
 };
 use utoipa::{
     openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
-    Modify, OpenApi, ToSchema,
+    Modify, OpenApi,
 };
 
 use super::{error, events, plugins, routes};
-
-/// A question to the user, asked because a permission rule says `ask`.
-#[derive(ToSchema)]
-#[schema(as = PermissionRequest)]
-#[allow(dead_code)]
-pub struct PermissionRequestSchema {
-    pub id: String,
-    pub session_id: String,
-    pub tool: String,
-    /// What the call would do: a command line, a subagent's name.
-    pub pattern: String,
-    /// `pending`, `allowed` or `rejected`.
-    pub status: String,
-    pub created_at: String,
-}
-
-/// A byte range of a job's output file.
-#[derive(ToSchema)]
-#[schema(as = OutputChunk)]
-#[allow(dead_code)]
-pub struct OutputChunkSchema {
-    /// Where the range starts (the requested offset, clamped to the size).
-    pub offset: u64,
-    /// The bytes, as UTF-8 with invalid sequences replaced.
-    pub data: String,
-    /// Offset for the next request.
-    pub next_offset: u64,
-    /// Whether the range reached the end of the file as it is now.
-    pub eof: bool,
-}
 
 #[derive(OpenApi)]
 #[openapi(
@@ -79,7 +48,8 @@ pub struct OutputChunkSchema {
     ),
     components(schemas(
         Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus, Event,
-        PermissionRequestSchema, OutputChunkSchema, plugins::PluginSchema,
+        crate::permission::PermissionRequest, crate::job::output::OutputChunk,
+        crate::plugin::PluginInfo, crate::plugin::PluginStatus,
         error::ErrorBody, error::ErrorDetail,
     )),
     modifiers(&BearerAuth),
@@ -136,7 +106,7 @@ mod tests {
     }
 
     #[test]
-    fn mirrors_match_the_real_types() {
+    fn answer_types_are_described_with_their_json_fields() {
         let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
         let request = crate::permission::PermissionRequest {
             id: "per_1".into(),
@@ -160,6 +130,7 @@ mod tests {
             schema_fields(&doc, "OutputChunk"),
             json_fields(json!(chunk))
         );
+        assert!(schema_fields(&doc, "Plugin").contains("generation"));
     }
 
     #[test]

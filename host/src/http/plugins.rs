@@ -2,57 +2,23 @@
 //! view of its plugins, and hot reload on request, both as the plugin host
 //! does them.
 
-use axum::{extract::State, Json};
-use utoipa::ToSchema;
-
 use super::{
     error::{ApiError, ErrorBody},
     extract::PathId,
     AppState,
 };
 use crate::plugin::{LoadError, PluginInfo};
-
-/// A plugin as the host knows it.
-#[derive(ToSchema)]
-#[schema(as = Plugin)]
-#[allow(dead_code)]
-pub struct PluginSchema {
-    pub name: String,
-    pub version: String,
-    /// The plugin file as found in the plugin dir.
-    pub path: String,
-    /// 1 for the first load, +1 per reload; 0 when `init` was never reached.
-    pub generation: u64,
-    pub status: PluginStatusSchema,
-    /// Why it failed.
-    pub error: Option<String>,
-    /// Capabilities granted.
-    pub capabilities: Vec<String>,
-    pub description: String,
-    /// The `offstage-plugin-api` version it was built against.
-    pub api_version: String,
-}
-
-/// Where a plugin is in its life.
-#[derive(ToSchema)]
-#[schema(as = PluginStatus)]
-#[allow(dead_code)]
-#[serde(rename_all = "lowercase")]
-pub enum PluginStatusSchema {
-    Loaded,
-    Failed,
-    Unloaded,
-}
+use axum::{extract::State, Json};
 
 #[utoipa::path(get, path = "/api/plugin", tag = "plugin",
-    responses((status = 200, description = "Loaded, failed and unloaded plugins", body = [PluginSchema])))]
+    responses((status = 200, description = "Loaded, failed and unloaded plugins", body = [PluginInfo])))]
 pub async fn list_plugins(State(state): State<AppState>) -> Json<Vec<PluginInfo>> {
     Json(state.plugins.list())
 }
 
 #[utoipa::path(post, path = "/api/plugin/{name}/reload", tag = "plugin",
     params(("name" = String, Path, description = "Plugin name")),
-    responses((status = 200, description = "The plugin after the reload: its new generation", body = PluginSchema),
+    responses((status = 200, description = "The plugin after the reload: its new generation", body = PluginInfo),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
 pub async fn reload_plugin(
     State(state): State<AppState>,

@@ -18,7 +18,6 @@ use utoipa::ToSchema;
 use super::{
     error::{ApiError, ErrorBody},
     extract::{JsonBody, PathId, QueryParams},
-    openapi::{OutputChunkSchema, PermissionRequestSchema},
     AppState,
 };
 use crate::{job::output::OutputChunk, permission::PermissionRequest};
@@ -308,7 +307,7 @@ pub struct OutputQuery {
 
 #[utoipa::path(get, path = "/api/job/{id}/output", tag = "job",
     params(("id" = String, Path, description = "Job id"), OutputQuery),
-    responses((status = 200, description = "A byte range of the job's output file", body = OutputChunkSchema),
+    responses((status = 200, description = "A byte range of the job's output file", body = OutputChunk),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
 pub async fn job_output(
     State(state): State<AppState>,
@@ -333,7 +332,7 @@ pub async fn cancel_job(State(state): State<AppState>, PathId(id): PathId) -> Ap
 // ------------------------------------------------------------- permissions
 
 #[utoipa::path(get, path = "/api/permission", tag = "permission",
-    responses((status = 200, description = "Questions waiting for a reply", body = [PermissionRequestSchema])))]
+    responses((status = 200, description = "Questions waiting for a reply", body = [PermissionRequest])))]
 pub async fn pending_permissions(State(state): State<AppState>) -> Json<Vec<PermissionRequest>> {
     Json(state.service.permissions().pending())
 }
@@ -359,7 +358,7 @@ pub struct PermissionReply {
 #[utoipa::path(post, path = "/api/permission/{id}", tag = "permission",
     params(("id" = String, Path, description = "Permission request id")),
     request_body = PermissionReply,
-    responses((status = 200, description = "The answered request", body = PermissionRequestSchema),
+    responses((status = 200, description = "The answered request", body = PermissionRequest),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
 pub async fn reply_permission(
     State(state): State<AppState>,

@@ -33,11 +33,15 @@ struct Inner {
 }
 
 /// A byte range of a job's output file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct OutputChunk {
+    /// Where the range starts (the requested offset, clamped to the size).
     pub offset: u64,
+    /// The bytes, as UTF-8 with invalid sequences replaced.
     pub data: String,
+    /// Offset for the next request.
     pub next_offset: u64,
+    /// Whether the range reached the end of the file as it is now.
     pub eof: bool,
 }
 

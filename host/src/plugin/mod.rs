@@ -125,7 +125,7 @@ pub struct PluginHostConfig {
 }
 
 /// Where a plugin is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum PluginStatus {
     /// Initialised and serving.
@@ -137,13 +137,15 @@ pub enum PluginStatus {
 }
 
 /// A plugin as `GET /api/plugin` and `offstage plugin check` show it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = Plugin)]
 pub struct PluginInfo {
     /// The manifest's name; for a file refused before its manifest was read,
     /// the file's stem.
     pub name: String,
     pub version: String,
     /// The plugin file as found in the plugin dir (not the private copy).
+    #[schema(value_type = String)]
     pub path: PathBuf,
     /// 1 for the first `init` of a name, 0 when `init` was never reached.
     pub generation: u64,

@@ -381,14 +381,7 @@ impl SessionService {
 
     /// Waits until the session is idle and returns it.
     pub async fn wait_idle(&self, id: &str) -> Result<Session> {
-        let mut status = {
-            let state = self.state();
-            let entry = state
-                .sessions
-                .get(id)
-                .ok_or_else(|| ServiceError::not_found("session", id))?;
-            entry.status.subscribe()
-        };
+        let mut status = self.status_receiver(id)?;
         status
             .wait_for(|s| *s == SessionStatus::Idle)
             .await
@@ -441,6 +434,16 @@ impl SessionService {
         entry.session.updated_at = message.created_at.clone();
         self.inner.events.publish("message.added", json!(message));
         entry.messages.push(message);
+    }
+
+    /// A receiver that sees the session's status change.
+    fn status_receiver(&self, id: &str) -> Result<watch::Receiver<SessionStatus>> {
+        let state = self.state();
+        let entry = state
+            .sessions
+            .get(id)
+            .ok_or_else(|| ServiceError::not_found("session", id))?;
+        Ok(entry.status.subscribe())
     }
 
     /// Recomputes a session's status after its turn or blocking calls

@@ -123,14 +123,7 @@ impl SessionService {
     }
 
     async fn wait_turn_end(&self, session_id: &str) -> Result<()> {
-        let mut status = {
-            let state = self.state();
-            let entry = state
-                .sessions
-                .get(session_id)
-                .ok_or_else(|| ServiceError::not_found("session", session_id))?;
-            entry.status.subscribe()
-        };
+        let mut status = self.status_receiver(session_id)?;
         loop {
             {
                 let state = self.state();
