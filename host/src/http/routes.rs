@@ -152,7 +152,7 @@ pub struct PromptBody {
 /// Answer of `POST /api/session/:id/prompt`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct PromptAnswer {
-    /// The messages the turn added, the prompt first.
+    /// The messages the turn added (tool results, the reply); not the prompt.
     pub messages: Vec<Message>,
 }
 
