@@ -30,9 +30,9 @@ use std::{
 
 use offstage::{
     plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    session::{ServiceConfig, SessionService},
+    session::SessionService,
 };
-use offstage_bench::{median, micros, summarize};
+use offstage_bench::{median, micros, service, summarize};
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
 use serde_json::json;
 
@@ -67,13 +67,6 @@ fn racer_plugin() -> PathBuf {
         std::env::consts::DLL_SUFFIX
     );
     target.join("release").join(name)
-}
-
-fn service(dir: &Path) -> SessionService {
-    SessionService::new(ServiceConfig {
-        data_dir: dir.join("data"),
-        permissions: Vec::new(),
-    })
 }
 
 async fn session(service: &SessionService) -> String {
@@ -421,17 +414,8 @@ async fn throughput() {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; anything else is a group filter.
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wanted =
-        |group: &str| filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let wanted = offstage_bench::group_filter();
+    let runtime = offstage_bench::runtime();
     println!(
         "# offstage engine benchmarks ({} cores; tokio multi-thread runtime, default workers)",
         std::thread::available_parallelism().map_or(0, |n| n.get())

@@ -45,13 +45,13 @@ use std::{
 
 use offstage::{
     plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    session::{ServiceConfig, SessionService},
+    session::SessionService,
 };
 use offstage_bench::{
     http::Conn,
     median, micros,
     proc::{processes_of, rss_bytes},
-    summarize,
+    service, summarize,
 };
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
 use serde_json::json;
@@ -428,13 +428,6 @@ fn plugin_host(service: &SessionService, dir: &Path, data: &Path) -> PluginHost 
     )
 }
 
-fn service(dir: &Path) -> SessionService {
-    SessionService::new(ServiceConfig {
-        data_dir: dir.join("data"),
-        permissions: Vec::new(),
-    })
-}
-
 /// The bare cost: copy each file to a private path (with `fsync` if
 /// asked, as the loader does) and `dlopen` it.
 fn bare_dlopen(files: &[PathBuf], scratch: &Path, fsync: bool) -> Duration {
@@ -604,28 +597,26 @@ async fn capture() {
     let out = dir.path().join("direct.out");
     let command = format!("head -c {MB}M /dev/zero");
     let (mut direct, mut piped, mut tool) = (Vec::new(), Vec::new(), Vec::new());
+    // MB/s of one shell command line that writes the bytes to `out`.
+    let through_shell = |line: String| {
+        let start = Instant::now();
+        let status = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(line)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let rate = MB as f64 / start.elapsed().as_secs_f64();
+        assert_eq!(std::fs::metadata(&out).unwrap().len(), MB << 20);
+        std::fs::remove_file(&out).unwrap();
+        rate
+    };
     for _ in 0..ROUNDS {
-        let start = Instant::now();
-        let status = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!("{command} > '{}'", out.display()))
-            .status()
-            .unwrap();
-        assert!(status.success());
-        direct.push(MB as f64 / start.elapsed().as_secs_f64());
-        assert_eq!(std::fs::metadata(&out).unwrap().len(), MB << 20);
-        std::fs::remove_file(&out).unwrap();
-
-        let start = Instant::now();
-        let status = Command::new("/bin/sh")
-            .arg("-c")
-            .arg(format!("{command} | cat > '{}'", out.display()))
-            .status()
-            .unwrap();
-        assert!(status.success());
-        piped.push(MB as f64 / start.elapsed().as_secs_f64());
-        assert_eq!(std::fs::metadata(&out).unwrap().len(), MB << 20);
-        std::fs::remove_file(&out).unwrap();
+        direct.push(through_shell(format!("{command} > '{}'", out.display())));
+        piped.push(through_shell(format!(
+            "{command} | cat > '{}'",
+            out.display()
+        )));
 
         let start = Instant::now();
         let result = service
@@ -867,16 +858,8 @@ async fn mass() {
 }
 
 fn main() {
-    let filters: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wanted =
-        |group: &str| filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let wanted = offstage_bench::group_filter();
+    let runtime = offstage_bench::runtime();
     println!(
         "# offstage system benchmarks ({} cores)",
         std::thread::available_parallelism().map_or(0, |n| n.get())

@@ -37,6 +37,30 @@ pub fn median(values: &mut [f64]) -> f64 {
     values[values.len() / 2]
 }
 
+/// The benchmark groups asked for on the command line: `cargo bench`
+/// passes `--bench`; any other argument is a substring of a group name.
+/// No filter runs every group.
+pub fn group_filter() -> impl Fn(&str) -> bool {
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    move |group: &str| filters.is_empty() || filters.iter().any(|f| group.contains(f.as_str()))
+}
+
+/// The multi-thread runtime the host runs on, as in `offstage serve`.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("build the tokio runtime")
+}
+
+/// An in-memory session service with its data dir under `dir`.
+pub fn service(dir: &std::path::Path) -> offstage::SessionService {
+    offstage_tests::host::service(dir.join("data"), Vec::new())
+}
+
 /// A duration in microseconds with two decimals.
 pub fn micros(duration: Duration) -> String {
     format!("{:.2} µs", duration.as_secs_f64() * 1e6)
