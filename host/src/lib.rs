@@ -21,6 +21,7 @@ pub mod plugin;
 pub mod session;
 pub mod store;
 pub mod tool;
+mod util;
 
 pub use error::{Result, ServiceError};
 pub use session::{ServiceConfig, SessionService};

@@ -6,6 +6,7 @@
 //! parks the call until someone replies over the API. The decision is made
 //! once and travels with the job: moving it to the background asks nothing.
 
+use crate::util::{LockExt, RwLockExt};
 use std::{
     collections::{BTreeMap, HashSet},
     sync::{Arc, Mutex, RwLock},
@@ -117,7 +118,7 @@ impl Permissions {
     /// Brings back `always` answers remembered by the store (each an
     /// `allow` rule for one tool and one exact pattern).
     pub fn restore_always(&self, rules: &[Rule]) {
-        let mut always = self.always.write().unwrap_or_else(|e| e.into_inner());
+        let mut always = self.always.write_unpoisoned();
         for rule in rules.iter().filter(|r| r.action == Action::Allow) {
             always.insert((rule.tool.clone(), rule.pattern.clone()));
         }
@@ -127,12 +128,12 @@ impl Permissions {
     pub fn evaluate(&self, tool: &str, pattern: &str) -> Action {
         // An `always` answer is the newest decision, so it wins like a rule
         // appended last would.
-        let always = self.always.read().unwrap_or_else(|e| e.into_inner());
+        let always = self.always.read_unpoisoned();
         if always.contains(&(tool.to_string(), pattern.to_string())) {
             return Action::Allow;
         }
         drop(always);
-        let rules = self.rules.read().unwrap_or_else(|e| e.into_inner());
+        let rules = self.rules.read_unpoisoned();
         rules
             .iter()
             .rev()
@@ -158,16 +159,13 @@ impl Permissions {
                     created_at: now(),
                 };
                 let (reply, answer) = oneshot::channel();
-                self.pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(
-                        request.id.clone(),
-                        Pending {
-                            request: request.clone(),
-                            reply,
-                        },
-                    );
+                self.pending.lock_unpoisoned().insert(
+                    request.id.clone(),
+                    Pending {
+                        request: request.clone(),
+                        reply,
+                    },
+                );
                 let id = request.id.clone();
                 self.events.publish("permission.asked", json!(request));
                 // If the caller gives up, the question goes away with it.
@@ -185,7 +183,7 @@ impl Permissions {
 
     /// Questions waiting for an answer, oldest first.
     pub fn pending(&self) -> Vec<PermissionRequest> {
-        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let pending = self.pending.lock_unpoisoned();
         pending.values().map(|p| p.request.clone()).collect()
     }
 
@@ -194,7 +192,7 @@ impl Permissions {
     /// give any more.
     pub fn forget_session(&self, session_id: &str) {
         let dropped: Vec<Pending> = {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = self.pending.lock_unpoisoned();
             let ids: Vec<String> = pending
                 .values()
                 .filter(|p| p.request.session_id == session_id)
@@ -209,7 +207,7 @@ impl Permissions {
     /// Answers question `id`.
     pub fn reply(&self, id: &str, reply: Reply) -> Result<PermissionRequest> {
         let pending = {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            let mut pending = self.pending.lock_unpoisoned();
             let request = &pending
                 .get(id)
                 .ok_or_else(|| ServiceError::not_found("permission request", id))?
@@ -235,8 +233,7 @@ impl Permissions {
         .into();
         if reply == Reply::Always {
             self.always
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
+                .write_unpoisoned()
                 .insert((request.tool.clone(), request.pattern.clone()));
         }
         let _ = pending.reply.send(reply);
@@ -252,11 +249,7 @@ struct RemoveOnDrop<'a> {
 
 impl Drop for RemoveOnDrop<'_> {
     fn drop(&mut self) {
-        self.permissions
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
+        self.permissions.pending.lock_unpoisoned().remove(&self.id);
     }
 }
 

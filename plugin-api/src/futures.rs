@@ -20,8 +20,10 @@ use async_ffi::{FfiFuture, FutureExt as _};
 
 use crate::{abi::AbiResult, Error, Result};
 
-/// Describes a panic payload for an error message.
-pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+/// Describes a panic payload for an error message. Shared with the host so
+/// both sides word panics alike.
+#[doc(hidden)]
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
         (*text).to_string()
     } else if let Some(text) = payload.downcast_ref::<String>() {

@@ -68,6 +68,8 @@ pub mod abi;
 mod context;
 mod error;
 mod futures;
+#[doc(hidden)]
+pub use futures::panic_message;
 mod hooks;
 mod logging;
 pub mod pattern;

@@ -5,6 +5,7 @@
 //! wrappers, permissions and background moves apply as they would to a
 //! model's calls). Plugins register other agents through `ctx.agents()`.
 
+use crate::util::RwLockExt;
 use std::{
     collections::HashMap,
     sync::{Arc, RwLock},
@@ -35,7 +36,7 @@ impl AgentRegistry {
     /// Registers `agent` as `name`, replacing an earlier registration by the
     /// same owner (or an earlier generation of the same plugin).
     pub fn register(&self, name: &str, owner: Owner, agent: Arc<dyn Agent>) -> Result<()> {
-        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        let mut agents = self.agents.write_unpoisoned();
         if let Some(existing) = agents.get(name) {
             let same = match (&existing.owner, &owner) {
                 (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) => a == b,
@@ -54,7 +55,7 @@ impl AgentRegistry {
     /// Whether [`register`](Self::register) would accept `name` from
     /// `owner` now.
     pub fn check_register(&self, name: &str, owner: &Owner) -> Result<()> {
-        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        let agents = self.agents.read_unpoisoned();
         match agents.get(name) {
             Some(existing) if !same_owner(&existing.owner, owner) => Err(
                 crate::ServiceError::Conflict(format!("agent {name} already exists")),
@@ -74,7 +75,7 @@ impl AgentRegistry {
         previous: Option<&Owner>,
         new: Vec<(String, Arc<dyn Agent>)>,
     ) -> Result<Vec<Arc<dyn Agent>>> {
-        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        let mut agents = self.agents.write_unpoisoned();
         for (name, _) in &new {
             if let Some(existing) = agents.get(name) {
                 if !same_owner(&existing.owner, owner) {
@@ -108,13 +109,13 @@ impl AgentRegistry {
 
     /// Removes everything `owner` registered.
     pub fn remove_owner(&self, owner: &Owner) {
-        let mut agents = self.agents.write().unwrap_or_else(|e| e.into_inner());
+        let mut agents = self.agents.write_unpoisoned();
         agents.retain(|_, a| &a.owner != owner);
     }
 
     /// The agent called `name`.
     pub fn get(&self, name: &str) -> Option<Arc<dyn Agent>> {
-        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        let agents = self.agents.read_unpoisoned();
         agents.get(name).map(|a| a.agent.clone())
     }
 
@@ -125,7 +126,7 @@ impl AgentRegistry {
 
     /// Every agent's name.
     pub fn names(&self) -> Vec<String> {
-        let agents = self.agents.read().unwrap_or_else(|e| e.into_inner());
+        let agents = self.agents.read_unpoisoned();
         let mut names: Vec<_> = agents.keys().cloned().collect();
         names.sort();
         names

@@ -4,6 +4,7 @@
 //! A command that floods output costs disk, not memory: the tail is capped,
 //! and readers page through the file by byte range.
 
+use crate::util::LockExt;
 use std::{
     fs::File,
     io::{Read, Seek, SeekFrom, Write},
@@ -70,7 +71,7 @@ impl OutputSink {
     /// Appends `bytes`. A failed write to the file is logged once and the
     /// file closed; the tail keeps going so the caller still sees output.
     pub fn write(&self, bytes: &[u8]) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock_unpoisoned();
         if let Some(file) = inner.file.as_mut() {
             if let Err(error) = file.write_all(bytes) {
                 tracing::error!(path = %self.path.display(), %error, "cannot write job output");
@@ -87,7 +88,7 @@ impl OutputSink {
 
     /// Total bytes written so far.
     pub fn len(&self) -> u64 {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).total
+        self.inner.lock_unpoisoned().total
     }
 
     /// Whether nothing was written.
@@ -98,7 +99,7 @@ impl OutputSink {
     /// The output so far as text, cut to the last [`TAIL_BYTES`] with a
     /// marker naming how much was left out and where the rest is.
     pub fn tail_text(&self) -> String {
-        let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let inner = self.inner.lock_unpoisoned();
         let keep = inner.tail.len().min(TAIL_BYTES);
         let tail = &inner.tail[inner.tail.len() - keep..];
         let cut = inner.total - keep as u64;
@@ -115,7 +116,7 @@ impl OutputSink {
 
     /// Flushes and closes the file; later writes only reach the tail.
     pub fn finish(&self) {
-        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut inner = self.inner.lock_unpoisoned();
         if let Some(mut file) = inner.file.take() {
             let _ = file.flush();
         }

@@ -17,6 +17,7 @@
 //!   deadlocks. A current-thread runtime cannot do that; the call fails with
 //!   a clear error instead of hanging.
 
+use crate::util::{panic_message, LockExt};
 use std::{
     collections::BTreeSet,
     ffi::c_void,
@@ -25,7 +26,7 @@ use std::{
     pin::Pin,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc, LazyLock, Mutex, MutexGuard,
+        Arc, LazyLock, Mutex,
     },
     task::{Context as TaskContext, Poll},
     time::Duration,
@@ -130,10 +131,6 @@ enum Staged {
     Subscription(Vec<String>, Callback, EventQueue),
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Creates the host state for one plugin generation.
 pub(crate) fn new_ctx(
     service: SessionService,
@@ -197,7 +194,7 @@ pub(crate) fn commit(ctx: &PluginCtx, previous: Option<&PluginCtx>) -> Result<()
     let previous_owner = previous.map(|p| &p.owner);
     // Held throughout, so a registration racing the commit (from a task
     // the plugin spawned) waits and then applies directly, after it.
-    let mut staged = lock(&ctx.staged);
+    let mut staged = ctx.staged.lock_unpoisoned();
     if ctx.retired.load(Ordering::Acquire) {
         return Err(ServiceError::Plugin(format!(
             "plugin {} was retired before it started",
@@ -235,7 +232,8 @@ pub(crate) fn commit(ctx: &PluginCtx, previous: Option<&PluginCtx>) -> Result<()
         });
     let mut queues: Vec<(Vec<String>, EventQueue)> = previous
         .map(|p| {
-            lock(&p.subscriptions)
+            p.subscriptions
+                .lock_unpoisoned()
                 .iter()
                 .filter_map(|s| Some((s.types.clone(), s.events.clone()?)))
                 .collect()
@@ -264,7 +262,7 @@ pub(crate) fn commit(ctx: &PluginCtx, previous: Option<&PluginCtx>) -> Result<()
 /// registrations). Safe to call more than once.
 pub(crate) fn retire(ctx: &PluginCtx, subscriptions: Subscriptions) {
     let staged = {
-        let mut staged = lock(&ctx.staged);
+        let mut staged = ctx.staged.lock_unpoisoned();
         ctx.retired.store(true, Ordering::Release);
         staged.take()
     };
@@ -272,7 +270,7 @@ pub(crate) fn retire(ctx: &PluginCtx, subscriptions: Subscriptions) {
     ctx.service.tools().remove_owner(&ctx.owner);
     ctx.service.agents().remove_owner(&ctx.owner);
     ctx.stop.send_replace(true);
-    for subscription in lock(&ctx.subscriptions).iter_mut() {
+    for subscription in ctx.subscriptions.lock_unpoisoned().iter_mut() {
         // A successor took its queue at commit, before this.
         subscription.events = None;
         if subscriptions == Subscriptions::Abort {
@@ -362,7 +360,7 @@ impl PluginCtx {
     /// [`commit`], refused after [`retire`].
     fn register(&self, item: Staged) -> Result<()> {
         // Held while applying, so `retire` cannot slip in between.
-        let mut staged = lock(&self.staged);
+        let mut staged = self.staged.lock_unpoisoned();
         if self.retired.load(Ordering::Acquire) {
             return Err(ServiceError::Plugin(format!(
                 "plugin {} ({}) is retired; it cannot register hooks any more",
@@ -441,7 +439,7 @@ impl PluginCtx {
                 }
             }
         });
-        lock(&self.subscriptions).push(Subscription {
+        self.subscriptions.lock_unpoisoned().push(Subscription {
             types: kinds,
             events: Some(events),
             task: task.abort_handle(),
@@ -502,14 +500,6 @@ fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
         .map_err(|e| ServiceError::InvalidInput(format!("bad arguments for {what}: {e}")))
 }
 
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into())
-}
-
 /// Polls a host future inside the host runtime, with panics turned into
 /// errors.
 struct InRuntime<F> {
@@ -527,7 +517,7 @@ impl<F: Future<Output = Result<String>>> Future for InRuntime<F> {
             Ok(poll) => poll.map(to_abi),
             Err(payload) => Poll::Ready(to_abi(Err(ServiceError::Internal(format!(
                 "host panicked: {}",
-                panic_text(payload.as_ref())
+                panic_message(payload.as_ref())
             ))))),
         }
     }
@@ -547,7 +537,7 @@ impl Future for FromPlugin {
             Ok(poll) => poll.map(from_abi),
             Err(payload) => Poll::Ready(Err(ServiceError::Plugin(format!(
                 "plugin future panicked: {}",
-                panic_text(payload.as_ref())
+                panic_message(payload.as_ref())
             )))),
         }
     }
@@ -687,7 +677,7 @@ fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
     to_abi(outcome.unwrap_or_else(|payload| {
         Err(ServiceError::Internal(format!(
             "host panicked: {}",
-            panic_text(payload.as_ref())
+            panic_message(payload.as_ref())
         )))
     }))
 }

@@ -67,13 +67,14 @@ mod file;
 mod loader;
 pub mod watch;
 
+use crate::util::LockExt;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     panic::{catch_unwind, AssertUnwindSafe},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
-        Arc, Mutex, MutexGuard, Weak,
+        Arc, Mutex, Weak,
     },
 };
 
@@ -238,10 +239,6 @@ const DRAIN_NOTICE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Distinguishes private copies made by this process.
 static COPY_SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// A load that failed, with what was learnt before it did.
 struct Failure {
     error: LoadError,
@@ -301,7 +298,9 @@ impl PluginHost {
 
     /// Every plugin the host knows: loaded, failed and unloaded.
     pub fn list(&self) -> Vec<PluginInfo> {
-        lock(&self.inner.state)
+        self.inner
+            .state
+            .lock_unpoisoned()
             .entries
             .iter()
             .map(|e| e.info.clone())
@@ -311,7 +310,7 @@ impl PluginHost {
     /// The plugin called `name`: the loaded one if there is one, else the
     /// latest attempt.
     pub fn get(&self, name: &str) -> Option<PluginInfo> {
-        let state = lock(&self.inner.state);
+        let state = self.inner.state.lock_unpoisoned();
         let mut named = state.entries.iter().filter(|e| e.info.name == name);
         named
             .clone()
@@ -325,9 +324,9 @@ impl PluginHost {
     /// a reload replaced and that are still draining are shut down too,
     /// without waiting further. Safe to call twice.
     pub fn shutdown(&self) {
-        let _serial = lock(&self.inner.loading);
+        let _serial = self.inner.loading.lock_unpoisoned();
         let retiring: Vec<(String, Live)> = {
-            let mut state = lock(&self.inner.state);
+            let mut state = self.inner.state.lock_unpoisoned();
             let mut retiring: Vec<(String, Live)> = state
                 .entries
                 .iter_mut()
@@ -356,9 +355,9 @@ impl PluginHost {
     /// shows the error until a reload succeeds. A plugin known only as a
     /// failed or disabled attempt is loaded afresh from its file.
     pub fn reload(&self, name: &str) -> Result<PluginInfo, LoadError> {
-        let _serial = lock(&self.inner.loading);
+        let _serial = self.inner.loading.lock_unpoisoned();
         let current = {
-            let state = lock(&self.inner.state);
+            let state = self.inner.state.lock_unpoisoned();
             let mut named = state.entries.iter().filter(|e| e.info.name == name);
             match named.clone().find(|e| e.live.is_some()) {
                 Some(entry) => {
@@ -414,7 +413,7 @@ impl PluginHost {
         match outcome {
             Ok((info, live)) => {
                 let old = {
-                    let mut state = lock(&self.inner.state);
+                    let mut state = self.inner.state.lock_unpoisoned();
                     let entry = state.entries.iter_mut().find(|e| {
                         e.live
                             .as_ref()
@@ -465,7 +464,7 @@ impl PluginHost {
                     "reload failed, generation {generation} keeps serving: {message}"
                 );
                 let info = {
-                    let mut state = lock(&self.inner.state);
+                    let mut state = self.inner.state.lock_unpoisoned();
                     let entry = state.entries.iter_mut().find(|e| {
                         e.live
                             .as_ref()
@@ -499,7 +498,10 @@ impl PluginHost {
         let same_file = |known: &Path| {
             known == path || canonical.is_some() && std::fs::canonicalize(known).ok() == canonical
         };
-        let name = lock(&self.inner.state)
+        let name = self
+            .inner
+            .state
+            .lock_unpoisoned()
             .entries
             .iter()
             .find(|e| e.live.is_some() && same_file(&e.info.path))
@@ -515,7 +517,11 @@ impl PluginHost {
     fn drain(&self, name: &str, generation: u64, old: Live) {
         let key = (name.to_string(), generation);
         let ctx = Arc::clone(&old.ctx);
-        lock(&self.inner.state).draining.insert(key.clone(), old);
+        self.inner
+            .state
+            .lock_unpoisoned()
+            .draining
+            .insert(key.clone(), old);
         let host = Arc::downgrade(&self.inner);
         ctx.runtime().clone().spawn(async move {
             let drained = ctx.drained();
@@ -535,7 +541,7 @@ impl PluginHost {
                 return;
             };
             // Gone if the host shut it down meanwhile.
-            let Some(live) = lock(&inner.state).draining.remove(&key) else {
+            let Some(live) = inner.state.lock_unpoisoned().draining.remove(&key) else {
                 return;
             };
             tracing::debug!(plugin = %key.0, generation = key.1, "replaced generation drained");
@@ -548,7 +554,7 @@ impl PluginHost {
 
     /// Loads `path` and records the outcome; the info is the recorded one.
     fn load_recorded(&self, path: &Path) -> (PluginInfo, Result<(), LoadError>) {
-        let _serial = lock(&self.inner.loading);
+        let _serial = self.inner.loading.lock_unpoisoned();
         self.load_recorded_serial(path)
     }
 
@@ -597,7 +603,9 @@ impl PluginHost {
     }
 
     fn get_generation(&self, name: &str, generation: u64) -> Option<PluginInfo> {
-        lock(&self.inner.state)
+        self.inner
+            .state
+            .lock_unpoisoned()
             .entries
             .iter()
             .find(|e| e.info.name == name && e.info.generation == generation)
@@ -607,7 +615,7 @@ impl PluginHost {
     /// Adds an entry, replacing an earlier failed or unloaded attempt at the
     /// same file so that repeated loads do not pile up.
     fn record(&self, info: PluginInfo, live: Option<Live>) {
-        let mut state = lock(&self.inner.state);
+        let mut state = self.inner.state.lock_unpoisoned();
         state
             .entries
             .retain(|e| !(e.info.path == info.path && e.info.status != PluginStatus::Loaded));
@@ -619,7 +627,7 @@ impl PluginHost {
     /// trusted to shut down cleanly, and the adapter has already unhooked it.
     fn mark_failed(&self, name: &str, generation: u64, message: &str) {
         let info = {
-            let mut state = lock(&self.inner.state);
+            let mut state = self.inner.state.lock_unpoisoned();
             let Some(entry) = state.entries.iter_mut().find(|e| {
                 e.info.name == name
                     && e.info.generation == generation
@@ -645,7 +653,10 @@ impl PluginHost {
             let info = info_from(path, manifest, 0, PluginStatus::Unloaded, Vec::new());
             return Ok((info, None));
         }
-        let duplicate = lock(&self.inner.state)
+        let duplicate = self
+            .inner
+            .state
+            .lock_unpoisoned()
             .entries
             .iter()
             .find(|e| e.info.name == manifest.name && e.info.status == PluginStatus::Loaded)
@@ -737,7 +748,7 @@ impl PluginHost {
             _ => json!({}),
         };
         let generation = {
-            let mut state = lock(&self.inner.state);
+            let mut state = self.inner.state.lock_unpoisoned();
             let last = state.generations.entry(manifest.name.clone()).or_insert(0);
             *last += 1;
             *last

@@ -19,6 +19,7 @@
 //! as an error with the panic's message in its output, releasing the caller
 //! like any other end.
 
+use crate::util::panic_message;
 use std::{
     panic::AssertUnwindSafe,
     sync::{
@@ -718,17 +719,6 @@ pub(super) fn notice_message(job: &Job, tail: &str, restarted: bool) -> Message 
         text,
         metadata,
         created_at: now(),
-    }
-}
-
-/// The text of a panic's payload.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(text) = payload.downcast_ref::<&str>() {
-        text.to_string()
-    } else if let Some(text) = payload.downcast_ref::<String>() {
-        text.clone()
-    } else {
-        "a panic with a non-text payload".to_string()
     }
 }
 

@@ -23,6 +23,7 @@ mod jobs;
 mod recover;
 mod turn;
 
+use crate::util::LockExt;
 use std::{
     collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
@@ -181,7 +182,7 @@ impl SessionService {
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.state.lock_unpoisoned()
     }
 
     /// The event bus every change is published on.

@@ -55,6 +55,7 @@
 mod open;
 mod schema;
 
+use crate::util::LockExt;
 use std::{
     collections::HashMap,
     fs::File,
@@ -303,7 +304,7 @@ impl Store {
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic mid-transaction rolled it back (Transaction's drop), so
         // the connection is fine to use after a poison.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+        self.conn.lock_unpoisoned()
     }
 
     // ----- sessions ------------------------------------------------------

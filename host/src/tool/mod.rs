@@ -9,10 +9,9 @@
 pub mod shell;
 pub mod subagent;
 
+use crate::util::RwLockExt;
 use std::{
     collections::HashMap,
-    future::Future,
-    pin::Pin,
     sync::{Arc, RwLock},
     time::Duration,
 };
@@ -22,8 +21,7 @@ use serde_json::Value;
 
 use crate::{error::Result, job::output::OutputSink, session::SessionService, ServiceError};
 
-/// A boxed, sendable future: the shape of every hook the host calls.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub use crate::util::BoxFuture;
 
 /// How a tool's work ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,7 +203,7 @@ impl ToolRegistry {
     /// Adds `tool` under `name`. A plugin cannot replace a built-in tool
     /// (it can wrap it) nor another plugin's.
     pub fn add(&self, name: &str, owner: Owner, tool: Arc<dyn Tool>) -> Result<()> {
-        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.inner.write_unpoisoned();
         registry.check_add(name, &owner)?;
         registry
             .tools
@@ -215,10 +213,7 @@ impl ToolRegistry {
 
     /// Whether [`add`](Self::add) would accept `name` from `owner` now.
     pub fn check_add(&self, name: &str, owner: &Owner) -> Result<()> {
-        self.inner
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .check_add(name, owner)
+        self.inner.read_unpoisoned().check_add(name, owner)
     }
 
     /// Puts a plugin generation's registrations in place in one step, as
@@ -235,7 +230,7 @@ impl ToolRegistry {
         tools: Vec<(String, Arc<dyn Tool>)>,
         wrappers: Vec<(String, Arc<dyn ToolWrapper>)>,
     ) -> Result<Vec<Box<dyn Send + Sync>>> {
-        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.inner.write_unpoisoned();
         for (name, _) in &tools {
             registry.check_add(name, owner)?;
         }
@@ -278,13 +273,13 @@ impl ToolRegistry {
     /// Wraps `tool`. Wrappers run in registration order, outermost first;
     /// a newer generation of a plugin takes its predecessor's place.
     pub fn wrap(&self, tool: &str, owner: Owner, wrapper: Arc<dyn ToolWrapper>) {
-        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.inner.write_unpoisoned();
         registry.put_wrapper(tool, owner, wrapper);
     }
 
     /// Removes everything `owner` registered.
     pub fn remove_owner(&self, owner: &Owner) {
-        let mut registry = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.inner.write_unpoisoned();
         registry.tools.retain(|_, t| &t.owner != owner);
         for wrappers in registry.wrappers.values_mut() {
             wrappers.retain(|w| &w.owner != owner);
@@ -294,7 +289,7 @@ impl ToolRegistry {
     /// The tool and its wrappers as they are now; a call keeps this chain
     /// even if a plugin is reloaded while it runs.
     pub fn chain(&self, name: &str) -> Option<Chain> {
-        let registry = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.inner.read_unpoisoned();
         let tool = registry.tools.get(name)?.item.clone();
         let wrappers = registry
             .wrappers
@@ -306,7 +301,7 @@ impl ToolRegistry {
 
     /// Names of every tool.
     pub fn names(&self) -> Vec<String> {
-        let registry = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let registry = self.inner.read_unpoisoned();
         let mut names: Vec<_> = registry.tools.keys().cloned().collect();
         names.sort();
         names
