@@ -104,6 +104,31 @@ pub enum ToolStatus {
     Backgrounded,
 }
 
+impl From<JobStatus> for ToolStatus {
+    /// How a caller sees a job's state once it has its answer: a job still
+    /// `Running` (the caller was released early) reads as `Completed` here;
+    /// backgrounding is decided by the caller's own path, not by this map.
+    fn from(status: JobStatus) -> Self {
+        match status {
+            JobStatus::Completed | JobStatus::Running => ToolStatus::Completed,
+            JobStatus::Error => ToolStatus::Error,
+            JobStatus::Cancelled => ToolStatus::Cancelled,
+        }
+    }
+}
+
+impl From<ToolStatus> for JobStatus {
+    /// The job state a tool's answer means: a `Backgrounded` answer from a
+    /// wrapped call still means the work itself completed.
+    fn from(status: ToolStatus) -> Self {
+        match status {
+            ToolStatus::Completed | ToolStatus::Backgrounded => JobStatus::Completed,
+            ToolStatus::Error => JobStatus::Error,
+            ToolStatus::Cancelled => JobStatus::Cancelled,
+        }
+    }
+}
+
 /// What a blocking tool call returns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -44,9 +44,7 @@ use offstage_plugin_api::{
         HostVtable, HostVtableRef, NextAbi, SessionDomainRef, SessionDomainVtable, WrapperAbi,
     },
     capability,
-    types::{
-        args, AgentTurn, BackgroundRequest, NewSession, ToolCall, ToolResult, ToolSpec, ToolStatus,
-    },
+    types::{args, AgentTurn, BackgroundRequest, NewSession, ToolCall, ToolResult, ToolSpec},
     Error as PluginError,
 };
 use serde::de::DeserializeOwned;
@@ -954,13 +952,7 @@ impl Tool for Arc<PluginTool> {
             })?;
             ctx.output.write(result.output.as_bytes());
             Ok(ToolOutcome {
-                status: match result.status {
-                    ToolStatus::Completed | ToolStatus::Backgrounded => {
-                        offstage_plugin_api::types::JobStatus::Completed
-                    }
-                    ToolStatus::Error => offstage_plugin_api::types::JobStatus::Error,
-                    ToolStatus::Cancelled => offstage_plugin_api::types::JobStatus::Cancelled,
-                },
+                status: result.status.into(),
                 exit_code: result.exit_code,
             })
         })

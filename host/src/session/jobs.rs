@@ -372,11 +372,7 @@ impl SessionService {
                     ToolOutcome { status: JobStatus::Error, exit_code: None }
                 }
                 (Ok(Ok(result)), None) => {
-                    let status = match result.status {
-                        ToolStatus::Completed | ToolStatus::Backgrounded => JobStatus::Completed,
-                        ToolStatus::Error => JobStatus::Error,
-                        ToolStatus::Cancelled => JobStatus::Cancelled,
-                    };
+                    let status = result.status.into();
                     ToolOutcome { status, exit_code: result.exit_code }
                 }
                 (Ok(Err(error)), None) => {
@@ -456,11 +452,7 @@ impl SessionService {
         let result = ToolResult {
             call_id: job.id.clone(),
             job_id: job.id.clone(),
-            status: match job.status {
-                JobStatus::Completed | JobStatus::Running => ToolStatus::Completed,
-                JobStatus::Error => ToolStatus::Error,
-                JobStatus::Cancelled => ToolStatus::Cancelled,
-            },
+            status: job.status.into(),
             output: tail,
             exit_code: job.exit_code,
             output_path: job.output_path.clone(),
@@ -743,11 +735,7 @@ fn run_chain(
             Ok(ToolResult {
                 call_id: call.job_id.clone(),
                 job_id: call.job_id,
-                status: match outcome.status {
-                    JobStatus::Completed | JobStatus::Running => ToolStatus::Completed,
-                    JobStatus::Error => ToolStatus::Error,
-                    JobStatus::Cancelled => ToolStatus::Cancelled,
-                },
+                status: outcome.status.into(),
                 output: output.tail_text(),
                 exit_code: outcome.exit_code,
                 output_path: Some(output.path().display().to_string()),
