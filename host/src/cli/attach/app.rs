@@ -328,6 +328,9 @@ impl App {
                             self.status = Some("nothing blocks the session".into())
                         }
                         Ok(jobs) => {
+                            let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+                            self.status =
+                                Some(format!("moved {} to the background", ids.join(", ")));
                             for job in jobs {
                                 self.moved_note(&job);
                                 self.upsert_job(job);

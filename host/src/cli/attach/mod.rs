@@ -23,7 +23,10 @@ use std::{
 use crossterm::{
     event::{DisableBracketedPaste, EnableBracketedPaste},
     execute,
-    terminal::{disable_raw_mode, enable_raw_mode, EnterAlternateScreen, LeaveAlternateScreen},
+    terminal::{
+        disable_raw_mode, enable_raw_mode, Clear, ClearType, EnterAlternateScreen,
+        LeaveAlternateScreen,
+    },
 };
 use ratatui::{backend::CrosstermBackend, Terminal};
 
@@ -87,7 +90,14 @@ pub fn run(client: &ClientArgs, session: Option<String>) -> ExitCode {
     }
     let guard = TerminalGuard;
     let mut stdout = std::io::stdout();
-    if let Err(error) = execute!(stdout, EnterAlternateScreen, EnableBracketedPaste) {
+    if let Err(error) = execute!(
+        stdout,
+        EnterAlternateScreen,
+        EnableBracketedPaste,
+        // Not `Terminal::clear`: that asks the terminal where its cursor
+        // is, which not every terminal answers in time.
+        Clear(ClearType::All)
+    ) {
         drop(guard);
         eprintln!("offstage attach: cannot use the terminal: {error}");
         return ExitCode::FAILURE;
@@ -117,7 +127,6 @@ fn event_loop(
     events::read_terminal(tx.clone());
     events::tick(tx.clone());
     events::follow_events(http, tx);
-    terminal.clear()?;
     terminal.draw(|frame| ui::draw(frame, &mut app))?;
     while let Ok(first) = rx.recv() {
         // Apply everything already waiting, then draw once.
