@@ -6,6 +6,7 @@
 //! are thin clients of a running host's HTTP API (`client.rs` speaks HTTP, `commands.rs` prints), so they show
 //! exactly what the API says and never touch the host's state themselves.
 
+pub mod attach;
 pub mod client;
 mod commands;
 mod serve;
@@ -72,6 +73,16 @@ pub enum Command {
     Events {
         #[command(flatten)]
         client: ClientArgs,
+    },
+    /// Full-screen terminal client of a running host: a session's messages,
+    /// running calls with live output, plugins. Enter prompts the agent,
+    /// `!CMD` runs a shell call, Ctrl+B moves what blocks the session to
+    /// the background, Ctrl+C interrupts, Ctrl+T lists jobs, Ctrl+Q quits.
+    Attach {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The session to attach to; a new one is made when absent.
+        session: Option<String>,
     },
 }
 
@@ -232,6 +243,7 @@ pub fn main() -> ExitCode {
         Command::Background(args) => commands::background(args),
         Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
         Command::Events { client } => commands::events(&client),
+        Command::Attach { client, session } => attach::run(&client, session),
     }
 }
 

@@ -1,0 +1,743 @@
+//! The attach client's state: a plain struct that [`App::apply`] updates
+//! from one [`Msg`] at a time and that answers with the [`Action`]s (HTTP
+//! calls) to start. No I/O happens here, so every behaviour of the UI can
+//! be tested by feeding it messages.
+
+use std::collections::{HashMap, HashSet};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use offstage_plugin_api::types::{Job, JobStatus, Message, Session, SessionStatus, ToolStatus};
+use serde_json::Value;
+
+use super::events::{Action, Msg};
+
+/// Most bytes of live output kept per running job.
+const TAIL_BYTES: usize = 4096;
+/// Most bytes the pager keeps of one job's output.
+const PAGER_BYTES: usize = 8 * 1024 * 1024;
+
+/// The connection to the host's event stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Connection {
+    Connecting,
+    Connected,
+    Disconnected(String),
+}
+
+/// What a line the client adds to the transcript is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoteKind {
+    /// A job moved to the background.
+    Moved,
+    /// The session woke up to read a notice.
+    Wake,
+    Info,
+    Error,
+}
+
+/// A line of the client's own in the transcript, shown after the message
+/// `after` (by id; first when `None`), so a re-fetch keeps it in place.
+#[derive(Debug, Clone)]
+pub struct Note {
+    pub after: Option<String>,
+    pub kind: NoteKind,
+    pub text: String,
+}
+
+/// The live output of a running job.
+#[derive(Debug, Clone, Default)]
+pub struct Tail {
+    pub offset: u64,
+    pub text: String,
+    pub loading: bool,
+}
+
+/// One job's whole output, read page by page.
+#[derive(Debug, Clone)]
+pub struct Pager {
+    pub job_id: String,
+    pub title: String,
+    pub text: String,
+    pub next_offset: u64,
+    pub eof: bool,
+    pub loading: bool,
+    /// First line shown.
+    pub top: usize,
+}
+
+/// What covers the main screen, if anything.
+#[derive(Debug, Clone)]
+pub enum Overlay {
+    None,
+    Jobs { selected: usize },
+    Output(Pager),
+    Sessions { list: Vec<Session>, selected: usize },
+}
+
+/// The blocking call this client has running.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub label: String,
+}
+
+/// Everything the screen shows.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub server: String,
+    /// The session attached to (asked for, or made for us).
+    pub session_id: Option<String>,
+    pub session: Option<Session>,
+    pub messages: Vec<Message>,
+    pub notes: Vec<Note>,
+    pub jobs: Vec<Job>,
+    pub tails: HashMap<String, Tail>,
+    pub plugins: Vec<Value>,
+    /// Pending permission questions of this session.
+    pub permissions: Vec<Value>,
+    pub input: String,
+    /// Transcript lines scrolled up from the bottom.
+    pub scroll: usize,
+    pub connection: Connection,
+    pub call: Option<Call>,
+    /// A one-line message under the transcript until the next key.
+    pub status: Option<String>,
+    pub overlay: Overlay,
+    /// Whether colours may be used (`NO_COLOR` unset).
+    pub color: bool,
+    creating: bool,
+    moved: HashSet<String>,
+    /// Page height of the pager, as last drawn.
+    pub page: usize,
+}
+
+impl App {
+    /// A client of `server` attached to `session` (or to a new one, made
+    /// once the host answers).
+    pub fn new(server: &str, session: Option<String>, color: bool) -> Self {
+        App {
+            server: server.to_string(),
+            session_id: session,
+            session: None,
+            messages: Vec::new(),
+            notes: Vec::new(),
+            jobs: Vec::new(),
+            tails: HashMap::new(),
+            plugins: Vec::new(),
+            permissions: Vec::new(),
+            input: String::new(),
+            scroll: 0,
+            connection: Connection::Connecting,
+            call: None,
+            status: None,
+            overlay: Overlay::None,
+            color,
+            creating: false,
+            moved: HashSet::new(),
+            page: 20,
+        }
+    }
+
+    /// Whether the session is blocked (by this client or another).
+    pub fn busy(&self) -> bool {
+        self.call.is_some() || self.session.as_ref().map(|s| s.status) == Some(SessionStatus::Busy)
+    }
+
+    /// The session's jobs that are still running, oldest first.
+    pub fn running(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.iter().filter(|j| j.status == JobStatus::Running)
+    }
+
+    fn note(&mut self, kind: NoteKind, text: impl Into<String>) {
+        let after = self.messages.last().map(|m| m.id.clone());
+        self.notes.push(Note {
+            after,
+            kind,
+            text: text.into(),
+        });
+        self.scroll = 0;
+    }
+
+    fn is_current(&self, session_id: &str) -> bool {
+        self.session_id.as_deref() == Some(session_id)
+    }
+
+    /// Starts over on `session`: nothing of the old one stays on screen.
+    fn switch_to(&mut self, session: String) -> Vec<Action> {
+        self.session_id = Some(session.clone());
+        self.session = None;
+        self.messages.clear();
+        self.notes.clear();
+        self.jobs.clear();
+        self.tails.clear();
+        self.permissions.clear();
+        self.moved.clear();
+        self.call = None;
+        self.scroll = 0;
+        self.overlay = Overlay::None;
+        vec![Action::Refresh(session)]
+    }
+
+    fn add_message(&mut self, message: Message) {
+        if !self.messages.iter().any(|m| m.id == message.id) {
+            self.messages.push(message);
+            self.scroll = 0;
+        }
+    }
+
+    fn upsert_job(&mut self, job: Job) {
+        match self.jobs.iter_mut().find(|j| j.id == job.id) {
+            Some(existing) => *existing = job,
+            None => self.jobs.push(job),
+        }
+    }
+
+    fn moved_note(&mut self, job: &Job) {
+        if self.moved.insert(job.id.clone()) {
+            self.note(
+                NoteKind::Moved,
+                format!(
+                    "{} moved to the background ({}); a notice follows when it ends",
+                    job.id, job.title
+                ),
+            );
+        }
+    }
+
+    /// Updates the state with `msg`; returns the I/O to start.
+    pub fn apply(&mut self, msg: Msg) -> Vec<Action> {
+        match msg {
+            Msg::Key(key) => self.key(key),
+            Msg::Paste(text) => {
+                self.input.push_str(&text.replace(['\r', '\n'], " "));
+                Vec::new()
+            }
+            Msg::Resize => Vec::new(),
+            Msg::Tick => self.tick(),
+            Msg::Quit => vec![Action::Quit],
+            Msg::Connected => {
+                self.connection = Connection::Connected;
+                match self.session_id.clone() {
+                    Some(session) => vec![Action::Refresh(session)],
+                    None if !self.creating => {
+                        self.creating = true;
+                        vec![Action::CreateSession]
+                    }
+                    None => Vec::new(),
+                }
+            }
+            Msg::Disconnected(reason) => {
+                self.connection = Connection::Disconnected(reason);
+                Vec::new()
+            }
+            Msg::Event(event) => self.event(event),
+            Msg::Session(Ok(session)) => {
+                if self.is_current(&session.id) {
+                    self.session = Some(session);
+                }
+                Vec::new()
+            }
+            Msg::Session(Err(error)) => {
+                self.status = Some(format!("session: {error}"));
+                Vec::new()
+            }
+            Msg::Messages(session, messages) => {
+                if self.is_current(&session) {
+                    self.messages = messages;
+                }
+                Vec::new()
+            }
+            Msg::Jobs(session, jobs) => {
+                if self.is_current(&session) {
+                    self.tails.retain(|id, _| jobs.iter().any(|j| &j.id == id));
+                    self.jobs = jobs;
+                }
+                Vec::new()
+            }
+            Msg::Plugins(plugins) => {
+                self.plugins = plugins;
+                Vec::new()
+            }
+            Msg::Permissions(pending) => {
+                self.permissions = pending
+                    .into_iter()
+                    .filter(|p| self.is_current(p["session_id"].as_str().unwrap_or("")))
+                    .collect();
+                Vec::new()
+            }
+            Msg::Created(Ok(session)) => {
+                self.creating = false;
+                let actions = self.switch_to(session.id.clone());
+                self.session = Some(session);
+                actions
+            }
+            Msg::Created(Err(error)) => {
+                self.creating = false;
+                self.note(NoteKind::Error, format!("cannot create a session: {error}"));
+                Vec::new()
+            }
+            Msg::Sessions(result) => {
+                match (result, &mut self.overlay) {
+                    (Ok(sessions), Overlay::Sessions { list, selected }) => {
+                        *selected = self
+                            .session_id
+                            .as_ref()
+                            .and_then(|id| sessions.iter().position(|s| &s.id == id))
+                            .unwrap_or(0);
+                        *list = sessions;
+                    }
+                    (Err(error), _) => self.status = Some(format!("sessions: {error}")),
+                    _ => {}
+                }
+                Vec::new()
+            }
+            Msg::PromptDone(session, result) => {
+                if self.is_current(&session) {
+                    self.call = None;
+                    match result {
+                        Ok(messages) => {
+                            for message in messages {
+                                self.add_message(message);
+                            }
+                        }
+                        Err(error) => self.note(NoteKind::Error, format!("prompt: {error}")),
+                    }
+                }
+                Vec::new()
+            }
+            Msg::ToolDone(session, result) => {
+                if self.is_current(&session) {
+                    self.call = None;
+                    match result {
+                        Ok(result) if result.status == ToolStatus::Backgrounded => {
+                            if let Some(job) =
+                                self.jobs.iter().find(|j| j.id == result.job_id).cloned()
+                            {
+                                self.moved_note(&job);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(error) => self.note(NoteKind::Error, format!("shell: {error}")),
+                    }
+                }
+                Vec::new()
+            }
+            Msg::Backgrounded(session, result) => {
+                if self.is_current(&session) {
+                    match result {
+                        Ok(jobs) if jobs.is_empty() => {
+                            self.status = Some("nothing blocks the session".into())
+                        }
+                        Ok(jobs) => {
+                            let ids: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+                            self.status =
+                                Some(format!("moved {} to the background", ids.join(", ")));
+                            for job in jobs {
+                                self.moved_note(&job);
+                                self.upsert_job(job);
+                            }
+                        }
+                        Err(error) => self.note(NoteKind::Error, format!("background: {error}")),
+                    }
+                }
+                Vec::new()
+            }
+            Msg::Interrupted(session, result) => {
+                if self.is_current(&session) {
+                    self.status = Some(match result {
+                        Ok(true) => "interrupted".into(),
+                        Ok(false) => "nothing to interrupt".into(),
+                        Err(error) => format!("interrupt: {error}"),
+                    });
+                }
+                Vec::new()
+            }
+            Msg::Output {
+                job_id,
+                pager,
+                result,
+            } => {
+                self.output(job_id, pager, result);
+                Vec::new()
+            }
+            Msg::Failed(error) => {
+                self.status = Some(error);
+                Vec::new()
+            }
+        }
+    }
+
+    fn output(
+        &mut self,
+        job_id: String,
+        pager: bool,
+        result: Result<super::events::OutputChunk, String>,
+    ) {
+        if pager {
+            let Overlay::Output(p) = &mut self.overlay else {
+                return;
+            };
+            if p.job_id != job_id {
+                return;
+            }
+            p.loading = false;
+            match result {
+                Ok(chunk) => {
+                    if chunk.offset == p.next_offset && p.text.len() < PAGER_BYTES {
+                        p.text.push_str(&chunk.data);
+                        p.next_offset = chunk.next_offset;
+                    }
+                    p.eof = chunk.eof;
+                }
+                Err(error) => self.status = Some(format!("output: {error}")),
+            }
+            return;
+        }
+        let Some(tail) = self.tails.get_mut(&job_id) else {
+            return;
+        };
+        tail.loading = false;
+        if let Ok(chunk) = result {
+            if chunk.offset == tail.offset {
+                tail.text.push_str(&chunk.data);
+                tail.offset = chunk.next_offset;
+                if tail.text.len() > TAIL_BYTES {
+                    let mut cut = tail.text.len() - TAIL_BYTES;
+                    while !tail.text.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    tail.text.drain(..cut);
+                }
+            }
+        }
+    }
+
+    fn tick(&mut self) -> Vec<Action> {
+        let mut actions = Vec::new();
+        let running: Vec<String> = self.running().map(|j| j.id.clone()).collect();
+        for id in running {
+            let tail = self.tails.entry(id.clone()).or_default();
+            if !tail.loading {
+                tail.loading = true;
+                actions.push(Action::FetchOutput {
+                    job_id: id,
+                    offset: tail.offset,
+                    pager: false,
+                });
+            }
+        }
+        // The pager follows a running job's output as it grows.
+        if let Overlay::Output(p) = &mut self.overlay {
+            if !p.loading
+                && (!p.eof
+                    || self
+                        .jobs
+                        .iter()
+                        .any(|j| j.id == p.job_id && j.status == JobStatus::Running))
+            {
+                p.loading = true;
+                actions.push(Action::FetchOutput {
+                    job_id: p.job_id.clone(),
+                    offset: p.next_offset,
+                    pager: true,
+                });
+            }
+        }
+        actions
+    }
+
+    fn event(&mut self, event: Value) -> Vec<Action> {
+        let kind = event["type"].as_str().unwrap_or_default().to_string();
+        let props = event.get("properties").cloned().unwrap_or(Value::Null);
+        let session_of = |v: &Value| v["session_id"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "server.connected" | "stream.lagged" => {
+                // What this stream missed is re-read from the API.
+                return self
+                    .session_id
+                    .clone()
+                    .map(Action::Refresh)
+                    .into_iter()
+                    .collect();
+            }
+            "message.added" => {
+                if let Ok(message) = serde_json::from_value::<Message>(props) {
+                    if self.is_current(&message.session_id) {
+                        self.add_message(message);
+                    }
+                }
+            }
+            "session.status" if self.is_current(&session_of(&props)) => {
+                if let (Some(session), Ok(status)) = (
+                    self.session.as_mut(),
+                    serde_json::from_value::<SessionStatus>(props["status"].clone()),
+                ) {
+                    session.status = status;
+                }
+            }
+            "session.updated" => {
+                if let Ok(session) = serde_json::from_value::<Session>(props) {
+                    if self.is_current(&session.id) {
+                        self.session = Some(session);
+                    }
+                }
+            }
+            "session.deleted" if self.is_current(props["id"].as_str().unwrap_or_default()) => {
+                self.note(
+                    NoteKind::Error,
+                    "this session was deleted (Ctrl+S picks another)",
+                );
+            }
+            "session.wake" if self.is_current(&session_of(&props)) => {
+                self.note(
+                    NoteKind::Wake,
+                    "the session wakes up: its agent reads the notice",
+                );
+            }
+            "job.started" | "job.finished" | "job.backgrounded" => {
+                if let Ok(job) = serde_json::from_value::<Job>(props) {
+                    if self.is_current(&job.session_id) {
+                        if kind == "job.backgrounded" {
+                            self.moved_note(&job);
+                        }
+                        self.upsert_job(job);
+                    }
+                }
+            }
+            "permission.asked" if self.is_current(&session_of(&props)) => {
+                self.permissions.push(props);
+            }
+            "permission.replied" => {
+                let id = props["id"].as_str().unwrap_or_default();
+                self.permissions.retain(|p| p["id"].as_str() != Some(id));
+            }
+            k if k.starts_with("plugin.") => return vec![Action::FetchPlugins],
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    fn key(&mut self, key: KeyEvent) -> Vec<Action> {
+        if key.kind == KeyEventKind::Release {
+            return Vec::new();
+        }
+        let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        // These work on every screen.
+        if ctrl {
+            match key.code {
+                KeyCode::Char('q') => return vec![Action::Quit],
+                KeyCode::Char('b') => return self.background(None),
+                KeyCode::Char('c') => return self.ctrl_c(),
+                _ => {}
+            }
+        }
+        match &mut self.overlay {
+            Overlay::None => {}
+            Overlay::Jobs { selected } => {
+                let count = self.jobs.len();
+                match key.code {
+                    KeyCode::Esc | KeyCode::Char('q') => self.overlay = Overlay::None,
+                    KeyCode::Char('t') if ctrl => self.overlay = Overlay::None,
+                    KeyCode::Up => *selected = selected.saturating_sub(1),
+                    KeyCode::Down if *selected + 1 < count => *selected += 1,
+                    KeyCode::Enter => {
+                        if let Some(job) = self.jobs.get(*selected).cloned() {
+                            return self.open_output(&job);
+                        }
+                    }
+                    KeyCode::Char('b') => {
+                        let id = self.jobs.get(*selected).map(|j| j.id.clone());
+                        if let Some(id) = id {
+                            return self.background(Some(id));
+                        }
+                    }
+                    KeyCode::Char('c') | KeyCode::Delete => {
+                        if let Some(job) = self.jobs.get(*selected) {
+                            self.status = Some(format!("cancelling {}", job.id));
+                            return vec![Action::CancelJob(job.id.clone())];
+                        }
+                    }
+                    _ => {}
+                }
+                return Vec::new();
+            }
+            Overlay::Output(p) => {
+                let page = self.page.max(1);
+                let lines = p.text.lines().count();
+                let last = lines.saturating_sub(page);
+                match key.code {
+                    KeyCode::Esc | KeyCode::Char('q') => {
+                        let id = p.job_id.clone();
+                        let selected = self.jobs.iter().position(|j| j.id == id).unwrap_or(0);
+                        self.overlay = Overlay::Jobs { selected };
+                        return Vec::new();
+                    }
+                    KeyCode::Up => p.top = p.top.saturating_sub(1),
+                    KeyCode::Down => p.top = (p.top + 1).min(last),
+                    KeyCode::PageUp => p.top = p.top.saturating_sub(page),
+                    KeyCode::PageDown | KeyCode::Char(' ') => p.top = (p.top + page).min(last),
+                    KeyCode::Home | KeyCode::Char('g') => p.top = 0,
+                    KeyCode::End | KeyCode::Char('G') => p.top = last,
+                    _ => {}
+                }
+                return Vec::new();
+            }
+            Overlay::Sessions { list, selected } => {
+                match key.code {
+                    KeyCode::Esc | KeyCode::Char('q') => self.overlay = Overlay::None,
+                    KeyCode::Up => *selected = selected.saturating_sub(1),
+                    KeyCode::Down if *selected + 1 < list.len() => *selected += 1,
+                    KeyCode::Enter => {
+                        if let Some(session) = list.get(*selected).cloned() {
+                            return self.switch_to(session.id);
+                        }
+                    }
+                    KeyCode::Char('n') => {
+                        self.overlay = Overlay::None;
+                        return self.create();
+                    }
+                    _ => {}
+                }
+                return Vec::new();
+            }
+        }
+        // A permission question takes the answer keys.
+        if let Some(question) = self.permissions.first() {
+            let reply = match key.code {
+                KeyCode::Char('o') | KeyCode::Char('y') => Some("once"),
+                KeyCode::Char('a') => Some("always"),
+                KeyCode::Char('r') | KeyCode::Char('n') => Some("reject"),
+                _ => None,
+            };
+            if let Some(reply) = reply {
+                let id = question["id"].as_str().unwrap_or_default().to_string();
+                self.permissions.remove(0);
+                self.status = Some(format!("answered {reply}"));
+                return vec![Action::ReplyPermission {
+                    id,
+                    reply: reply.into(),
+                }];
+            }
+        }
+        self.status = None;
+        match key.code {
+            KeyCode::Char('d') if ctrl && self.input.is_empty() => return vec![Action::Quit],
+            KeyCode::Char('t') if ctrl => self.overlay = Overlay::Jobs { selected: 0 },
+            KeyCode::Char('s') if ctrl => {
+                self.overlay = Overlay::Sessions {
+                    list: Vec::new(),
+                    selected: 0,
+                };
+                return vec![Action::ListSessions];
+            }
+            KeyCode::Char('n') if ctrl => return self.create(),
+            KeyCode::Char('r') if ctrl => {
+                return self
+                    .session_id
+                    .clone()
+                    .map(Action::Refresh)
+                    .into_iter()
+                    .collect()
+            }
+            KeyCode::Char('u') if ctrl => self.input.clear(),
+            KeyCode::Char(c) if !ctrl => self.input.push(c),
+            KeyCode::Backspace => {
+                self.input.pop();
+            }
+            KeyCode::Enter => return self.submit(),
+            KeyCode::Up => self.scroll += 1,
+            KeyCode::Down => self.scroll = self.scroll.saturating_sub(1),
+            KeyCode::PageUp => self.scroll += 10,
+            KeyCode::PageDown => self.scroll = self.scroll.saturating_sub(10),
+            KeyCode::End => self.scroll = 0,
+            _ => {}
+        }
+        Vec::new()
+    }
+
+    fn open_output(&mut self, job: &Job) -> Vec<Action> {
+        self.overlay = Overlay::Output(Pager {
+            job_id: job.id.clone(),
+            title: job.title.clone(),
+            text: String::new(),
+            next_offset: 0,
+            eof: false,
+            loading: true,
+            top: 0,
+        });
+        vec![Action::FetchOutput {
+            job_id: job.id.clone(),
+            offset: 0,
+            pager: true,
+        }]
+    }
+
+    fn create(&mut self) -> Vec<Action> {
+        if self.creating {
+            return Vec::new();
+        }
+        self.creating = true;
+        vec![Action::CreateSession]
+    }
+
+    fn background(&mut self, job_id: Option<String>) -> Vec<Action> {
+        let Some(session) = self.session_id.clone() else {
+            return Vec::new();
+        };
+        self.status = Some("moving to the background…".into());
+        vec![Action::Background { session, job_id }]
+    }
+
+    fn ctrl_c(&mut self) -> Vec<Action> {
+        if !matches!(self.overlay, Overlay::None) {
+            self.overlay = Overlay::None;
+            return Vec::new();
+        }
+        if let (true, Some(session)) = (self.busy(), self.session_id.clone()) {
+            self.status = Some("interrupting…".into());
+            return vec![Action::Interrupt(session)];
+        }
+        if !self.input.is_empty() {
+            self.input.clear();
+            return Vec::new();
+        }
+        vec![Action::Quit]
+    }
+
+    fn submit(&mut self) -> Vec<Action> {
+        let line = self.input.trim().to_string();
+        if line.is_empty() {
+            return Vec::new();
+        }
+        let Some(session) = self.session_id.clone() else {
+            self.status = Some("no session yet: waiting for the host".into());
+            return Vec::new();
+        };
+        if let Some(call) = &self.call {
+            self.status = Some(format!(
+                "still running `{}`: Ctrl+B moves it to the background, Ctrl+C interrupts",
+                call.label
+            ));
+            return Vec::new();
+        }
+        self.input.clear();
+        self.scroll = 0;
+        if let Some(command) = line.strip_prefix('!') {
+            let command = command.trim().to_string();
+            if command.is_empty() {
+                return Vec::new();
+            }
+            self.call = Some(Call {
+                label: command.clone(),
+            });
+            vec![Action::Shell { session, command }]
+        } else {
+            self.call = Some(Call {
+                label: line.clone(),
+            });
+            vec![Action::Prompt {
+                session,
+                text: line,
+            }]
+        }
+    }
+}
