@@ -48,7 +48,7 @@ use super::{error, events, plugins, routes};
     ),
     components(schemas(
         Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus, Event,
-        crate::permission::PermissionRequest, crate::job::output::OutputChunk,
+        crate::permission::PermissionRequest, crate::session::jobs::output::OutputChunk,
         crate::plugin::PluginInfo, crate::plugin::PluginStatus,
         error::ErrorBody, error::ErrorDetail,
     )),
@@ -120,7 +120,7 @@ mod tests {
             schema_fields(&doc, "PermissionRequest"),
             json_fields(json!(request))
         );
-        let chunk = crate::job::output::OutputChunk {
+        let chunk = crate::session::jobs::output::OutputChunk {
             offset: 0,
             data: String::new(),
             next_offset: 0,

@@ -20,7 +20,7 @@ use super::{
     extract::{JsonBody, PathId, QueryParams},
     AppState,
 };
-use crate::{job::output::OutputChunk, permission::PermissionRequest};
+use crate::{permission::PermissionRequest, session::jobs::output::OutputChunk};
 
 type ApiResult<T> = Result<T, ApiError>;
 

@@ -19,7 +19,9 @@ use std::{
 use offstage_plugin_api::types::{JobStatus, ToolCall, ToolResult};
 use serde_json::Value;
 
-use crate::{error::Result, job::output::OutputSink, session::SessionService, ServiceError};
+use crate::{
+    error::Result, session::jobs::output::OutputSink, session::SessionService, ServiceError,
+};
 
 pub use crate::util::BoxFuture;
 
