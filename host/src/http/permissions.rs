@@ -25,22 +25,11 @@ pub async fn pending_permissions(State(state): State<AppState>) -> Json<Vec<Perm
     Json(state.service.permissions().pending())
 }
 
-/// A reply to a permission question.
-#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ReplyKind {
-    /// Allow this call.
-    Once,
-    /// Allow this call and later ones with the same tool and pattern.
-    Always,
-    Reject,
-}
-
 /// Body of `POST /api/permission/:id`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PermissionReply {
-    pub reply: ReplyKind,
+    pub reply: Reply,
 }
 
 #[utoipa::path(post, path = "/api/permission/{id}", tag = "permission",
@@ -53,10 +42,5 @@ pub async fn reply_permission(
     PathId(id): PathId,
     JsonBody(body): JsonBody<PermissionReply>,
 ) -> ApiResult<Json<PermissionRequest>> {
-    let reply = match body.reply {
-        ReplyKind::Once => Reply::Once,
-        ReplyKind::Always => Reply::Always,
-        ReplyKind::Reject => Reply::Reject,
-    };
-    Ok(Json(state.service.permissions().reply(&id, reply)?))
+    Ok(Json(state.service.permissions().reply(&id, body.reply)?))
 }
