@@ -47,9 +47,12 @@ fn any() -> String {
     "*".to_string()
 }
 
-/// A reply to an `ask`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A reply to a permission question.
+// Also the body of `POST /api/permission/:id`; its OpenAPI schema keeps the
+// published name `ReplyKind` (and this doc line is its description).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
+#[schema(as = ReplyKind)]
 pub enum Reply {
     /// Allow this call.
     Once,

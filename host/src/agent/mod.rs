@@ -14,7 +14,7 @@ use std::{
 use offstage_plugin_api::types::{AgentTurn, Role, ToolRequest, ToolStatus};
 use serde_json::json;
 
-use crate::{error::Result, session::SessionService, tool::BoxFuture, tool::Owner};
+use crate::{error::Result, session::SessionService, tool::Owner, util::BoxFuture, ServiceError};
 
 /// Runs one turn of a session and returns the reply.
 pub trait Agent: Send + Sync {
@@ -37,17 +37,7 @@ impl AgentRegistry {
     /// same owner (or an earlier generation of the same plugin).
     pub fn register(&self, name: &str, owner: Owner, agent: Arc<dyn Agent>) -> Result<()> {
         let mut agents = self.agents.write_unpoisoned();
-        if let Some(existing) = agents.get(name) {
-            let same = match (&existing.owner, &owner) {
-                (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) => a == b,
-                (a, b) => a == b,
-            };
-            if !same {
-                return Err(crate::ServiceError::Conflict(format!(
-                    "agent {name} already exists"
-                )));
-            }
-        }
+        check_free(&agents, name, &owner)?;
         agents.insert(name.to_string(), Registered { owner, agent });
         Ok(())
     }
@@ -55,13 +45,7 @@ impl AgentRegistry {
     /// Whether [`register`](Self::register) would accept `name` from
     /// `owner` now.
     pub fn check_register(&self, name: &str, owner: &Owner) -> Result<()> {
-        let agents = self.agents.read_unpoisoned();
-        match agents.get(name) {
-            Some(existing) if !same_owner(&existing.owner, owner) => Err(
-                crate::ServiceError::Conflict(format!("agent {name} already exists")),
-            ),
-            _ => Ok(()),
-        }
+        check_free(&self.agents.read_unpoisoned(), name, owner)
     }
 
     /// Puts a plugin generation's agents in place in one step (hot
@@ -77,13 +61,7 @@ impl AgentRegistry {
     ) -> Result<Vec<Arc<dyn Agent>>> {
         let mut agents = self.agents.write_unpoisoned();
         for (name, _) in &new {
-            if let Some(existing) = agents.get(name) {
-                if !same_owner(&existing.owner, owner) {
-                    return Err(crate::ServiceError::Conflict(format!(
-                        "agent {name} already exists"
-                    )));
-                }
-            }
+            check_free(&agents, name, owner)?;
         }
         let mut replaced = Vec::new();
         for (name, agent) in new {
@@ -133,11 +111,14 @@ impl AgentRegistry {
     }
 }
 
-/// The same owner, or two generations of one plugin.
-fn same_owner(a: &Owner, b: &Owner) -> bool {
-    match (a, b) {
-        (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) => a == b,
-        (a, b) => a == b,
+/// Refuses `name` if someone other than `owner` (or another generation of
+/// its plugin) registered it.
+fn check_free(agents: &HashMap<String, Registered>, name: &str, owner: &Owner) -> Result<()> {
+    match agents.get(name) {
+        Some(existing) if existing.owner != *owner && !existing.owner.same_plugin(owner) => Err(
+            ServiceError::Conflict(format!("agent {name} already exists")),
+        ),
+        _ => Ok(()),
     }
 }
 

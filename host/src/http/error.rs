@@ -4,8 +4,11 @@
 //! Everything a client can cause — a malformed or oversized body, a wrong
 //! type, an unknown id — is a 4xx. A 5xx means the host itself is at fault,
 //! so the mapping keeps `ServiceError::Internal` as the only way to get one.
+//! A path the API does not have, or a method a path does not take, gets
+//! the same shape ([`no_route`], [`wrong_method`]).
 
 use axum::{
+    extract::Request,
     http::StatusCode,
     response::{IntoResponse, Response},
     Json,
@@ -14,6 +17,9 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::ServiceError;
+
+/// What a handler returns.
+pub type ApiResult<T> = Result<T, ApiError>;
 
 /// An error answer: status, stable code, human message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,6 +101,28 @@ impl From<ServiceError> for ApiError {
             message: error.to_string(),
         }
     }
+}
+
+/// Any path the API does not have.
+pub async fn no_route(request: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route {} {}",
+        request.method(),
+        request.uri().path()
+    ))
+}
+
+/// A known path with a method it does not take.
+pub async fn wrong_method(request: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
 }
 
 impl IntoResponse for ApiError {

@@ -22,6 +22,12 @@ use tokio::sync::{
 };
 
 use super::AppState;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+/// Registers this file's route with its OpenAPI entry.
+pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
+    api.routes(routes!(events))
+}
 
 /// How often an idle stream sends a keep-alive comment.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);

@@ -5,31 +5,46 @@
 //! [`SessionService`] and [`PluginHost`] and their errors back to HTTP, so
 //! every behaviour is the same one plugins get through the ABI.
 //!
-//! - `routes.rs`, `plugins.rs`, `events.rs`: the handlers;
+//! Each route is registered once, together with its OpenAPI entry
+//! (`utoipa_axum`'s `routes!`): [`router`] and [`openapi`] are both built
+//! from one list, `api()`, so the server and `GET /api/openapi.json` cannot drift.
+//!
+//! - `host.rs`, `sessions.rs`, `jobs.rs`, `permissions.rs`, `plugins.rs`,
+//!   `events.rs`: the handlers by resource, each with its `routes`;
 //! - `extract.rs`: body/query/path parsing with JSON errors and a body limit;
-//! - `error.rs`: the `{"error": {"code", "message"}}` shape and status map;
+//! - `error.rs`: the `{"error": {"code", "message"}}` shape, status map and
+//!   the answers for unknown paths and methods;
 //! - `auth.rs`: bearer token, cross-origin and Host checks;
-//! - `openapi.rs`: the generated OpenAPI document.
+//! - `openapi.rs`: the document's frame (info, security, tags).
 
 pub mod auth;
 pub mod error;
 pub mod events;
 pub mod extract;
+pub mod host;
+pub mod jobs;
 pub mod openapi;
+pub mod permissions;
 pub mod plugins;
-pub mod routes;
+pub mod sessions;
 
-use std::{future::Future, sync::Arc, time::Instant};
+use std::{
+    future::Future,
+    sync::{Arc, OnceLock},
+    time::Instant,
+};
 
 use axum::{
     extract::{DefaultBodyLimit, Request},
     middleware::Next,
     response::Response,
-    routing::{get, post},
     Router,
 };
 use tokio::{net::TcpListener, sync::watch};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
 
+use self::error::{ApiError, ApiResult};
 use crate::{plugin::PluginHost, SessionService};
 
 /// What every handler can reach. Cheap to clone.
@@ -43,39 +58,31 @@ pub struct AppState {
     pub shutdown: watch::Receiver<bool>,
 }
 
+/// Every route of the API with its OpenAPI entry: the one list both
+/// [`router`] and [`openapi`] are built from.
+fn api() -> OpenApiRouter<AppState> {
+    let api = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi());
+    let api = host::routes(api);
+    let api = sessions::routes(api);
+    let api = jobs::routes(api);
+    let api = permissions::routes(api);
+    let api = plugins::routes(api);
+    events::routes(api)
+}
+
+/// The OpenAPI document served at `GET /api/openapi.json`: every route
+/// [`router`] serves, with its schemas.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOCUMENT.get_or_init(|| api().into_openapi()).clone()
+}
+
 /// The API's router with its state, checks and limits.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/api/health", get(routes::health))
-        .route(
-            "/api/session",
-            get(routes::list_sessions).post(routes::create_session),
-        )
-        .route(
-            "/api/session/{id}",
-            get(routes::get_session)
-                .patch(routes::rename_session)
-                .delete(routes::remove_session),
-        )
-        .route("/api/session/{id}/message", get(routes::messages))
-        .route("/api/session/{id}/prompt", post(routes::prompt))
-        .route("/api/session/{id}/tool", post(routes::call_tool))
-        .route("/api/session/{id}/background", post(routes::background))
-        .route("/api/session/{id}/interrupt", post(routes::interrupt))
-        .route("/api/job", get(routes::list_jobs))
-        .route(
-            "/api/job/{id}",
-            get(routes::get_job).delete(routes::cancel_job),
-        )
-        .route("/api/job/{id}/output", get(routes::job_output))
-        .route("/api/permission", get(routes::pending_permissions))
-        .route("/api/permission/{id}", post(routes::reply_permission))
-        .route("/api/plugin", get(plugins::list_plugins))
-        .route("/api/plugin/{name}/reload", post(plugins::reload_plugin))
-        .route("/api/event", get(events::events))
-        .route("/api/openapi.json", get(openapi::openapi_json))
-        .fallback(routes::no_route)
-        .method_not_allowed_fallback(routes::wrong_method)
+    let (routes, _document) = api().split_for_parts();
+    routes
+        .fallback(error::no_route)
+        .method_not_allowed_fallback(error::wrong_method)
         .layer(DefaultBodyLimit::max(extract::BODY_LIMIT))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -83,6 +90,17 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn(log_request))
         .with_state(state)
+}
+
+/// Runs `work` on its own task so that dropping the request (a client
+/// disconnect) does not drop the work.
+async fn detached<T: Send + 'static>(
+    work: impl Future<Output = crate::Result<T>> + Send + 'static,
+) -> ApiResult<T> {
+    match tokio::spawn(work).await {
+        Ok(result) => result.map_err(ApiError::from),
+        Err(error) => Err(ApiError::internal(format!("request task failed: {error}"))),
+    }
 }
 
 /// Logs each request at `debug` (`OFFSTAGE_LOG=offstage::http=debug`):

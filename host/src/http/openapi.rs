@@ -1,6 +1,8 @@
-//! The OpenAPI 3 description served at `GET /api/openapi.json`, generated
-//! from the handlers' annotations and the record types themselves, so it
-//! cannot drift from what the server does.
+//! The frame of the OpenAPI 3 description served at `GET /api/openapi.json`:
+//! info, security and tags. Its paths are added by the routes themselves as
+//! they are registered (see [`super::openapi`]), from the handlers'
+//! annotations and the record types, so it cannot drift from what the
+//! server does.
 //!
 //! The host's own answer types (`PermissionRequest`, `OutputChunk`, the
 //! plugin record) derive their schemas where they are defined; the plugin
@@ -14,7 +16,7 @@ use utoipa::{
     Modify, OpenApi,
 };
 
-use super::{error, events, plugins, routes};
+use super::error;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -23,32 +25,9 @@ use super::{error, events, plugins, routes};
         description = "Session host for agent tools with native, hot-reloadable plugins. \
             Errors are `{\"error\": {\"code\", \"message\"}}` with a 4xx status.",
     ),
-    paths(
-        routes::health,
-        routes::list_sessions,
-        routes::create_session,
-        routes::get_session,
-        routes::rename_session,
-        routes::remove_session,
-        routes::messages,
-        routes::prompt,
-        routes::call_tool,
-        routes::background,
-        routes::interrupt,
-        routes::list_jobs,
-        routes::get_job,
-        routes::job_output,
-        routes::cancel_job,
-        routes::pending_permissions,
-        routes::reply_permission,
-        plugins::list_plugins,
-        plugins::reload_plugin,
-        events::events,
-        openapi_json,
-    ),
     components(schemas(
         Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus, Event,
-        crate::permission::PermissionRequest, crate::job::output::OutputChunk,
+        crate::permission::PermissionRequest, crate::session::jobs::output::OutputChunk,
         crate::plugin::PluginInfo, crate::plugin::PluginStatus,
         error::ErrorBody, error::ErrorDetail,
     )),
@@ -78,19 +57,11 @@ impl Modify for BearerAuth {
     }
 }
 
-#[utoipa::path(get, path = "/api/openapi.json", tag = "host",
-    responses((status = 200, description = "This document", content_type = "application/json")))]
-pub async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
-    axum::Json(ApiDoc::openapi())
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
 
     use serde_json::{json, Value};
-
-    use super::*;
 
     fn schema_fields(doc: &Value, name: &str) -> BTreeSet<String> {
         doc["components"]["schemas"][name]["properties"]
@@ -107,7 +78,7 @@ mod tests {
 
     #[test]
     fn answer_types_are_described_with_their_json_fields() {
-        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
         let request = crate::permission::PermissionRequest {
             id: "per_1".into(),
             session_id: "ses_1".into(),
@@ -120,7 +91,7 @@ mod tests {
             schema_fields(&doc, "PermissionRequest"),
             json_fields(json!(request))
         );
-        let chunk = crate::job::output::OutputChunk {
+        let chunk = crate::session::jobs::output::OutputChunk {
             offset: 0,
             data: String::new(),
             next_offset: 0,
@@ -135,7 +106,7 @@ mod tests {
 
     #[test]
     fn every_route_is_described() {
-        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
         for path in [
             "/api/health",

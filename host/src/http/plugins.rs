@@ -9,6 +9,14 @@ use super::{
 };
 use crate::plugin::{LoadError, PluginInfo};
 use axum::{extract::State, Json};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+/// Registers this file's routes with their OpenAPI entries (one
+/// `routes!` per path).
+pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
+    api.routes(routes!(list_plugins))
+        .routes(routes!(reload_plugin))
+}
 
 #[utoipa::path(get, path = "/api/plugin", tag = "plugin",
     responses((status = 200, description = "Loaded, failed and unloaded plugins", body = [PluginInfo])))]
@@ -50,13 +58,11 @@ fn load_error(error: &LoadError) -> ApiError {
 mod tests {
     use std::collections::BTreeSet;
 
-    use utoipa::OpenApi;
-
     use crate::plugin::{PluginInfo, PluginStatus};
 
     #[test]
     fn mirror_matches_plugin_info() {
-        let doc = serde_json::to_value(super::super::openapi::ApiDoc::openapi()).unwrap();
+        let doc = serde_json::to_value(crate::http::openapi()).unwrap();
         let described: BTreeSet<String> = doc["components"]["schemas"]["Plugin"]["properties"]
             .as_object()
             .unwrap()

@@ -3,7 +3,8 @@
 //! The HTTP API, the CLI (through HTTP) and native plugins (through the ABI
 //! adapter in `plugin/`) all call this type and hold no session logic of
 //! their own. It owns sessions and their messages, the jobs their tool calls
-//! start (`jobs.rs`), and the agent turns that run in them (`turn.rs`).
+//! start (`jobs/`: everything about how a job runs), the agent turns that
+//! run in them (`turn.rs`), and restart recovery (`recover.rs`).
 //!
 //! All state sits behind one mutex that is never held across an `.await`;
 //! waiting is done on `watch` channels, so a blocked caller costs no lock.
@@ -19,7 +20,7 @@
 //! [`SessionService::open`] uses `<data dir>/offstage.db` and brings back
 //! what the last run left (see `recover.rs`).
 
-mod jobs;
+pub mod jobs;
 mod recover;
 mod turn;
 
@@ -34,6 +35,7 @@ use offstage_plugin_api::types::{Job, Message, NewSession, Role, Session, Sessio
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+use jobs::CancelReason;
 pub use jobs::JobRuntime;
 
 use crate::{
@@ -71,6 +73,22 @@ struct State {
     /// Ordered by id, which orders by creation.
     sessions: BTreeMap<String, SessionEntry>,
     jobs: HashMap<String, JobEntry>,
+}
+
+impl State {
+    /// The session `id`, or `not_found` naming it.
+    fn session(&self, id: &str) -> Result<&SessionEntry> {
+        self.sessions
+            .get(id)
+            .ok_or_else(|| ServiceError::not_found("session", id))
+    }
+
+    /// [`session`](Self::session), to change.
+    fn session_mut(&mut self, id: &str) -> Result<&mut SessionEntry> {
+        self.sessions
+            .get_mut(id)
+            .ok_or_else(|| ServiceError::not_found("session", id))
+    }
 }
 
 struct SessionEntry {
@@ -267,12 +285,7 @@ impl SessionService {
 
     /// One session.
     pub async fn get(&self, id: &str) -> Result<Session> {
-        let state = self.state();
-        let entry = state
-            .sessions
-            .get(id)
-            .ok_or_else(|| ServiceError::not_found("session", id))?;
-        Ok(entry.session.clone())
+        Ok(self.state().session(id)?.session.clone())
     }
 
     /// Changes a session's title.
@@ -282,10 +295,7 @@ impl SessionService {
         }
         let session = {
             let mut state = self.state();
-            let entry = state
-                .sessions
-                .get_mut(id)
-                .ok_or_else(|| ServiceError::not_found("session", id))?;
+            let entry = state.session_mut(id)?;
             let mut session = entry.session.clone();
             session.title = title.to_string();
             session.updated_at = now();
@@ -329,7 +339,7 @@ impl SessionService {
             for entry in state.jobs.values() {
                 if doomed.contains(&entry.job.session_id) && !entry.job.status.is_final() {
                     if let Some(runtime) = &entry.runtime {
-                        runtime.cancel(jobs::CancelReason::SessionRemoved);
+                        runtime.cancel(CancelReason::SessionRemoved);
                     }
                 }
             }
@@ -364,12 +374,7 @@ impl SessionService {
 
     /// A session's messages, oldest first.
     pub async fn messages(&self, id: &str) -> Result<Vec<Message>> {
-        let state = self.state();
-        let entry = state
-            .sessions
-            .get(id)
-            .ok_or_else(|| ServiceError::not_found("session", id))?;
-        Ok(entry.messages.clone())
+        Ok(self.state().session(id)?.messages.clone())
     }
 
     /// Adds a notice to a session and wakes it. Background jobs that end do
@@ -415,10 +420,7 @@ impl SessionService {
             metadata,
             created_at: now(),
         };
-        let entry = state
-            .sessions
-            .get_mut(session_id)
-            .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+        let entry = state.session_mut(session_id)?;
         // Committed before it is in memory or anyone hears of it.
         self.inner.store.append_message(&message)?;
         self.push_message(entry, message.clone());
@@ -439,12 +441,7 @@ impl SessionService {
 
     /// A receiver that sees the session's status change.
     fn status_receiver(&self, id: &str) -> Result<watch::Receiver<SessionStatus>> {
-        let state = self.state();
-        let entry = state
-            .sessions
-            .get(id)
-            .ok_or_else(|| ServiceError::not_found("session", id))?;
-        Ok(entry.status.subscribe())
+        Ok(self.state().session(id)?.status.subscribe())
     }
 
     /// Recomputes a session's status after its turn or blocking calls

@@ -30,10 +30,16 @@
 use offstage_plugin_api::types::SessionStatus;
 use tokio::sync::watch;
 
-use super::{jobs::notice_message, JobEntry, SessionEntry, SessionService};
+use super::{
+    jobs::{
+        notice_message,
+        output::{read_range, TAIL_BYTES},
+        process,
+    },
+    JobEntry, SessionEntry, SessionService,
+};
 use crate::{
     ids::now,
-    job::output::{read_range, TAIL_BYTES},
     store::{NoticeReason, StoreError},
 };
 
@@ -43,7 +49,7 @@ impl SessionService {
         let recovery = self.inner.store.recover(&now())?;
         // Before anything can start a new process (and take a freed id).
         for leftover in &recovery.processes {
-            crate::job::process::kill_leftover(&leftover.job_id, &leftover.process);
+            process::kill_leftover(&leftover.job_id, &leftover.process);
         }
         let ids: Vec<&str> = recovery
             .processes

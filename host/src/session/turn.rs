@@ -89,10 +89,7 @@ impl SessionService {
             // its own, without the agent override and without telling us.
             let first_new = {
                 let mut state = self.state();
-                let entry = state
-                    .sessions
-                    .get(session_id)
-                    .ok_or_else(|| ServiceError::not_found("session", session_id))?;
+                let entry = state.session(session_id)?;
                 if entry.turn.is_some() {
                     None
                 } else {
@@ -230,11 +227,7 @@ impl SessionService {
     pub async fn interrupt(&self, session_id: &str) -> Result<bool> {
         let turn = {
             let mut state = self.state();
-            let entry = state
-                .sessions
-                .get_mut(session_id)
-                .ok_or_else(|| ServiceError::not_found("session", session_id))?;
-            let turn = entry.turn.take();
+            let turn = state.session_mut(session_id)?.turn.take();
             // The turn's calls are about to go away with it: their jobs are
             // cancelled below, not moved to the background as a caller
             // that went away would have them.

@@ -19,7 +19,9 @@ use std::{
 use offstage_plugin_api::types::{JobStatus, ToolCall, ToolResult};
 use serde_json::Value;
 
-use crate::{error::Result, job::output::OutputSink, session::SessionService, ServiceError};
+use crate::{
+    error::Result, session::jobs::output::OutputSink, session::SessionService, ServiceError,
+};
 
 pub use crate::util::BoxFuture;
 
@@ -121,6 +123,14 @@ pub enum Owner {
     Plugin { name: String, generation: u64 },
 }
 
+impl Owner {
+    /// Whether both are generations (the same or not) of one plugin.
+    pub(crate) fn same_plugin(&self, other: &Owner) -> bool {
+        matches!((self, other),
+            (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) if a == b)
+    }
+}
+
 struct Registered<T: ?Sized> {
     owner: Owner,
     item: Arc<T>,
@@ -144,9 +154,7 @@ struct Registry {
 impl Registry {
     fn check_add(&self, name: &str, owner: &Owner) -> Result<()> {
         if let Some(existing) = self.tools.get(name) {
-            let same_plugin = matches!((&existing.owner, owner),
-                (Owner::Plugin { name: a, .. }, Owner::Plugin { name: b, .. }) if a == b);
-            if !same_plugin {
+            if !existing.owner.same_plugin(owner) {
                 return Err(ServiceError::Conflict(format!(
                     "tool {name} already exists"
                 )));

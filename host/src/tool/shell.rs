@@ -6,7 +6,7 @@
 //! whole group, grandchildren included; so does the end of the main process,
 //! so nothing a command left behind outlives its job. A host killed outright
 //! runs none of this; the group is recorded in the store so that the next
-//! start-up ends it (see `job::process`).
+//! start-up ends it (see `session::jobs::process`).
 
 use std::{os::fd::OwnedFd, path::PathBuf, process::Stdio, time::Duration};
 
@@ -160,7 +160,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     })
 }
 
-async fn pump(reader: OwnedFd, output: std::sync::Arc<crate::job::output::OutputSink>) {
+async fn pump(reader: OwnedFd, output: std::sync::Arc<crate::session::jobs::output::OutputSink>) {
     let mut receiver = match tokio::net::unix::pipe::Receiver::from_owned_fd(reader) {
         Ok(receiver) => receiver,
         Err(error) => {

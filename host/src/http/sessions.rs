@@ -1,11 +1,11 @@
-//! The route handlers. Each one parses its request, calls the session
-//! service (or the plugin host) once, and maps the answer: no session logic
-//! lives here, so the HTTP API, the CLI and plugins cannot drift apart.
+//! Sessions: create, read, rename, delete; their messages; prompts, tool
+//! calls, background moves and interrupts.
 //!
-//! Calls that start work (`tool`, `prompt`) run on their own task and the
-//! handler only awaits it: a client that hangs up releases its connection,
-//! but the job or turn goes on exactly as if it had stayed — stopping work
-//! is what `interrupt` and `DELETE /api/job/:id` are for.
+//! Calls that start work run so that a client that hangs up does not stop
+//! the work: `prompt` on its own task (`detached`); `tool` is dropped with
+//! the request, and the service treats a caller that goes away as a move
+//! to the background. Stopping work is what `interrupt` and
+//! `DELETE /api/job/:id` are for.
 
 use axum::{extract::State, http::StatusCode, Json};
 use offstage_plugin_api::types::{
@@ -14,44 +14,26 @@ use offstage_plugin_api::types::{
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::{
-    error::{ApiError, ErrorBody},
-    extract::{JsonBody, PathId, QueryParams},
+    detached,
+    error::{ApiResult, ErrorBody},
+    extract::{JsonBody, PathId},
     AppState,
 };
-use crate::{job::output::OutputChunk, permission::PermissionRequest};
 
-type ApiResult<T> = Result<T, ApiError>;
-
-/// Runs `work` on its own task so that dropping the request (a client
-/// disconnect) does not drop the work.
-async fn detached<T: Send + 'static>(
-    work: impl std::future::Future<Output = crate::Result<T>> + Send + 'static,
-) -> ApiResult<T> {
-    match tokio::spawn(work).await {
-        Ok(result) => result.map_err(ApiError::from),
-        Err(error) => Err(ApiError::internal(format!("request task failed: {error}"))),
-    }
+/// Registers this file's routes with their OpenAPI entries (one
+/// `routes!` per path).
+pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
+    api.routes(routes!(list_sessions, create_session))
+        .routes(routes!(get_session, rename_session, remove_session))
+        .routes(routes!(messages))
+        .routes(routes!(prompt))
+        .routes(routes!(call_tool))
+        .routes(routes!(background))
+        .routes(routes!(interrupt))
 }
-
-/// `GET /api/health`.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Health {
-    pub ok: bool,
-    pub version: String,
-}
-
-#[utoipa::path(get, path = "/api/health", tag = "host",
-    responses((status = 200, description = "The host is up", body = Health)))]
-pub async fn health() -> Json<Health> {
-    Json(Health {
-        ok: true,
-        version: env!("CARGO_PKG_VERSION").to_string(),
-    })
-}
-
-// ---------------------------------------------------------------- sessions
 
 #[utoipa::path(get, path = "/api/session", tag = "session",
     responses((status = 200, description = "Every session, oldest first", body = [Session])))]
@@ -263,137 +245,4 @@ pub async fn interrupt(
 ) -> ApiResult<Json<InterruptAnswer>> {
     let interrupted = state.service.interrupt(&id).await?;
     Ok(Json(InterruptAnswer { interrupted }))
-}
-
-// -------------------------------------------------------------------- jobs
-
-/// Query of `GET /api/job`.
-#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct JobsQuery {
-    /// Only this session's jobs.
-    pub session_id: Option<String>,
-}
-
-#[utoipa::path(get, path = "/api/job", tag = "job",
-    params(JobsQuery),
-    responses((status = 200, description = "Jobs, oldest first", body = [Job]), (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn list_jobs(
-    State(state): State<AppState>,
-    QueryParams(query): QueryParams<JobsQuery>,
-) -> ApiResult<Json<Vec<Job>>> {
-    Ok(Json(state.service.jobs(query.session_id.as_deref()).await?))
-}
-
-#[utoipa::path(get, path = "/api/job/{id}", tag = "job",
-    params(("id" = String, Path, description = "Job id")),
-    responses((status = 200, description = "The job", body = Job), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn get_job(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Job>> {
-    Ok(Json(state.service.job(&id).await?))
-}
-
-/// Bytes returned by `GET /api/job/:id/output` when no `limit` is given.
-pub const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
-
-/// Query of `GET /api/job/:id/output`.
-#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct OutputQuery {
-    /// Byte offset to start at; 0 when absent.
-    pub offset: Option<u64>,
-    /// Most bytes to return; 1 MiB when absent, at most 4 MiB.
-    pub limit: Option<u64>,
-}
-
-#[utoipa::path(get, path = "/api/job/{id}/output", tag = "job",
-    params(("id" = String, Path, description = "Job id"), OutputQuery),
-    responses((status = 200, description = "A byte range of the job's output file", body = OutputChunk),
-        (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn job_output(
-    State(state): State<AppState>,
-    PathId(id): PathId,
-    QueryParams(query): QueryParams<OutputQuery>,
-) -> ApiResult<Json<OutputChunk>> {
-    let offset = query.offset.unwrap_or(0);
-    let limit = query.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-    Ok(Json(state.service.job_output(&id, offset, limit).await?))
-}
-
-#[utoipa::path(delete, path = "/api/job/{id}", tag = "job",
-    params(("id" = String, Path, description = "Job id")),
-    responses((status = 200, description = "The job as it ended", body = Job), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn cancel_job(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Job>> {
-    let service = state.service.clone();
-    Ok(Json(
-        detached(async move { service.cancel_job(&id).await }).await?,
-    ))
-}
-
-// ------------------------------------------------------------- permissions
-
-#[utoipa::path(get, path = "/api/permission", tag = "permission",
-    responses((status = 200, description = "Questions waiting for a reply", body = [PermissionRequest])))]
-pub async fn pending_permissions(State(state): State<AppState>) -> Json<Vec<PermissionRequest>> {
-    Json(state.service.permissions().pending())
-}
-
-/// A reply to a permission question.
-#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ReplyKind {
-    /// Allow this call.
-    Once,
-    /// Allow this call and later ones with the same tool and pattern.
-    Always,
-    Reject,
-}
-
-/// Body of `POST /api/permission/:id`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PermissionReply {
-    pub reply: ReplyKind,
-}
-
-#[utoipa::path(post, path = "/api/permission/{id}", tag = "permission",
-    params(("id" = String, Path, description = "Permission request id")),
-    request_body = PermissionReply,
-    responses((status = 200, description = "The answered request", body = PermissionRequest),
-        (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn reply_permission(
-    State(state): State<AppState>,
-    PathId(id): PathId,
-    JsonBody(body): JsonBody<PermissionReply>,
-) -> ApiResult<Json<PermissionRequest>> {
-    use crate::permission::Reply;
-    let reply = match body.reply {
-        ReplyKind::Once => Reply::Once,
-        ReplyKind::Always => Reply::Always,
-        ReplyKind::Reject => Reply::Reject,
-    };
-    Ok(Json(state.service.permissions().reply(&id, reply)?))
-}
-
-// ---------------------------------------------------------------- fallback
-
-/// Any path the API does not have.
-pub async fn no_route(request: axum::extract::Request) -> ApiError {
-    ApiError::not_found(format!(
-        "no route {} {}",
-        request.method(),
-        request.uri().path()
-    ))
-}
-
-/// A known path with a method it does not take.
-pub async fn wrong_method(request: axum::extract::Request) -> ApiError {
-    ApiError::new(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!(
-            "{} is not allowed on {}",
-            request.method(),
-            request.uri().path()
-        ),
-    )
 }

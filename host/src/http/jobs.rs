@@ -1,0 +1,84 @@
+//! Jobs: list, read, page through output, cancel.
+
+use axum::{extract::State, Json};
+use offstage_plugin_api::types::Job;
+use serde::Deserialize;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::{
+    detached,
+    error::{ApiResult, ErrorBody},
+    extract::{PathId, QueryParams},
+    AppState,
+};
+use crate::session::jobs::output::OutputChunk;
+
+/// Registers this file's routes with their OpenAPI entries (one
+/// `routes!` per path).
+pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
+    api.routes(routes!(list_jobs))
+        .routes(routes!(get_job, cancel_job))
+        .routes(routes!(job_output))
+}
+
+/// Query of `GET /api/job`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct JobsQuery {
+    /// Only this session's jobs.
+    pub session_id: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/job", tag = "job",
+    params(JobsQuery),
+    responses((status = 200, description = "Jobs, oldest first", body = [Job]), (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
+pub async fn list_jobs(
+    State(state): State<AppState>,
+    QueryParams(query): QueryParams<JobsQuery>,
+) -> ApiResult<Json<Vec<Job>>> {
+    Ok(Json(state.service.jobs(query.session_id.as_deref()).await?))
+}
+
+#[utoipa::path(get, path = "/api/job/{id}", tag = "job",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, description = "The job", body = Job), (status = 404, description = "No such id", body = ErrorBody)))]
+pub async fn get_job(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Job>> {
+    Ok(Json(state.service.job(&id).await?))
+}
+
+/// Bytes returned by `GET /api/job/:id/output` when no `limit` is given.
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
+
+/// Query of `GET /api/job/:id/output`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OutputQuery {
+    /// Byte offset to start at; 0 when absent.
+    pub offset: Option<u64>,
+    /// Most bytes to return; 1 MiB when absent, at most 4 MiB.
+    pub limit: Option<u64>,
+}
+
+#[utoipa::path(get, path = "/api/job/{id}/output", tag = "job",
+    params(("id" = String, Path, description = "Job id"), OutputQuery),
+    responses((status = 200, description = "A byte range of the job's output file", body = OutputChunk),
+        (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
+pub async fn job_output(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+    QueryParams(query): QueryParams<OutputQuery>,
+) -> ApiResult<Json<OutputChunk>> {
+    let offset = query.offset.unwrap_or(0);
+    let limit = query.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+    Ok(Json(state.service.job_output(&id, offset, limit).await?))
+}
+
+#[utoipa::path(delete, path = "/api/job/{id}", tag = "job",
+    params(("id" = String, Path, description = "Job id")),
+    responses((status = 200, description = "The job as it ended", body = Job), (status = 404, description = "No such id", body = ErrorBody)))]
+pub async fn cancel_job(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Job>> {
+    let service = state.service.clone();
+    Ok(Json(
+        detached(async move { service.cancel_job(&id).await }).await?,
+    ))
+}

@@ -1,0 +1,325 @@
+//! `call_tool`, the caller's half of a job, in four steps:
+//!
+//! 1. [`check_call`](SessionService::check_call): the session, the tool,
+//!    its input, the job id and the permission rules — nothing exists yet;
+//! 2. [`start_job`](SessionService::start_job): the output file, the job's
+//!    record (committed first), and its task on the runtime;
+//! 3. [`await_caller`](SessionService::await_caller): wait for the end, a
+//!    background move or the foreground timeout;
+//! 4. [`record_result`](SessionService::record_result): the tool message
+//!    in the session.
+
+use std::{sync::Arc, time::Duration};
+
+use offstage_plugin_api::types::{
+    Job, JobStatus, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
+};
+use serde_json::json;
+
+use super::{output::OutputSink, CancelReason, JobRuntime};
+use crate::{
+    error::Result,
+    ids::{new_id, now},
+    session::{JobEntry, SessionService},
+    tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
+    ServiceError,
+};
+
+/// A call that passed every check: what [`SessionService::start_job`]
+/// needs.
+struct CheckedCall {
+    call: ToolCall,
+    tool: Arc<dyn Tool>,
+    wrappers: Vec<Arc<dyn ToolWrapper>>,
+    policy: ForegroundPolicy,
+}
+
+/// A job whose task runs, and what its caller waits with.
+struct StartedJob {
+    job: Job,
+    runtime: Arc<JobRuntime>,
+    policy: ForegroundPolicy,
+    /// Keeps the session busy while the caller waits (`None` for a job
+    /// that starts in the background).
+    blocking: Option<BlockingCall>,
+}
+
+/// Keeps a session marked busy while a caller is blocked on a tool call.
+struct BlockingCall {
+    service: SessionService,
+    session_id: String,
+}
+
+impl Drop for BlockingCall {
+    fn drop(&mut self) {
+        let mut state = self.service.state();
+        if let Some(entry) = state.sessions.get_mut(&self.session_id) {
+            entry.blocking_calls = entry.blocking_calls.saturating_sub(1);
+        }
+        self.service.refresh_status(&mut state, &self.session_id);
+    }
+}
+
+/// Armed while a caller waits for its job: if the caller's future is
+/// dropped before it got an answer (a disconnected HTTP client, a plugin
+/// that gave up), the job moves to the background instead of losing its
+/// result, and its end adds the usual notice.
+struct CallerGuard<'a> {
+    service: &'a SessionService,
+    session_id: &'a str,
+    job_id: &'a str,
+    armed: bool,
+}
+
+impl Drop for CallerGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let moved = self.service.move_jobs(|job| job.id == self.job_id);
+        if !moved.is_empty() {
+            tracing::info!(
+                job_id = self.job_id,
+                "the caller went away; the job goes on in the background"
+            );
+            let text = format!(
+                "The caller of job {} went away; the job goes on in the background.",
+                self.job_id
+            );
+            let metadata = json!({ "backgrounded": [self.job_id], "reason": "caller_gone" });
+            let _ = self
+                .service
+                .append(self.session_id, Role::Tool, &text, metadata);
+        }
+    }
+}
+
+impl SessionService {
+    /// Runs a tool in a session and blocks until its job ends or is moved
+    /// to the background, whichever comes first.
+    pub async fn call_tool(&self, session_id: &str, request: ToolRequest) -> Result<ToolResult> {
+        let checked = self.check_call(session_id, request).await?;
+        let started = self.start_job(checked)?;
+        let result = self.await_caller(&started).await;
+        // The caller is no longer blocked: the session may turn idle
+        // before the result is recorded.
+        drop(started.blocking);
+        self.record_result(&started.job, &result);
+        Ok(result)
+    }
+
+    /// Step 1: everything that can refuse the call before it exists — the
+    /// session, the tool and its input, the job id, the permission rules
+    /// (an `ask` waits here for its reply).
+    async fn check_call(&self, session_id: &str, request: ToolRequest) -> Result<CheckedCall> {
+        self.get(session_id).await?;
+        let (tool, wrappers) = self
+            .inner
+            .tools
+            .chain(&request.tool)
+            .ok_or_else(|| ServiceError::not_found("tool", &request.tool))?;
+        let policy = tool.policy(&request.input)?;
+        let job_id = match request.call_id {
+            Some(id) if id.trim().is_empty() => {
+                return Err(ServiceError::InvalidInput(
+                    "call_id must not be empty".into(),
+                ))
+            }
+            Some(id) => id,
+            None => new_id("job"),
+        };
+        if self.state().jobs.contains_key(&job_id) {
+            return Err(job_exists(&job_id));
+        }
+        self.inner
+            .permissions
+            .check(
+                session_id,
+                &request.tool,
+                &tool.permission_pattern(&request.input),
+            )
+            .await?;
+        Ok(CheckedCall {
+            call: ToolCall {
+                session_id: session_id.to_string(),
+                job_id,
+                tool: request.tool,
+                input: request.input,
+            },
+            tool,
+            wrappers,
+            policy,
+        })
+    }
+
+    /// Step 2: creates the output file, records the job (in the store
+    /// first), publishes `job.started` and spawns the job's task.
+    fn start_job(&self, checked: CheckedCall) -> Result<StartedJob> {
+        let CheckedCall {
+            call,
+            tool,
+            wrappers,
+            policy,
+        } = checked;
+        let output = Arc::new(OutputSink::create(
+            self.output_dir(&call.session_id)
+                .join(format!("{}.log", call.job_id)),
+        )?);
+        let job = Job {
+            id: call.job_id.clone(),
+            session_id: call.session_id.clone(),
+            kind: call.tool.clone(),
+            title: tool.title(&call.input),
+            status: JobStatus::Running,
+            backgrounded: policy.background,
+            started_at: now(),
+            completed_at: None,
+            exit_code: None,
+            output_path: Some(output.path().display().to_string()),
+            child_session_id: None,
+        };
+        let runtime = Arc::new(JobRuntime::new(policy.background, output.clone()));
+        let blocking = self.register_job(&job, &runtime)?;
+        self.inner.events.publish("job.started", json!(job));
+
+        let ctx = JobContext {
+            service: self.clone(),
+            job_id: job.id.clone(),
+            session_id: job.session_id.clone(),
+            output,
+        };
+        tokio::spawn(
+            self.clone()
+                .run_job(runtime.clone(), ctx, call, tool, wrappers),
+        );
+        Ok(StartedJob {
+            job,
+            runtime,
+            policy,
+            blocking,
+        })
+    }
+
+    /// Puts a new job in the store and the job table, under one lock; a
+    /// foreground job also makes its session busy, until the returned
+    /// [`BlockingCall`] is dropped.
+    fn register_job(&self, job: &Job, runtime: &Arc<JobRuntime>) -> Result<Option<BlockingCall>> {
+        let mut state = self.state();
+        if state.jobs.contains_key(&job.id) {
+            return Err(job_exists(&job.id));
+        }
+        let entry = state.session_mut(&job.session_id)?;
+        // Committed before the job exists anywhere else.
+        self.inner.store.put_job(job)?;
+        if !job.backgrounded {
+            entry.blocking_calls += 1;
+        }
+        state.jobs.insert(
+            job.id.clone(),
+            JobEntry {
+                job: job.clone(),
+                runtime: Some(runtime.clone()),
+            },
+        );
+        self.refresh_status(&mut state, &job.session_id);
+        Ok((!job.backgrounded).then(|| BlockingCall {
+            service: self.clone(),
+            session_id: job.session_id.clone(),
+        }))
+    }
+
+    /// Step 3: waits for the job's end, a background move or the
+    /// foreground timeout. A caller that goes away meanwhile moves the job
+    /// to the background (see [`CallerGuard`]).
+    async fn await_caller(&self, started: &StartedJob) -> ToolResult {
+        let mut guard = CallerGuard {
+            service: self,
+            session_id: &started.job.session_id,
+            job_id: &started.job.id,
+            armed: true,
+        };
+        let result = self
+            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
+            .await;
+        guard.armed = false;
+        result
+    }
+
+    /// Step 4: the call's result as a tool message in its session.
+    fn record_result(&self, job: &Job, result: &ToolResult) {
+        let metadata = json!({
+            "job_id": result.job_id,
+            "tool": job.kind,
+            "status": result.status,
+            "exit_code": result.exit_code,
+        });
+        // The session may be gone by now (removed while the call ran).
+        let _ = self.append(&job.session_id, Role::Tool, &result.output, metadata);
+    }
+
+    /// The caller's wait: returns when the job ends, is backgrounded, or
+    /// its foreground timeout passes.
+    async fn wait_for_caller(
+        &self,
+        job_id: &str,
+        runtime: &JobRuntime,
+        policy: ForegroundPolicy,
+    ) -> ToolResult {
+        let mut finished = runtime.finished.subscribe();
+        let mut released = runtime.released.subscribe();
+        // A timeout only fires once; after it, the end or release follows.
+        let mut timeout = policy.timeout;
+        loop {
+            tokio::select! {
+                biased;
+                result = finished.wait_for(Option::is_some) => {
+                    if let Ok(result) = result {
+                        if let Some(result) = result.clone() {
+                            // A move that raced the end still wins: the
+                            // notice is on its way, so say "backgrounded".
+                            if !*runtime.released.borrow() {
+                                return result;
+                            }
+                        }
+                    }
+                    return backgrounded_result(job_id, runtime);
+                }
+                _ = released.wait_for(|r| *r) => {
+                    return backgrounded_result(job_id, runtime);
+                }
+                _ = sleep_or_forever(timeout) => {
+                    timeout = None;
+                    match policy.on_timeout {
+                        OnTimeout::Kill => runtime.cancel(CancelReason::Timeout),
+                        OnTimeout::Background => {
+                            let _ = self.move_jobs(|job| job.id == job_id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a released caller gets: the output so far and where the rest is.
+fn backgrounded_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
+    ToolResult {
+        call_id: job_id.to_string(),
+        job_id: job_id.to_string(),
+        status: ToolStatus::Backgrounded,
+        output: runtime.output.tail_text(),
+        exit_code: None,
+        output_path: Some(runtime.output.path().display().to_string()),
+    }
+}
+
+fn job_exists(job_id: &str) -> ServiceError {
+    ServiceError::Conflict(format!("a job with id {job_id} already exists"))
+}
+
+async fn sleep_or_forever(duration: Option<Duration>) {
+    match duration {
+        Some(duration) => tokio::time::sleep(duration).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,204 @@
+//! Jobs: everything about how a tool call runs, in one folder.
+//!
+//! A tool call in a session starts a job. The call has two halves that run
+//! separately:
+//!
+//! - the job's *task*, spawned on the runtime, runs the tool's chain
+//!   (wrappers, then the tool) to the end and records how it ended
+//!   (`run.rs`);
+//! - the *caller* waits for whichever comes first: the task's end, a
+//!   `background` move, or its foreground timeout (`call.rs`).
+//!
+//! So `background` (`background.rs`) only has to release the caller: the
+//! task goes on exactly as before, with the permission decision it started
+//! with, and because the job knows it was backgrounded when it ends, it adds
+//! its notice — once, from the one place a job ends.
+//!
+//! A caller that goes away while it waits (an HTTP client disconnects, a
+//! plugin drops its `call_tool` future) counts as a move to the
+//! background: the job goes on and its end is told by the usual notice, so
+//! no result is lost (see `CallerGuard` in `call.rs`). A tool that panics
+//! ends its job as an error with the panic's message in its output,
+//! releasing the caller like any other end.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | [`JobRuntime`], `CancelReason`, reading jobs, job bookkeeping |
+//! | `call.rs` | `call_tool`: check, start, wait for the caller, record |
+//! | `run.rs` | the job's task: the chain, the end, the notice |
+//! | `background.rs` | `background` and the move every release goes through |
+//! | `cancel.rs` | cancel one job, a session's foreground jobs, or all |
+//! | `output.rs` | the output file and its bounded tail |
+//! | `process.rs` | process groups a killed host left behind |
+//!
+//! # Why under `session/`
+//!
+//! A job's life is made of changes to the session service's state — the
+//! job table, the session's blocking calls and status, its messages and
+//! inbox — each committed to the store under the service's one lock. As a
+//! child of `session`, this module reaches that state (`State`,
+//! `JobEntry`, `append`, `refresh_status`) without making any of it
+//! visible to the rest of the crate; a top-level `job/` would need all of
+//! it `pub(crate)`. `session/` itself keeps sessions, messages, turns and
+//! recovery.
+
+mod background;
+mod call;
+mod cancel;
+pub mod output;
+pub mod process;
+mod run;
+
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
+
+use offstage_plugin_api::types::{Job, JobStatus, ToolResult};
+use tokio::sync::watch;
+
+pub(super) use run::notice_message;
+
+use self::output::{read_range, OutputChunk, OutputSink};
+use super::SessionService;
+use crate::{error::Result, ServiceError};
+
+/// Why a job was cancelled. Only a timeout counts as the job's failure;
+/// the others are someone's decision and are recorded without a wake-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CancelReason {
+    User,
+    Interrupted,
+    SessionRemoved,
+    Timeout,
+    Shutdown,
+}
+
+/// The live half of a job: its signals and output.
+pub struct JobRuntime {
+    /// Set when the caller is released by a background move.
+    released: watch::Sender<bool>,
+    /// The final result, once the task has ended.
+    finished: watch::Sender<Option<ToolResult>>,
+    cancel: watch::Sender<Option<CancelReason>>,
+    output: Arc<OutputSink>,
+    /// Set (under the state lock) by an interrupt that is about to cancel
+    /// this foreground job: its caller, the interrupted turn, is going away
+    /// for that reason, and must not move the job to the background.
+    interrupting: AtomicBool,
+}
+
+impl JobRuntime {
+    /// A running job writing to `output`; `released` when it starts in the
+    /// background (its caller returns at once).
+    fn new(released: bool, output: Arc<OutputSink>) -> Self {
+        JobRuntime {
+            released: watch::channel(released).0,
+            finished: watch::channel(None).0,
+            cancel: watch::channel(None).0,
+            output,
+            interrupting: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a background move may still take this job: nobody has
+    /// asked to end it.
+    fn movable(&self) -> bool {
+        self.cancel.borrow().is_none() && !self.interrupting.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn mark_interrupting(&self) {
+        self.interrupting.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn cancel(&self, reason: CancelReason) {
+        self.cancel.send_if_modified(|current| {
+            if current.is_none() {
+                *current = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// Waits until the job's task has recorded its end.
+    async fn wait_finished(&self) {
+        let mut finished = self.finished.subscribe();
+        let _ = finished.wait_for(Option::is_some).await;
+    }
+}
+
+impl SessionService {
+    /// Jobs of one session, or all, oldest first.
+    pub async fn jobs(&self, session_id: Option<&str>) -> Result<Vec<Job>> {
+        if let Some(id) = session_id {
+            self.get(id).await?;
+        }
+        let state = self.state();
+        let mut jobs: Vec<Job> = state
+            .jobs
+            .values()
+            .filter(|e| session_id.is_none_or(|id| e.job.session_id == id))
+            .map(|e| e.job.clone())
+            .collect();
+        jobs.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
+        Ok(jobs)
+    }
+
+    /// One job.
+    pub async fn job(&self, id: &str) -> Result<Job> {
+        let state = self.state();
+        state
+            .jobs
+            .get(id)
+            .map(|e| e.job.clone())
+            .ok_or_else(|| ServiceError::not_found("job", id))
+    }
+
+    /// A byte range of a job's output file.
+    pub async fn job_output(&self, id: &str, offset: u64, limit: u64) -> Result<OutputChunk> {
+        let job = self.job(id).await?;
+        let path = job
+            .output_path
+            .ok_or_else(|| ServiceError::NotFound(format!("job {id} has no output file")))?;
+        read_range(
+            std::path::Path::new(&path),
+            offset,
+            limit.min(4 * 1024 * 1024),
+        )
+    }
+
+    /// Records the process group a job's tool started (its leader `pid`),
+    /// so that restart recovery can end it if the host dies without doing
+    /// so (see [`process`]). Best effort: a failure is logged.
+    pub(crate) fn record_job_process(&self, job_id: &str, pid: u32) {
+        let Some(record) = process::capture(pid) else {
+            return;
+        };
+        // Under the state lock, like every other write of a job.
+        let state = self.state();
+        let running = state
+            .jobs
+            .get(job_id)
+            .is_some_and(|e| e.job.status == JobStatus::Running);
+        if running {
+            if let Err(error) = self.inner.store.set_job_process(job_id, &record) {
+                tracing::warn!(job_id, %error, "cannot record the job's process group");
+            }
+        }
+    }
+
+    /// Records the child session a subagent job drives.
+    pub(crate) fn set_child_session(&self, job_id: &str, child_id: &str) {
+        let mut state = self.state();
+        if let Some(entry) = state.jobs.get_mut(job_id) {
+            let mut job = entry.job.clone();
+            job.child_session_id = Some(child_id.to_string());
+            match self.inner.store.put_job(&job) {
+                Ok(()) => entry.job = job,
+                Err(error) => tracing::error!(job_id, %error, "cannot record the child session"),
+            }
+        }
+    }
+}
