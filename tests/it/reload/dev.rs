@@ -112,10 +112,15 @@ fn write_source(crate_dir: &Path, greeting: &str) {
     .unwrap();
 }
 
-/// A plugin crate outside the workspace, building into `target/TARGET`
-/// of the workspace (kept between runs; one per test, as tests run at
-/// once and their crates share a name).
-fn plugin_crate(dir: &Path, target: &str) -> std::path::PathBuf {
+/// The two tests here build crates of the same name into the same target
+/// dir: one test at a time.
+static DEVSRC_TARGET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A plugin crate outside the workspace, building into `target/guide` of
+/// the workspace (kept between runs; shared with the other crates built
+/// outside the workspace, so its dependencies are built once — hold
+/// [`DEVSRC_TARGET`] while using it).
+fn plugin_crate(dir: &Path) -> std::path::PathBuf {
     let root = offstage_tests::workspace_root();
     let crate_dir = dir.join("devsrc");
     std::fs::create_dir_all(crate_dir.join("src")).unwrap();
@@ -134,7 +139,7 @@ fn plugin_crate(dir: &Path, target: &str) -> std::path::PathBuf {
         crate_dir.join(".cargo/config.toml"),
         format!(
             "[build]\ntarget-dir = {:?}\n",
-            root.join("target").join(target)
+            offstage_tests::fixtures::guide_target_dir()
         ),
     )
     .unwrap();
@@ -154,8 +159,9 @@ fn plugin_crate(dir: &Path, target: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watched_sources_are_rebuilt_and_a_failed_build_keeps_the_old_generation() {
+    let _one_at_a_time = DEVSRC_TARGET.lock().await;
     let fixture = Fixture::new();
-    let crate_dir = plugin_crate(fixture.dir.path(), "test-plugins-devsrc");
+    let crate_dir = plugin_crate(fixture.dir.path());
     let host = fixture.start();
     let mut events = host.service.events().subscribe();
     let _watcher = watch::watch(
@@ -217,8 +223,9 @@ async fn watched_sources_are_rebuilt_and_a_failed_build_keeps_the_old_generation
 
 #[test]
 fn offstage_dev_rebuilds_watched_sources_and_serves_the_new_generation() {
+    let _one_at_a_time = DEVSRC_TARGET.blocking_lock();
     let dir = tempfile::tempdir().unwrap();
-    let crate_dir = plugin_crate(dir.path(), "test-plugins-devsrc-bin");
+    let crate_dir = plugin_crate(dir.path());
     let plugins = dir.path().join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     let server = offstage_tests::server::Server::start_dev(&[
