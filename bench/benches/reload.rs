@@ -4,7 +4,7 @@
 //! a library, DESIGN.md §2.4).
 //!
 //! ```sh
-//! cargo run --release -p offstage-tests --example reload_bench [-- RELOADS]
+//! cargo bench -p offstage-bench --bench reload [-- RELOADS]
 //! ```
 //!
 //! Builds the `reloadable` test plugin twice (variants a and b, release)
@@ -99,8 +99,10 @@ fn summary(name: &str, mut samples: Vec<Duration>) {
 }
 
 fn main() {
+    // `cargo bench` passes `--bench`; the first other argument is RELOADS.
     let reloads: usize = std::env::args()
-        .nth(1)
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
         .and_then(|n| n.parse().ok())
         .unwrap_or(100);
     let libraries = [build("a"), build("b")];
