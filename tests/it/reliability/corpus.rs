@@ -312,8 +312,10 @@ async fn leaky_is_harmless(host: &Host, leaked_before_load: usize) {
 }
 
 async fn run_corpus(seed: u64) {
-    let _watchdog = watchdog(&format!("corpus seed {seed}"));
+    // The fixtures first: their build (shared with the other tests, on a
+    // busy machine) is not what the watchdog guards.
     let (fixture, refused) = corpus(seed);
+    let _watchdog = watchdog(&format!("corpus seed {seed}"));
     // Threads earlier runs in this process leaked (they never exit).
     let leaked_before_load = threads_named("leaky-");
     let host = fixture.start();
