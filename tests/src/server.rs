@@ -3,48 +3,24 @@
 //! it: raw enough to send malformed bodies and wrong headers, and to read
 //! a Server-Sent Events stream chunk by chunk.
 //!
-//! The binary is built once per test process with `cargo build -p offstage
-//! --bin offstage` into the workspace's own target dir.
+//! The binary is built once per test process ([`offstage_binary`]).
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
     net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::OnceLock,
     time::Duration,
 };
 
 use serde_json::Value;
 
-use crate::workspace_root;
+pub use crate::fixtures::offstage_binary;
+use crate::wait::eventually;
 
 /// How long a test read may block before the test fails instead of
 /// hanging. A safety net, never an assertion about speed.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The `offstage` binary, built on first use.
-pub fn offstage_binary() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let status = Command::new(env!("CARGO"))
-                .current_dir(workspace_root())
-                .args(["build", "--quiet", "-p", "offstage", "--bin", "offstage"])
-                .status()
-                .expect("run cargo");
-            assert!(status.success(), "cargo build -p offstage failed");
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| workspace_root().join("target"));
-            let path = target
-                .join("debug")
-                .join(format!("offstage{}", std::env::consts::EXE_SUFFIX));
-            assert!(path.exists(), "{} missing after build", path.display());
-            path
-        })
-        .clone()
-}
 
 /// A running `offstage serve` on a free loopback port with its own data
 /// dir. Killed when dropped; [`Server::stop`] asks it to shut down.
@@ -160,6 +136,15 @@ impl Server {
             response.status, response.body
         );
         response.json()
+    }
+
+    /// Polls `GET /api/plugin` until `matches` holds for the list; returns
+    /// it. Fails naming `what` after [`crate::wait::PATIENCE`].
+    pub fn plugins_until(&self, what: &str, matches: impl Fn(&Value) -> bool) -> Value {
+        eventually(what, || {
+            let list = self.expect("GET", "/api/plugin", None, 200);
+            matches(&list).then_some(list)
+        })
     }
 
     /// Opens `GET /api/event` with the server's token.

@@ -1,24 +1,28 @@
 //! Waiting with a deadline: every wait in the tests is bounded, so a bug
 //! fails the test instead of hanging it. Reaching a deadline is a failure,
-//! never a measurement. Each suite passes its own patience.
+//! never a measurement. Every wait uses the one [`PATIENCE`].
 
 use std::{future::Future, sync::mpsc, time::Duration};
+
+/// Generous upper bound on anything a test waits for. Reaching it is a
+/// failure, never a measurement: the tests check behaviour, not speed (and
+/// share two cores with each other and with cargo building fixtures).
+pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// How often the polling helpers check.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Calls `check` every `interval` until it yields a value; panics naming
-/// `what` after `patience`.
+/// `what` after [`PATIENCE`].
 ///
 /// `check` is an async closure (`async || ...`) or a closure returning a
 /// future.
 pub async fn poll_every<T>(
     what: &str,
-    patience: Duration,
     interval: Duration,
     mut check: impl AsyncFnMut() -> Option<T>,
 ) -> T {
-    let deadline = tokio::time::Instant::now() + patience;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         if let Some(value) = check().await {
             return value;
@@ -32,14 +36,20 @@ pub async fn poll_every<T>(
 }
 
 /// Calls `check` every [`POLL_INTERVAL`] until it yields a value; panics
-/// naming `what` after `patience`.
-pub async fn poll<T>(what: &str, patience: Duration, check: impl AsyncFnMut() -> Option<T>) -> T {
-    poll_every(what, patience, POLL_INTERVAL, check).await
+/// naming `what` after [`PATIENCE`].
+pub async fn poll<T>(what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+    poll_every(what, POLL_INTERVAL, check).await
+}
+
+/// Calls `check` every [`POLL_INTERVAL`] until it holds; panics naming
+/// `what` after [`PATIENCE`].
+pub async fn until<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    poll(what, async || check().await.then_some(())).await
 }
 
 /// As [`poll`], for a plain thread (no runtime): sleeps between checks.
-pub fn poll_blocking<T>(what: &str, patience: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = std::time::Instant::now() + patience;
+pub fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         if let Some(value) = check() {
             return value;
@@ -52,18 +62,19 @@ pub fn poll_blocking<T>(what: &str, patience: Duration, mut check: impl FnMut() 
     }
 }
 
-/// Awaits `fut` for at most `patience`; panics naming `what` after that.
-pub async fn within<T>(what: &str, patience: Duration, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(patience, fut)
+/// Awaits `fut` for at most [`PATIENCE`]; panics naming `what` after that.
+pub async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, fut)
         .await
         .unwrap_or_else(|_| panic!("gave up waiting for {what}"))
 }
 
 /// Ends the test process (exit code 101) if the returned guard is still
-/// alive after `after`. `tokio::time::timeout` alone cannot catch a
+/// alive after twice [`PATIENCE`]. `tokio::time::timeout` alone cannot catch a
 /// deadlock that holds every runtime worker: the timer is driven by those
 /// workers. This watchdog is a plain thread.
-pub fn watchdog(what: &str, after: Duration) -> mpsc::Sender<()> {
+pub fn watchdog(what: &str) -> mpsc::Sender<()> {
+    let after = PATIENCE * 2;
     let (guard, watch) = mpsc::channel::<()>();
     let what = what.to_string();
     std::thread::spawn(move || {

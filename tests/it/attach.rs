@@ -1,0 +1,215 @@
+//! `offstage attach` end to end: the real binary in a real 80x24
+//! pseudo-terminal, against a real `offstage serve`, its screen read back
+//! through a terminal emulator (vt100). Waits are generous deadlines, never
+//! assertions about time.
+
+use std::{
+    io::{Read, Write},
+    num::NonZeroU16,
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use offstage_tests::{
+    server::{cli, offstage_binary, Server},
+    wait::PATIENCE,
+};
+use portable_pty::{native_pty_system, Child, CommandBuilder, MasterPty, PtySize};
+
+/// The pseudo-terminal's size, whatever the developer's terminal is.
+const ROWS: NonZeroU16 = NonZeroU16::new(24).unwrap();
+const COLS: NonZeroU16 = NonZeroU16::new(80).unwrap();
+
+/// `offstage attach` running in a pseudo-terminal. Killed when dropped.
+struct Attached {
+    child: Box<dyn Child + Send + Sync>,
+    writer: Arc<Mutex<Box<dyn Write + Send>>>,
+    parser: Arc<Mutex<vt100::Parser>>,
+    _master: Box<dyn MasterPty + Send>,
+}
+
+impl Attached {
+    fn start(server: &Server, args: &[&str]) -> Attached {
+        let pty = native_pty_system()
+            .openpty(PtySize {
+                rows: ROWS.get(),
+                cols: COLS.get(),
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .expect("open a pty");
+        let mut command = CommandBuilder::new(offstage_binary());
+        command.arg("attach");
+        command.args(["--server", &server.url]);
+        command.args(args);
+        command.env("TERM", "xterm-256color");
+        for name in ["OFFSTAGE_TOKEN", "OFFSTAGE_SERVER", "NO_COLOR", "RUST_LOG"] {
+            command.env_remove(name);
+        }
+        let child = pty
+            .slave
+            .spawn_command(command)
+            .expect("start offstage attach");
+        drop(pty.slave);
+        let mut reader = pty.master.try_clone_reader().unwrap();
+        let writer = Arc::new(Mutex::new(pty.master.take_writer().unwrap()));
+        let parser = Arc::new(Mutex::new(vt100::Parser::new(ROWS, COLS, 0)));
+        let screen = parser.clone();
+        let answer = writer.clone();
+        thread::spawn(move || {
+            let mut buf = [0; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut parser = screen.lock().unwrap();
+                parser.process(&buf[..n]);
+                // Answer "where is the cursor?" as a real terminal does
+                // (crossterm asks when the terminal is set up).
+                if buf[..n].windows(4).any(|w| w == b"\x1b[6n") {
+                    let (row, col) = parser.screen().cursor_position();
+                    let reply = format!("\x1b[{};{}R", row + 1, col + 1);
+                    let mut writer = answer.lock().unwrap();
+                    let _ = writer.write_all(reply.as_bytes());
+                    let _ = writer.flush();
+                }
+            }
+        });
+        Attached {
+            child,
+            writer,
+            parser,
+            _master: pty.master,
+        }
+    }
+
+    fn screen(&self) -> String {
+        self.parser.lock().unwrap().screen().contents()
+    }
+
+    /// Waits until the screen holds every one of `texts`; returns it.
+    fn wait_for(&self, texts: &[&str]) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let screen = self.screen();
+            if texts.iter().all(|t| screen.contains(t)) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {PATIENCE:?} for {texts:?}; the screen:\n{screen}"
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        let mut writer = self.writer.lock().unwrap();
+        writer.write_all(bytes).unwrap();
+        writer.flush().unwrap();
+    }
+
+    /// Waits for the client to exit; its success.
+    fn wait_exit(&mut self) -> bool {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.success();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "attach did not exit:\n{}",
+                self.screen()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow() {
+    let server = Server::start(&[]);
+    let mut attach = Attached::start(&server, &[]);
+    // No session named: one is made, and the host is followed live.
+    attach.wait_for(&[" connected ", "ses_", "plugins: none"]);
+
+    attach.send(b"sleep 3; echo done\r");
+    // The running call shows, blocking the session.
+    let screen = attach.wait_for(&["fg shell sleep 3; echo done", "busy"]);
+    assert!(screen.contains("you     sleep 3; echo done"), "{screen}");
+
+    attach.send(b"\x02"); // Ctrl+B
+    attach.wait_for(&["[moved] job_", "moved to the background (sleep 3"]);
+    // The agent's blocked call returned at once with the output so far.
+    attach.wait_for(&["→ moved to the background as"]);
+    // Then the job ends: its notice (with the rest of the output) and the
+    // session's wake-up turn, which the script agent answers.
+    let screen = attach.wait_for(&[
+        "notice  Background job job_",
+        "[wake]",
+        "agent   noticed: job job_",
+    ]);
+    assert!(screen.contains("done"), "{screen}");
+    println!("the screen after the move, the notice and the wake-up:\n{screen}");
+
+    // The jobs list shows the job; its output opens from the API.
+    attach.send(b"\x14"); // Ctrl+T
+    attach.wait_for(&["jobs: Enter output", "completed bg"]);
+    attach.send(b"\r");
+    attach.wait_for(&["(end)", "done"]);
+    attach.send(b"\x1b");
+    attach.send(b"\x1b");
+
+    attach.send(b"\x11"); // Ctrl+Q
+    assert!(attach.wait_exit(), "attach exited with failure");
+    let parser = attach.parser.lock().unwrap();
+    assert!(
+        !parser.screen().alternate_screen(),
+        "the terminal was left on the alternate screen"
+    );
+    drop(parser);
+    drop(attach);
+    drop(server);
+}
+
+#[test]
+fn a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it() {
+    let server = Server::start(&[]);
+    let created = server.expect(
+        "POST",
+        "/api/session",
+        Some(&serde_json::json!({"title": "named"})),
+        201,
+    );
+    let id = created["id"].as_str().unwrap().to_string();
+    let mut attach = Attached::start(&server, &[&id]);
+    attach.wait_for(&[" connected ", &format!("{id} named")]);
+
+    attach.send(b"!echo first; sleep 60\r");
+    // The live output tail of the running call.
+    attach.wait_for(&["fg shell echo first; sleep 60", "│ first"]);
+    attach.send(b"\x03"); // Ctrl+C
+    attach.wait_for(&["interrupted"]);
+    attach.wait_for(&["tool    first", "idle"]);
+
+    // Ctrl+C on an idle session with an empty line quits.
+    attach.send(b"\x03");
+    assert!(attach.wait_exit(), "attach exited with failure");
+}
+
+#[test]
+fn without_a_terminal_attach_refuses_clearly() {
+    let (code, _, stderr) = cli(&["attach", "--server", "http://127.0.0.1:9"], &[]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("needs a terminal"), "{stderr}");
+}

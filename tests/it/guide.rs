@@ -1,0 +1,246 @@
+//! Follows docs/plugins.md literally: in a temp dir outside the workspace,
+//! runs the guide's commands, writes the files it shows, builds the crate
+//! with cargo, loads the library with the real plugin host using the
+//! guide's config, and checks that the guide's request gets the guide's
+//! answer. The same for the plugin template in `templates/plugin`.
+//!
+//! The blocks are found by the HTML comments before them in the guide
+//! (`<!-- guide:run -->`, `<!-- guide:file PATH -->`, ...), so editing the
+//! guide's code changes what this test builds.
+//!
+//! Builds share `target/guide` so dependencies compile once, and use a copy
+//! of the workspace's Cargo.lock so they resolve to versions already here.
+//! The template is built as a fixture (`offstage_tests::fixtures`), early:
+//! by the time the guide's crate builds, the dependencies are there.
+
+use std::{collections::BTreeMap, path::Path, process::Command};
+
+use offstage::{
+    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
+    ServiceConfig, SessionService,
+};
+use offstage_plugin_api::types::{NewSession, ToolRequest, ToolStatus};
+use offstage_tests::{fixtures::guide_target_dir, library_file_name, workspace_root};
+use serde_json::json;
+
+/// What the guide's placeholder for the checkout becomes.
+const CHECKOUT_PLACEHOLDER: &str = "/path/to/offstage";
+
+/// A fenced block of the guide and the marker before it.
+#[derive(Debug)]
+struct Block {
+    marker: String,
+    text: String,
+}
+
+fn guide_blocks() -> Vec<Block> {
+    let guide =
+        std::fs::read_to_string(workspace_root().join("docs/plugins.md")).expect("docs/plugins.md");
+    let mut blocks = Vec::new();
+    let mut lines = guide.lines();
+    while let Some(line) = lines.next() {
+        let Some(marker) = line
+            .trim()
+            .strip_prefix("<!-- guide:")
+            .and_then(|m| m.strip_suffix("-->"))
+        else {
+            continue;
+        };
+        let fence = lines.next().expect("a block after a guide marker");
+        assert!(
+            fence.starts_with("```"),
+            "marker {marker:?} must be followed by a fenced block, not {fence:?}"
+        );
+        let mut text = String::new();
+        for line in lines.by_ref() {
+            if line.starts_with("```") {
+                break;
+            }
+            text.push_str(line);
+            text.push('\n');
+        }
+        blocks.push(Block {
+            marker: marker.trim().to_string(),
+            text,
+        });
+    }
+    blocks
+}
+
+fn block<'a>(blocks: &'a [Block], marker: &str) -> &'a Block {
+    blocks
+        .iter()
+        .find(|b| b.marker == marker)
+        .unwrap_or_else(|| panic!("the guide has no `<!-- guide:{marker} -->` block"))
+}
+
+/// Runs a shell snippet as a user would type it, with cargo on the PATH and
+/// the shared target dir.
+fn run_shell(script: &str, dir: &Path) {
+    let cargo_dir = Path::new(env!("CARGO")).parent().unwrap().to_path_buf();
+    let mut paths = vec![cargo_dir];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    let output = Command::new("sh")
+        .arg("-ec")
+        .arg(script)
+        .current_dir(dir)
+        .env("PATH", std::env::join_paths(paths).unwrap())
+        .env("CARGO_TARGET_DIR", guide_target_dir())
+        .output()
+        .expect("run sh");
+    assert!(
+        output.status.success(),
+        "`{script}` failed in {}:\n{}{}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn with_checkout(text: &str) -> String {
+    text.replace(
+        CHECKOUT_PLACEHOLDER,
+        &workspace_root().display().to_string(),
+    )
+}
+
+/// Reads the guide's config block with the host's own config parser, and
+/// turns its `[plugin.NAME]` tables into plugin settings as `serve` does.
+fn parse_config(text: &str) -> BTreeMap<String, PluginSettings> {
+    let config = offstage::config::FileConfig::parse(text)
+        .unwrap_or_else(|e| panic!("the guide's config: {e}"));
+    config
+        .plugin
+        .into_iter()
+        .map(|(name, table)| {
+            let settings = PluginSettings {
+                enabled: table.enabled,
+                grant: table.grant,
+                options: table.options,
+            };
+            (name, settings)
+        })
+        .collect()
+}
+
+/// Loads `library` with the real plugin host and runs `request` in a new
+/// session; returns the plugin host's view and the tool result.
+fn load_and_call(
+    library: &Path,
+    settings: BTreeMap<String, PluginSettings>,
+    request: ToolRequest,
+) -> offstage_plugin_api::types::ToolResult {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = dir.path().join("plugins");
+        std::fs::create_dir_all(&plugins).unwrap();
+        std::fs::copy(library, plugins.join(library.file_name().unwrap())).unwrap();
+        let service = SessionService::new(ServiceConfig {
+            data_dir: dir.path().join("data"),
+            permissions: vec![],
+        });
+        let host = PluginHost::new(
+            service.clone(),
+            PluginHostConfig {
+                dirs: vec![plugins],
+                data_dir: dir.path().join("data"),
+                allow_insecure_permissions: false,
+                settings,
+            },
+        );
+        let loaded = host.load_all();
+        assert_eq!(loaded.len(), 1, "{loaded:?}");
+        assert_eq!(
+            loaded[0].status,
+            PluginStatus::Loaded,
+            "the plugin failed to load: {:?}",
+            loaded[0].error
+        );
+        let session = service.create(NewSession::default()).await.unwrap();
+        let result = service.call_tool(&session.id, request).await.unwrap();
+        host.shutdown();
+        result
+    })
+}
+
+#[test]
+fn the_guide_works_as_written() {
+    let blocks = guide_blocks();
+    let work = tempfile::tempdir().unwrap();
+    assert!(
+        !work.path().starts_with(workspace_root()),
+        "must build outside the workspace"
+    );
+
+    // 1. cargo new
+    run_shell(&block(&blocks, "run").text, work.path());
+    let krate = work.path().join("word-count");
+    assert!(krate.join("Cargo.toml").exists(), "cargo new made no crate");
+
+    // 2.-3. the files the guide shows
+    let files: Vec<&Block> = blocks
+        .iter()
+        .filter(|b| b.marker.starts_with("file "))
+        .collect();
+    assert!(
+        files.len() >= 2,
+        "the guide shows Cargo.toml and src/lib.rs"
+    );
+    for file in files {
+        let path = work
+            .path()
+            .join(file.marker.trim_start_matches("file ").trim());
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, with_checkout(&file.text)).unwrap();
+    }
+    std::fs::copy(
+        workspace_root().join("Cargo.lock"),
+        krate.join("Cargo.lock"),
+    )
+    .unwrap();
+
+    // 4. cargo build
+    run_shell(&block(&blocks, "run word-count").text, &krate);
+    let library = guide_target_dir()
+        .join("debug")
+        .join(library_file_name("word-count"));
+    assert!(library.exists(), "{} not built", library.display());
+
+    // 6.-7. load it with the guide's config, send the guide's request
+    let settings = parse_config(&block(&blocks, "config").text);
+    assert!(settings.contains_key("word-count"), "{settings:?}");
+    let request: ToolRequest = serde_json::from_str(&block(&blocks, "request").text).unwrap();
+    let result = load_and_call(&library, settings, request);
+    assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
+    assert_eq!(result.output.trim(), block(&blocks, "output").text.trim());
+}
+
+#[test]
+fn the_template_builds_and_loads() {
+    // Copied out and built as an author would (see the fixture).
+    let library = offstage_tests::fixtures::template_library();
+
+    let mut settings = BTreeMap::new();
+    settings.insert(
+        "my-plugin".to_string(),
+        PluginSettings {
+            enabled: true,
+            grant: None,
+            options: json!({"slow_ms": 50}),
+        },
+    );
+    let result = load_and_call(
+        &library,
+        settings,
+        ToolRequest::new("my_tool", json!({"text": "from the template"})),
+    );
+    assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
+    assert_eq!(result.output, "from the template");
+}

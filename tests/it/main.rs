@@ -1,0 +1,77 @@
+//! The end-to-end tests, in one binary (as ripgrep does): one link step,
+//! one process, and the fixture plugins built once for all of them
+//! (`offstage_tests::fixtures`). Shared set-up lives in the support library
+//! (`tests/src`, crate `offstage_tests`); the modules below are the index.
+//!
+//! Run one area with a filter: `cargo test -p offstage-tests engine::`.
+
+/// The session service in process: background moves, cancel, notices,
+/// permissions, a plugin racing its own call, turns.
+mod engine {
+    mod background;
+    mod cancel;
+    mod notice;
+    mod permission;
+    mod plugin_race;
+    mod turn;
+}
+
+/// A real `offstage serve` over HTTP: the API, clients that hang up,
+/// plugins through the API.
+mod http {
+    mod api;
+    mod disconnect;
+    mod plugins;
+}
+
+/// The `offstage` client commands and serve's refusals.
+mod cli;
+
+/// `offstage attach` in a real pseudo-terminal against a real host.
+mod attach;
+
+/// The plugin loader with real cdylibs: loading, every way it fails, the
+/// session domain as a plugin sees it, compatibility across API releases.
+mod loader {
+    mod compat;
+    mod domain;
+    mod failures;
+    mod load;
+}
+
+/// The example plugins under `plugins/`, and `offstage demo`.
+mod example_plugins {
+    mod audit_log;
+    mod auto_background;
+    mod check_agent;
+    mod demo;
+}
+
+/// Hot reload: in process, over the API and CLI, and `offstage dev`.
+mod reload {
+    mod basic;
+    mod cli;
+    mod dev;
+}
+
+/// Restarts: `kill -9` of the real binary, and the service reopened.
+mod restart {
+    mod kill;
+    mod service;
+}
+
+/// The SQLite store: a real crash, and reopening.
+mod store {
+    mod crash;
+    mod restart;
+}
+
+/// Bad plugins by the dozen, a timed soak, and regressions found by fuzzing.
+mod reliability {
+    mod corpus;
+    mod fuzz_regressions;
+    mod soak;
+}
+
+/// `docs/plugins.md` and `templates/plugin`, followed literally.
+mod guide;
