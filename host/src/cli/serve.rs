@@ -70,6 +70,8 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    // Before any job starts: orphans of jobs are re-parented to the host.
+    crate::session::jobs::tree::init();
     // Bind first: a busy port fails before any plugin is loaded. Clients
     // that connect early wait in the backlog until the server runs.
     let listener = TcpListener::bind(config.addr)
