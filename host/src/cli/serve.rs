@@ -70,8 +70,6 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    // Before any job starts: orphans of jobs are re-parented to the host.
-    crate::session::jobs::tree::init();
     // Bind first: a busy port fails before any plugin is loaded. Clients
     // that connect early wait in the backlog until the server runs.
     let listener = TcpListener::bind(config.addr)
@@ -97,6 +95,9 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         })
     })
     .map_err(|e| e.to_string())?;
+    // Before any job starts: orphans of jobs are re-parented to the host.
+    // (After the store opened, so a refused start stays one line.)
+    crate::session::jobs::tree::init();
     let settings: BTreeMap<String, PluginSettings> = config
         .plugins
         .iter()
