@@ -40,3 +40,80 @@ pub fn new_id(prefix: &str) -> String {
 pub fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
+
+/// The longest id a caller may choose (a `call_id`).
+pub const MAX_ID_LEN: usize = 128;
+
+/// Whether `id` is a *plain id*: 1 to [`MAX_ID_LEN`] characters, each an
+/// ASCII letter, digit, `_` or `-`. Every id the host generates is one.
+///
+/// A plain id is safe as one path component: it cannot be empty, `.` or
+/// `..`, and holds no separator, NUL or other byte a file system treats
+/// specially, so `dir.join(id)` always names an entry directly inside
+/// `dir`.
+pub fn is_plain_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Checks an id a caller chose (`what` names it in the message): a
+/// [plain id](is_plain_id), or an `InvalidInput` error (400 over HTTP).
+pub fn check_caller_id(what: &str, id: &str) -> crate::error::Result<()> {
+    if is_plain_id(id) {
+        return Ok(());
+    }
+    let why = if id.is_empty() {
+        "must not be empty".to_string()
+    } else if id.len() > MAX_ID_LEN {
+        format!(
+            "is {} bytes long; at most {MAX_ID_LEN} are allowed",
+            id.len()
+        )
+    } else {
+        "may only hold ASCII letters, digits, `_` and `-`".to_string()
+    };
+    Err(crate::ServiceError::InvalidInput(format!("{what} {why}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_ids_are_plain() {
+        for prefix in ["ses", "job", "msg", "per", "out"] {
+            assert!(is_plain_id(&new_id(prefix)));
+        }
+    }
+
+    #[test]
+    fn plain_ids_stay_one_component_inside_their_dir() {
+        let dir = std::path::Path::new("/data/output");
+        for bad in [
+            "",
+            ".",
+            "..",
+            "../x",
+            "/etc/passwd",
+            "a/b",
+            "a\0b",
+            "a b",
+            "é",
+            "a.log",
+            "~",
+        ] {
+            assert!(!is_plain_id(bad), "{bad:?}");
+            assert!(check_caller_id("call_id", bad).is_err(), "{bad:?}");
+        }
+        assert!(!is_plain_id(&"x".repeat(MAX_ID_LEN + 1)));
+        for good in ["a", "job_1", "A-b_9", &"x".repeat(MAX_ID_LEN)] {
+            assert!(is_plain_id(good), "{good:?}");
+            let joined = dir.join(good);
+            assert_eq!(joined.parent(), Some(dir));
+            assert_eq!(joined.components().count(), dir.components().count() + 1);
+        }
+    }
+}

@@ -66,6 +66,13 @@ mod store {
     mod restart;
 }
 
+/// Hostile input: ids that must never become paths, duplicate calls, and
+/// processes that try to outlive their job.
+mod hardening {
+    mod ids;
+    mod procs;
+}
+
 /// Bad plugins by the dozen, a timed soak, and regressions found by fuzzing.
 mod reliability {
     mod corpus;

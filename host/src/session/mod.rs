@@ -26,7 +26,7 @@ mod turn;
 
 use crate::util::LockExt;
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, Mutex, MutexGuard},
 };
@@ -73,6 +73,8 @@ struct State {
     /// Ordered by id, which orders by creation.
     sessions: BTreeMap<String, SessionEntry>,
     jobs: HashMap<String, JobEntry>,
+    /// Ids of calls that passed their first checks and are not jobs yet.
+    reserved_job_ids: HashSet<String>,
 }
 
 impl State {
@@ -359,10 +361,11 @@ impl SessionService {
         }
         for session_id in &doomed {
             self.inner.permissions.forget_session(session_id);
-            let dir = self.output_dir(session_id);
-            if dir.exists() {
-                if let Err(error) = std::fs::remove_dir_all(&dir) {
-                    tracing::warn!(dir = %dir.display(), %error, "cannot remove session output");
+            if let Ok(dir) = self.output_dir(session_id) {
+                if dir.exists() {
+                    if let Err(error) = std::fs::remove_dir_all(&dir) {
+                        tracing::warn!(dir = %dir.display(), %error, "cannot remove session output");
+                    }
                 }
             }
             self.inner
@@ -465,8 +468,16 @@ impl SessionService {
         }
     }
 
-    fn output_dir(&self, session_id: &str) -> PathBuf {
-        self.inner.data_dir.join("output").join(session_id)
+    /// `<data dir>/output/<session>`. Only a [plain id](crate::ids::is_plain_id)
+    /// (every session id the host made is one) becomes a path component,
+    /// so the directory is always directly inside `<data dir>/output`.
+    fn output_dir(&self, session_id: &str) -> Result<PathBuf> {
+        if !crate::ids::is_plain_id(session_id) {
+            return Err(ServiceError::InvalidInput(format!(
+                "session id {session_id:?} cannot name an output directory"
+            )));
+        }
+        Ok(self.inner.data_dir.join("output").join(session_id))
     }
 }
 

@@ -34,7 +34,7 @@ use super::{
     jobs::{
         notice_message,
         output::{read_range, TAIL_BYTES},
-        process,
+        process, tree,
     },
     JobEntry, SessionEntry, SessionService,
 };
@@ -50,6 +50,15 @@ impl SessionService {
         // Before anything can start a new process (and take a freed id).
         for leftover in &recovery.processes {
             process::kill_leftover(&leftover.job_id, &leftover.process);
+        }
+        // And every process of theirs, whatever group it moved to (setsid,
+        // daemons): they carry this data dir's job marker.
+        let killed = tree::kill_marked(&self.marker_prefix());
+        if killed > 0 {
+            tracing::info!(
+                killed,
+                "killed processes of jobs the last host left running"
+            );
         }
         let ids: Vec<&str> = recovery
             .processes

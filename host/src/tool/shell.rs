@@ -4,9 +4,12 @@
 //! order the process wrote them. Dropping the running future (cancel,
 //! interrupt, session removal, foreground timeout with `kill`) kills the
 //! whole group, grandchildren included; so does the end of the main process,
-//! so nothing a command left behind outlives its job. A host killed outright
-//! runs none of this; the group is recorded in the store so that the next
-//! start-up ends it (see `session::jobs::process`).
+//! after a short grace for output in flight. Processes that left the group
+//! (`setsid`, double forks, daemons) are part of the job too and die with
+//! it (see `session::jobs::tree`). A host killed outright runs none of this;
+//! the group is recorded in the store and the job's processes carry a
+//! marker, so that the next start-up ends them (`session::jobs::process`,
+//! `tree`).
 
 use std::{os::fd::OwnedFd, path::PathBuf, process::Stdio, time::Duration};
 
@@ -16,7 +19,11 @@ use serde_json::Value;
 use tokio::{io::AsyncReadExt, process::Command};
 
 use super::{BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome};
-use crate::{error::Result, ServiceError};
+use crate::{
+    error::Result,
+    session::jobs::tree::{JobTree, MARKER_VAR},
+    ServiceError,
+};
 
 /// Foreground timeout when the input names none.
 pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
@@ -24,6 +31,10 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 /// How long output may keep arriving after the main process exits, from
 /// children that still hold the pipe, before the group is killed.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// Kill rounds while something still holds the output pipe after the main
+/// process exited, before the pipe is abandoned.
+const KILL_ROUNDS: usize = 10;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,9 +134,16 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     if let Some(dir) = &input.workdir {
         command.current_dir(dir);
     }
+    // Registered before the spawn, so no process of the job is ever
+    // unknown; every descendant inherits the marker.
+    let tree = JobTree::new(ctx.service.job_marker(&ctx.job_id));
+    command.env(MARKER_VAR, tree.marker());
     let mut child = command
         .spawn()
         .map_err(|e| ServiceError::InvalidInput(format!("cannot start shell: {e}")))?;
+    if let Some(pid) = child.id() {
+        tree.set_main(pid as i32);
+    }
     // The command's copies of the write end live in the child now; ours
     // were moved into `command` and must be gone for EOF to arrive.
     drop(command);
@@ -141,12 +159,30 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     let mut pump = tokio::spawn(pump(OwnedFd::from(reader), output));
 
     let status = child.wait().await?;
-    // Give output still in flight a moment, then end the group and the pump.
+    // Give output still in flight a moment; then whatever still holds the
+    // pipe (in the group or detached from it) is killed, so the job ends
+    // now with its command's status.
     if tokio::time::timeout(DRAIN_GRACE, &mut pump).await.is_err() {
         group.kill();
-        let _ = pump.await;
+        let mut drained = false;
+        for _ in 0..KILL_ROUNDS {
+            tree.kill_round();
+            if tokio::time::timeout(DRAIN_GRACE, &mut pump).await.is_ok() {
+                drained = true;
+                break;
+            }
+        }
+        if !drained {
+            tracing::warn!(
+                job_id = ctx.job_id,
+                "a process outside the job's known tree holds its output pipe; output stops here"
+            );
+            pump.abort();
+        }
     }
     group.kill();
+    // The job is its whole tree: nothing it started outlives it.
+    tree.finish().await;
 
     use std::os::unix::process::ExitStatusExt;
     let exit_code = status.code().or_else(|| status.signal().map(|s| 128 + s));

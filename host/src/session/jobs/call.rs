@@ -19,7 +19,7 @@ use serde_json::json;
 use super::{output::OutputSink, CancelReason, JobRuntime};
 use crate::{
     error::Result,
-    ids::{new_id, now},
+    ids::{check_caller_id, new_id, now},
     session::{JobEntry, SessionService},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
     ServiceError,
@@ -32,6 +32,26 @@ struct CheckedCall {
     tool: Arc<dyn Tool>,
     wrappers: Vec<Arc<dyn ToolWrapper>>,
     policy: ForegroundPolicy,
+    /// The name of the job's output file, without `.log`: always an id the
+    /// host generated, never the caller's `call_id`.
+    file_id: String,
+    /// Holds the job id from the first check until the job is registered.
+    reservation: IdReservation,
+}
+
+/// A job id taken by a call that passed its first checks but is not a job
+/// yet (it may be waiting for a permission reply). A second call with the
+/// same id is refused at once, before it has any effect; dropping the
+/// reservation (the call was refused, or became a job) frees the id.
+struct IdReservation {
+    service: SessionService,
+    id: String,
+}
+
+impl Drop for IdReservation {
+    fn drop(&mut self) {
+        self.service.state().reserved_job_ids.remove(&self.id);
+    }
 }
 
 /// A job whose task runs, and what its caller waits with.
@@ -119,18 +139,30 @@ impl SessionService {
             .chain(&request.tool)
             .ok_or_else(|| ServiceError::not_found("tool", &request.tool))?;
         let policy = tool.policy(&request.input)?;
-        let job_id = match request.call_id {
-            Some(id) if id.trim().is_empty() => {
-                return Err(ServiceError::InvalidInput(
-                    "call_id must not be empty".into(),
-                ))
+        // A caller's id is checked here, in the service, so HTTP and
+        // plugins share the rule; it never names a file (`file_id`).
+        let (job_id, file_id) = match request.call_id {
+            Some(id) => {
+                check_caller_id("call_id", &id)?;
+                (id, new_id("out"))
             }
-            Some(id) => id,
-            None => new_id("job"),
+            None => {
+                let id = new_id("job");
+                (id.clone(), id)
+            }
         };
-        if self.state().jobs.contains_key(&job_id) {
-            return Err(job_exists(&job_id));
-        }
+        // Taken before anything else happens (a permission question, a
+        // file): a duplicate is refused with no side effect at all.
+        let reservation = {
+            let mut state = self.state();
+            if state.jobs.contains_key(&job_id) || !state.reserved_job_ids.insert(job_id.clone()) {
+                return Err(job_exists(&job_id));
+            }
+            IdReservation {
+                service: self.clone(),
+                id: job_id.clone(),
+            }
+        };
         self.inner
             .permissions
             .check(
@@ -149,6 +181,8 @@ impl SessionService {
             tool,
             wrappers,
             policy,
+            file_id,
+            reservation,
         })
     }
 
@@ -160,10 +194,12 @@ impl SessionService {
             tool,
             wrappers,
             policy,
+            file_id,
+            reservation,
         } = checked;
         let output = Arc::new(OutputSink::create(
-            self.output_dir(&call.session_id)
-                .join(format!("{}.log", call.job_id)),
+            self.output_dir(&call.session_id)?
+                .join(format!("{file_id}.log")),
         )?);
         let job = Job {
             id: call.job_id.clone(),
@@ -180,6 +216,7 @@ impl SessionService {
         };
         let runtime = Arc::new(JobRuntime::new(policy.background, output.clone()));
         let blocking = self.register_job(&job, &runtime)?;
+        drop(reservation);
         self.inner.events.publish("job.started", json!(job));
 
         let ctx = JobContext {

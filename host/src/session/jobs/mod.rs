@@ -30,6 +30,7 @@
 //! | `cancel.rs` | cancel one job, a session's foreground jobs, or all |
 //! | `output.rs` | the output file and its bounded tail |
 //! | `process.rs` | process groups a killed host left behind |
+//! | `tree.rs` | a job's whole process tree: tracked, killed, reaped |
 //!
 //! # Why under `session/`
 //!
@@ -48,6 +49,7 @@ mod cancel;
 pub mod output;
 pub mod process;
 mod run;
+pub mod tree;
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
@@ -187,6 +189,31 @@ impl SessionService {
                 tracing::warn!(job_id, %error, "cannot record the job's process group");
             }
         }
+    }
+
+    /// The [`tree::MARKER_VAR`] value for a new run of job `job_id`:
+    /// [`marker_prefix`](Self::marker_prefix), the job id, and a fresh id.
+    pub(crate) fn job_marker(&self, job_id: &str) -> String {
+        format!(
+            "{}{job_id}.{}",
+            self.marker_prefix(),
+            crate::ids::new_id("run")
+        )
+    }
+
+    /// What every job marker of this data dir starts with: a hash of the
+    /// data dir's canonical path, so hosts on other data dirs never touch
+    /// each other's processes.
+    pub(crate) fn marker_prefix(&self) -> String {
+        let dir = self.data_dir();
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in dir.as_os_str().as_encoded_bytes() {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{hash:016x}.")
     }
 
     /// Records the child session a subagent job drives.

@@ -47,12 +47,16 @@ pub struct OutputChunk {
 }
 
 impl OutputSink {
-    /// Creates (or truncates) the output file at `path`.
+    /// Creates the output file at `path`, which must not exist yet: an
+    /// existing file (or symlink) is never truncated, followed or reused.
     pub fn create(path: PathBuf) -> Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
-        let file = File::create(&path)?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
         Ok(OutputSink {
             path,
             inner: Mutex::new(Inner {
