@@ -41,16 +41,16 @@ use async_ffi::{FfiFuture, FutureExt as _};
 use offstage_plugin_api::{
     abi::{
         host_vtable_layout, AbiError, AbiResult, CallbackAbi, CallbackState, HostCtx, HostHandle,
-        HostVtable, HostVtableRef, NextAbi, SessionDomainRef, SessionDomainVtable, WrapperAbi,
+        HostVtable, HostVtableRef, NextAbi, WrapperAbi,
     },
     capability,
-    types::{args, AgentTurn, BackgroundRequest, NewSession, ToolCall, ToolResult, ToolSpec},
+    types::{AgentTurn, ToolCall, ToolResult, ToolSpec},
     Error as PluginError,
 };
 use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::{
-    runtime::{Handle, RuntimeFlavor},
+    runtime::Handle,
     sync::{broadcast, watch, Notify},
 };
 
@@ -84,8 +84,8 @@ use crate::{
 ///    is still running — has been dropped. Only then does the registry run
 ///    the plugin's `shutdown`.
 pub(crate) struct PluginCtx {
-    service: SessionService,
-    runtime: Handle,
+    pub(super) service: SessionService,
+    pub(super) runtime: Handle,
     owner: Owner,
     name: String,
     grants: BTreeSet<String>,
@@ -289,7 +289,7 @@ pub(crate) fn host_handle(ctx: &Arc<PluginCtx>) -> HostHandle {
 }
 
 impl PluginCtx {
-    fn check_grant(&self, capability: &str) -> Result<()> {
+    pub(super) fn check_grant(&self, capability: &str) -> Result<()> {
         if self.failed.load(Ordering::Acquire) {
             return Err(ServiceError::Plugin(format!(
                 "plugin {} has failed and is disabled",
@@ -425,7 +425,11 @@ impl PluginCtx {
                 match received {
                     Ok(event) => {
                         if types.is_empty() || types.contains(&event.kind) {
-                            if let Err(error) = callback.call(json!(event).to_string()).await {
+                            let handled = match to_json(&event) {
+                                Ok(json) => callback.call(json).await,
+                                Err(error) => Err(error),
+                            };
+                            if let Err(error) = handled {
                                 tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
                             }
                         }
@@ -474,12 +478,12 @@ impl PluginCtx {
 /// message it has attributed: `plugin `NAME` panicked in ...`.
 const PANIC_TAG: &str = "` panicked in ";
 
-fn plugin_ctx(ctx: HostCtx) -> &'static PluginCtx {
+pub(super) fn plugin_ctx(ctx: HostCtx) -> &'static PluginCtx {
     // SAFETY: `ctx` came from `host_handle`, which leaked a strong count.
     unsafe { &*(ctx.0 as *const PluginCtx) }
 }
 
-fn to_abi(result: Result<String>) -> AbiResult {
+pub(super) fn to_abi(result: Result<String>) -> AbiResult {
     match result {
         Ok(json) => RResult::ROk(RString::from(json)),
         Err(error) => RResult::RErr(PluginError::from(error).to_abi()),
@@ -493,6 +497,13 @@ fn from_abi(result: AbiResult) -> Result<String> {
     }
 }
 
+/// A record as the JSON text that crosses the boundary, encoded straight
+/// from the record (no `serde_json::Value` in between).
+fn to_json(record: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string(record)
+        .map_err(|e| ServiceError::Internal(format!("cannot encode a record: {e}")))
+}
+
 fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
     serde_json::from_str(json)
         .map_err(|e| ServiceError::InvalidInput(format!("bad arguments for {what}: {e}")))
@@ -500,9 +511,18 @@ fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
 
 /// Polls a host future inside the host runtime, with panics turned into
 /// errors.
-struct InRuntime<F> {
+pub(super) struct InRuntime<F> {
     handle: Handle,
     inner: Pin<Box<F>>,
+}
+
+impl<F> InRuntime<F> {
+    pub(super) fn new(handle: Handle, inner: F) -> Self {
+        InRuntime {
+            handle,
+            inner: Box::pin(inner),
+        }
+    }
 }
 
 impl<F: Future<Output = Result<String>>> Future for InRuntime<F> {
@@ -541,207 +561,9 @@ impl Future for FromPlugin {
     }
 }
 
-/// Runs `fut` to completion from synchronous code (the blocking face).
-fn block_on_host<F: Future>(handle: &Handle, fut: F) -> Result<F::Output> {
-    match Handle::try_current() {
-        Err(_) => Ok(handle.block_on(fut)),
-        Ok(current) if current.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            Ok(tokio::task::block_in_place(|| handle.block_on(fut)))
-        }
-        Ok(_) => Err(ServiceError::Unsupported(
-            "a blocking call cannot run on a single-threaded runtime's thread; use the async face"
-                .into(),
-        )),
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Method {
-    List,
-    Create,
-    Get,
-    Rename,
-    Remove,
-    Messages,
-    Prompt,
-    Notice,
-    Interrupt,
-    Jobs,
-    CallTool,
-    Background,
-    WaitIdle,
-}
-
-impl Method {
-    fn capability(self) -> &'static str {
-        use Method::*;
-        match self {
-            List | Get | Messages | Jobs | WaitIdle => capability::SESSION_READ,
-            Create | Rename | Remove | Prompt | Notice | Interrupt => capability::SESSION_WRITE,
-            CallTool => capability::TOOL_CALL,
-            Background => capability::SESSION_BACKGROUND,
-        }
-    }
-}
-
-/// The one place both faces reach the session service.
-async fn dispatch(service: SessionService, method: Method, args: String) -> Result<String> {
-    let what = format!("{method:?}");
-    let value = match method {
-        Method::List => json!(service.list().await?),
-        Method::Create => json!(service.create(parse::<NewSession>(&what, &args)?).await?),
-        Method::Get => json!(
-            service
-                .get(&parse::<args::SessionId>(&what, &args)?.session_id)
-                .await?
-        ),
-        Method::Rename => {
-            let a: args::Rename = parse(&what, &args)?;
-            json!(service.rename(&a.session_id, &a.title).await?)
-        }
-        Method::Remove => {
-            service
-                .remove(&parse::<args::SessionId>(&what, &args)?.session_id)
-                .await?;
-            Value::Null
-        }
-        Method::Messages => json!(
-            service
-                .messages(&parse::<args::SessionId>(&what, &args)?.session_id)
-                .await?
-        ),
-        Method::Prompt => {
-            let a: args::Prompt = parse(&what, &args)?;
-            json!(
-                service
-                    .prompt(&a.session_id, &a.text, a.agent.as_deref())
-                    .await?
-            )
-        }
-        Method::Notice => {
-            let a: args::Notice = parse(&what, &args)?;
-            json!(service.notice(&a.session_id, &a.text, a.metadata).await?)
-        }
-        Method::Interrupt => json!(
-            service
-                .interrupt(&parse::<args::SessionId>(&what, &args)?.session_id)
-                .await?
-        ),
-        Method::Jobs => json!(
-            service
-                .jobs(parse::<args::Jobs>(&what, &args)?.session_id.as_deref())
-                .await?
-        ),
-        Method::CallTool => {
-            let a: args::CallTool = parse(&what, &args)?;
-            json!(service.call_tool(&a.session_id, a.request).await?)
-        }
-        Method::Background => json!(
-            service
-                .background(parse::<BackgroundRequest>(&what, &args)?)
-                .await?
-        ),
-        Method::WaitIdle => json!(
-            service
-                .wait_idle(&parse::<args::SessionId>(&what, &args)?.session_id)
-                .await?
-        ),
-    };
-    Ok(value.to_string())
-}
-
-fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult> {
-    let plugin = plugin_ctx(ctx);
-    let checked = plugin.check_grant(method.capability());
-    let service = plugin.service.clone();
-    let fut = async move {
-        checked?;
-        dispatch(service, method, args.into_string()).await
-    };
-    InRuntime {
-        handle: plugin.runtime.clone(),
-        inner: Box::pin(fut),
-    }
-    .into_ffi()
-}
-
-fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
-    let plugin = plugin_ctx(ctx);
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        plugin.check_grant(method.capability())?;
-        let fut = dispatch(plugin.service.clone(), method, args.into_string());
-        block_on_host(&plugin.runtime, fut)?
-    }));
-    to_abi(outcome.unwrap_or_else(|payload| {
-        Err(ServiceError::Internal(format!(
-            "host panicked: {}",
-            panic_message(payload.as_ref())
-        )))
-    }))
-}
-
-macro_rules! faces {
-    ($($method:ident => $async_name:ident, $blocking_name:ident;)*) => {$(
-        extern "C" fn $async_name(ctx: HostCtx, args: RString) -> FfiFuture<AbiResult> {
-            run_async(ctx, Method::$method, args)
-        }
-        extern "C" fn $blocking_name(ctx: HostCtx, args: RString) -> AbiResult {
-            run_blocking(ctx, Method::$method, args)
-        }
-    )*};
-}
-
-faces! {
-    List => list, list_blocking;
-    Create => create, create_blocking;
-    Get => get, get_blocking;
-    Rename => rename, rename_blocking;
-    Remove => remove, remove_blocking;
-    Messages => messages, messages_blocking;
-    Prompt => prompt, prompt_blocking;
-    Notice => notice, notice_blocking;
-    Interrupt => interrupt, interrupt_blocking;
-    Jobs => jobs, jobs_blocking;
-    CallTool => call_tool, call_tool_blocking;
-    Background => background, background_blocking;
-    WaitIdle => wait_idle, wait_idle_blocking;
-}
-
-static SESSION_DOMAIN: LazyLock<SessionDomainRef> = LazyLock::new(|| {
-    SessionDomainVtable {
-        list,
-        list_blocking,
-        create,
-        create_blocking,
-        get,
-        get_blocking,
-        rename,
-        rename_blocking,
-        remove,
-        remove_blocking,
-        messages,
-        messages_blocking,
-        prompt,
-        prompt_blocking,
-        notice,
-        notice_blocking,
-        interrupt,
-        interrupt_blocking,
-        jobs,
-        jobs_blocking,
-        call_tool,
-        call_tool_blocking,
-        background,
-        background_blocking,
-        wait_idle,
-        wait_idle_blocking,
-    }
-    .leak_into_prefix()
-});
-
 static HOST_VTABLE: LazyLock<HostVtableRef> = LazyLock::new(|| {
     HostVtable {
-        session: *SESSION_DOMAIN,
+        session: *super::abi::session::SESSION_DOMAIN,
         log,
         max_log_level,
         sleep,
@@ -890,7 +712,7 @@ extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiRe
     let fut = async move {
         let call: ToolCall = parse("next", input.as_str())?;
         let result = next.run(call).await?;
-        Ok(json!(result).to_string())
+        to_json(&result)
     };
     InRuntime {
         handle,
@@ -914,8 +736,7 @@ impl ToolWrapper for Arc<Wrapper> {
                 call: next_call,
                 drop: next_drop,
             };
-            let started =
-                (this.abi.call)(this.abi.state, RString::from(json!(call).to_string()), next);
+            let started = (this.abi.call)(this.abi.state, RString::from(to_json(&call)?), next);
             let result = FromPlugin { inner: started }.await;
             let json = result.map_err(|error| this.plugin.observe(error))?;
             serde_json::from_str(&json).map_err(|e| {
@@ -943,7 +764,7 @@ impl Tool for Arc<PluginTool> {
                 tool: this.name.clone(),
                 input,
             };
-            let json = this.callback.call(json!(call).to_string()).await?;
+            let json = this.callback.call(to_json(&call)?).await?;
             let result: ToolResult = serde_json::from_str(&json).map_err(|e| {
                 ServiceError::Plugin(format!(
                     "plugin tool {} returned a bad result: {e}",
@@ -967,7 +788,7 @@ impl Agent for Arc<PluginAgent> {
     fn turn(&self, _service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {
         let this = Arc::clone(self);
         Box::pin(async move {
-            let json = this.callback.call(json!(turn).to_string()).await?;
+            let json = this.callback.call(to_json(&turn)?).await?;
             serde_json::from_str::<String>(&json)
                 .map_err(|e| ServiceError::Plugin(format!("agent reply is not a string: {e}")))
         })

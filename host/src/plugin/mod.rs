@@ -61,6 +61,7 @@
 //! and the failure is logged, published as `plugin.failed` and shown as
 //! the still-loaded plugin's `error` until a reload succeeds.
 
+mod abi;
 mod adapter;
 mod error;
 mod file;
