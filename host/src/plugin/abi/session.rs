@@ -28,7 +28,10 @@ use offstage_plugin_api::{
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::runtime::{Handle, RuntimeFlavor};
 
-use super::super::adapter::{plugin_ctx, to_abi, InRuntime};
+use super::{
+    convert::{to_abi, InRuntime},
+    state_from,
+};
 use crate::{error::Result, session::SessionService, util::panic_message, ServiceError};
 
 /// One handler per method of the table, same name, same return type: the
@@ -208,7 +211,7 @@ macro_rules! host_session {
 offstage_plugin_api::session_methods!(host_session);
 
 fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult> {
-    let plugin = plugin_ctx(ctx);
+    let plugin = state_from(ctx);
     let checked = plugin.check_grant(method.capability());
     let service = plugin.service.clone();
     let fut = async move {
@@ -219,7 +222,7 @@ fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult
 }
 
 fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
-    let plugin = plugin_ctx(ctx);
+    let plugin = state_from(ctx);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         plugin.check_grant(method.capability())?;
         let fut = dispatch(plugin.service.clone(), method, args.into_string());

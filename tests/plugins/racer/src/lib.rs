@@ -245,24 +245,20 @@ impl Plugin for Racer {
 
         let host = ctx.clone();
         ctx.tools().add(
-            ToolSpec {
-                name: "racer_get_loop".into(),
-                description: "times n session `get` calls through one face".into(),
-            },
+            ToolSpec::new(
+                "racer_get_loop",
+                "times n session `get` calls through one face",
+            ),
             move |call: ToolCall| {
                 let ctx = host.clone();
                 async move {
                     let input: GetLoop = serde_json::from_value(call.input.clone())
                         .map_err(|e| Error::invalid_input(format!("racer_get_loop: {e}")))?;
                     let ns = get_loop(ctx, input).await?;
-                    Ok(ToolResult {
-                        call_id: call.job_id.clone(),
-                        job_id: call.job_id,
-                        status: ToolStatus::Completed,
-                        output: json!({ "ns_per_call": ns }).to_string(),
-                        exit_code: Some(0),
-                        output_path: None,
-                    })
+                    Ok(ToolResult::completed(
+                        &call,
+                        json!({ "ns_per_call": ns }).to_string(),
+                    ))
                 }
             },
         )?;
