@@ -19,9 +19,21 @@ pub enum ServiceError {
     PermissionDenied(String),
     #[error("{0}")]
     Unsupported(String),
-    /// A plugin failed: an error it returned, a panic, bad data.
+    /// A plugin failed: an error it returned, bad data.
     #[error("{0}")]
     Plugin(String),
+    /// A plugin panicked; the panic was contained at the boundary and the
+    /// plugin is disabled. `plugin` names it once the host knows whose
+    /// panic it is (the first plugin it comes back from; `None` until
+    /// then); `message` says where and why: `panicked in init: boom`.
+    #[error("{}", match plugin {
+        Some(name) => format!("plugin `{name}` {message}"),
+        None => format!("plugin {message}"),
+    })]
+    PluginPanic {
+        plugin: Option<String>,
+        message: String,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -40,7 +52,7 @@ impl ServiceError {
             ServiceError::Conflict(_) => "conflict",
             ServiceError::PermissionDenied(_) => "forbidden",
             ServiceError::Unsupported(_) => "unsupported",
-            ServiceError::Plugin(_) => "plugin_failure",
+            ServiceError::Plugin(_) | ServiceError::PluginPanic { .. } => "plugin_failure",
             ServiceError::Internal(_) => "internal",
         }
     }
@@ -56,6 +68,10 @@ impl From<PluginError> for ServiceError {
             ErrorKind::Unsupported => ServiceError::Unsupported(message),
             ErrorKind::Conflict => ServiceError::Conflict(message),
             ErrorKind::HostFailure => ServiceError::Internal(message),
+            ErrorKind::PluginPanic => ServiceError::PluginPanic {
+                plugin: None,
+                message,
+            },
             _ => ServiceError::Plugin(message),
         }
     }
@@ -64,6 +80,16 @@ impl From<PluginError> for ServiceError {
 impl From<ServiceError> for PluginError {
     fn from(error: ServiceError) -> Self {
         let kind = match &error {
+            // Not attributed yet: it crosses as the panic it is, so the
+            // host blames the plugin it comes back from.
+            ServiceError::PluginPanic {
+                plugin: None,
+                message,
+            } => return PluginError::new(ErrorKind::PluginPanic, message.clone()),
+            // Attributed: whoever passes it on did not panic.
+            ServiceError::PluginPanic {
+                plugin: Some(_), ..
+            } => ErrorKind::PluginFailure,
             ServiceError::NotFound(_) => ErrorKind::NotFound,
             ServiceError::InvalidInput(_) => ErrorKind::InvalidInput,
             ServiceError::Conflict(_) => ErrorKind::Conflict,

@@ -175,53 +175,71 @@ pub type AsyncMethod = extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>;
 /// The blocking face of a session-domain method.
 pub type BlockingMethod = extern "C" fn(HostCtx, RString) -> AbiResult;
 
-/// The session domain: every method the HTTP API offers, with an async and a
-/// blocking face. Append-only; every field after `list` is optional to read.
-#[repr(C)]
-#[derive(StableAbi)]
-#[sabi(kind(Prefix(prefix_ref = SessionDomainRef)))]
-#[sabi(missing_field(option))]
-pub struct SessionDomainVtable {
-    #[sabi(last_prefix_field)]
-    pub list: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub list_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub create: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub create_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub get: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    #[cfg(not(offstage_api_variant = "changed"))]
-    pub get_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    // The "changed" compatibility fixture alters one field's type so that
-    // tests can show the host refusing it with both type names.
-    #[cfg(offstage_api_variant = "changed")]
-    pub get_blocking: extern "C" fn(HostCtx, RString) -> u64,
-    pub rename: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub rename_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub remove: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub remove_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub messages: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub messages_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub prompt: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub prompt_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub notice: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub notice_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub interrupt: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub interrupt_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub jobs: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub jobs_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub call_tool: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub call_tool_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    pub background: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    pub background_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    // 1.0 ended here; 1.1 added `wait_idle`. The "older" fixture is 1.0.
-    #[cfg(not(offstage_api_variant = "older"))]
-    pub wait_idle: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    #[cfg(not(offstage_api_variant = "older"))]
-    pub wait_idle_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
-    // A method from a future 1.2 that today's host does not have.
-    #[cfg(offstage_api_variant = "newer")]
-    pub fork: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
-    #[cfg(offstage_api_variant = "newer")]
-    pub fork_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
+/// Defines [`SessionDomainVtable`] from the method table
+/// ([`session_methods!`](crate::session_methods)): per method, its async
+/// face then its blocking face, in table order. The first field is the
+/// prefix every host has; the rest are optional to read.
+#[cfg_attr(offstage_api_variant = "changed", allow(unused_macros))]
+macro_rules! session_domain_vtable {
+    (
+        $(#[doc = $first_doc:literal])*
+        fn $first:ident / $first_blocking:ident ( $($first_params:tt)* ) -> $first_ret:ty { $($first_body:tt)* }
+        $(
+            $(#[doc = $doc:literal])*
+            $(#[cfg($cfg:meta)])*
+            fn $name:ident / $blocking:ident ( $($params:tt)* ) -> $ret:ty { $($body:tt)* }
+        )*
+    ) => {
+        /// The session domain: every method in the method table
+        /// ([`session_methods!`](crate::session_methods)), each with an async
+        /// and a blocking face. Append-only; every field after the first is
+        /// optional to read.
+        #[repr(C)]
+        #[derive(StableAbi)]
+        #[sabi(kind(Prefix(prefix_ref = SessionDomainRef)))]
+        #[sabi(missing_field(option))]
+        pub struct SessionDomainVtable {
+            $(#[doc = $first_doc])*
+            #[sabi(last_prefix_field)]
+            pub $first: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+            pub $first_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
+            $(
+                $(#[doc = $doc])*
+                $(#[cfg($cfg)])*
+                pub $name: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+                $(#[cfg($cfg)])*
+                pub $blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
+            )*
+        }
+    };
+}
+
+#[cfg(not(offstage_api_variant = "changed"))]
+crate::session_methods!(session_domain_vtable);
+
+// The "changed" compatibility fixture alters one field's type so that tests
+// can show the host refusing it with both type names. Its vtable is written
+// out in the fixture (tests/compat/api-changed), not here.
+#[cfg(offstage_api_variant = "changed")]
+include!(concat!(env!("CARGO_MANIFEST_DIR"), "/session_vtable.rs"));
+
+/// Reads one face out of a host's vtable as an `Option`: the prefix field
+/// is always there, later ones are `None` in hosts older than the method.
+#[doc(hidden)]
+pub trait IntoFace<F> {
+    fn into_face(self) -> Option<F>;
+}
+
+impl<F> IntoFace<F> for Option<F> {
+    fn into_face(self) -> Option<F> {
+        self
+    }
+}
+
+impl IntoFace<AsyncMethod> for AsyncMethod {
+    fn into_face(self) -> Option<AsyncMethod> {
+        Some(self)
+    }
 }
 
 /// Everything else the host offers. Append-only; every field after `session`
@@ -290,4 +308,8 @@ pub mod error_kind {
     pub const HOST_FAILURE: u32 = 6;
     pub const CONFLICT: u32 = 7;
     pub const INCOMPATIBLE: u32 = 8;
+    /// A plugin panicked and the panic was contained. Since 1.1; a plugin
+    /// built before sends its panics as `PLUGIN_FAILURE` with the text
+    /// `plugin panicked in ...`.
+    pub const PLUGIN_PANIC: u32 = 9;
 }

@@ -30,8 +30,11 @@ pub enum ErrorKind {
     /// Plugin and host were built against incompatible API versions (a
     /// changed type, not an added method).
     Incompatible,
-    /// A plugin failed: returned an error, panicked, or sent bad data.
+    /// A plugin failed: returned an error or sent bad data.
     PluginFailure,
+    /// A plugin panicked; the panic was caught at the boundary. The message
+    /// says where (`panicked in init: ...`).
+    PluginPanic,
     /// The host failed to do what it should have done.
     HostFailure,
 }
@@ -69,6 +72,15 @@ impl Error {
         Error::new(ErrorKind::PluginFailure, message)
     }
 
+    /// A contained panic in `what` (`init`, `a hook`, ...), with the
+    /// panic's message.
+    pub(crate) fn panicked(what: &str, message: &str) -> Self {
+        Error::new(
+            ErrorKind::PluginPanic,
+            format!("panicked in {what}: {message}"),
+        )
+    }
+
     /// Shorthand for [`ErrorKind::Unsupported`].
     pub fn unsupported(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::Unsupported, message)
@@ -94,6 +106,7 @@ impl Error {
             ErrorKind::Conflict => error_kind::CONFLICT,
             ErrorKind::Incompatible => error_kind::INCOMPATIBLE,
             ErrorKind::PluginFailure => error_kind::PLUGIN_FAILURE,
+            ErrorKind::PluginPanic => error_kind::PLUGIN_PANIC,
             ErrorKind::HostFailure => error_kind::HOST_FAILURE,
         };
         AbiError {
@@ -112,6 +125,7 @@ impl Error {
             error_kind::CONFLICT => ErrorKind::Conflict,
             error_kind::INCOMPATIBLE => ErrorKind::Incompatible,
             error_kind::PLUGIN_FAILURE => ErrorKind::PluginFailure,
+            error_kind::PLUGIN_PANIC => ErrorKind::PluginPanic,
             _ => ErrorKind::HostFailure,
         };
         Error::new(kind, error.message.into_string())

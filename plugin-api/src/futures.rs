@@ -39,10 +39,7 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
 pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,
-        Err(payload) => Err(Error::plugin(format!(
-            "plugin panicked in {what}: {}",
-            panic_message(payload.as_ref())
-        ))),
+        Err(payload) => Err(Error::panicked(what, &panic_message(payload.as_ref()))),
     }
 }
 
@@ -68,10 +65,7 @@ impl<T, F: Future<Output = Result<T>>> Future for CatchUnwind<F> {
             Err(payload) => {
                 // Dropping a future that panicked could panic again; leak it.
                 std::mem::forget(self.inner.take());
-                Poll::Ready(Err(Error::plugin(format!(
-                    "plugin panicked in {what}: {}",
-                    panic_message(payload.as_ref())
-                ))))
+                Poll::Ready(Err(Error::panicked(what, &panic_message(payload.as_ref()))))
             }
         }
     }

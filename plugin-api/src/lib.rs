@@ -72,6 +72,8 @@ mod futures;
 pub use futures::panic_message;
 mod hooks;
 mod logging;
+#[doc(hidden)]
+pub mod methods;
 pub mod pattern;
 mod plugin;
 mod session;
@@ -136,6 +138,9 @@ pub mod __private {
     pub use abi_stable::library::{
         __call_root_module_loader, CheckTypeLayout, LibHeader, RootModuleResult,
     };
+    /// For the method table's expansions, whatever the expanding crate
+    /// depends on.
+    pub use serde_json::Value;
 }
 
 /// Exports a [`Plugin`] type as this library's plugin. Call it once, at the

@@ -143,6 +143,32 @@ pub struct ToolResult {
     pub output_path: Option<String>,
 }
 
+impl ToolResult {
+    /// The answer of a tool that finished `call`: status `completed`, exit
+    /// code 0, `output` as its output. What a plugin tool usually returns.
+    pub fn completed(call: &ToolCall, output: impl Into<String>) -> Self {
+        ToolResult {
+            call_id: call.job_id.clone(),
+            job_id: call.job_id.clone(),
+            status: ToolStatus::Completed,
+            output: output.into(),
+            exit_code: Some(0),
+            output_path: None,
+        }
+    }
+
+    /// The answer of a tool that ran `call` and failed: status `error`, no
+    /// exit code, `output` saying why. (Returning an `Err` instead reports a
+    /// failure of the plugin itself.)
+    pub fn error(call: &ToolCall, output: impl Into<String>) -> Self {
+        ToolResult {
+            status: ToolStatus::Error,
+            exit_code: None,
+            ..ToolResult::completed(call, output)
+        }
+    }
+}
+
 /// A tool call as a wrapper or a plugin tool sees it. `job_id` is known
 /// before the call runs, so a wrapper can act on its own job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -254,6 +280,17 @@ pub struct ToolSpec {
     pub name: String,
     #[serde(default)]
     pub description: String,
+}
+
+impl ToolSpec {
+    /// A tool called `name`, described for humans and agents by
+    /// `description`.
+    pub fn new(name: impl Into<String>, description: impl Into<String>) -> Self {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+        }
+    }
 }
 
 /// Arguments of the session-domain methods as they cross the boundary.

@@ -304,7 +304,12 @@ pub fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
     // The answer is the one line below; the loader's own log of the same
     // failure would only repeat it.
     super::init_logging("error");
-    match crate::plugin::check_file_with(file, allow_insecure) {
+    match crate::plugin::check_file_with(
+        file,
+        crate::plugin::CheckOptions {
+            allow_insecure_permissions: allow_insecure,
+        },
+    ) {
         Ok(info) => {
             if json {
                 print_json(&info);

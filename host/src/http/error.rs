@@ -88,7 +88,7 @@ pub fn status_of(error: &ServiceError) -> StatusCode {
         ServiceError::Conflict(_) => StatusCode::CONFLICT,
         ServiceError::PermissionDenied(_) => StatusCode::FORBIDDEN,
         ServiceError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
-        ServiceError::Plugin(_) => StatusCode::FAILED_DEPENDENCY,
+        ServiceError::Plugin(_) | ServiceError::PluginPanic { .. } => StatusCode::FAILED_DEPENDENCY,
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -103,7 +103,8 @@ pub enum LoadError {
     },
 
     /// The plugin panicked in `init`.
-    #[error("{}: plugin `{name}` panicked in init: {message}", path.display())]
+    /// `message` says where: `panicked in init: ...`.
+    #[error("{}: plugin `{name}` {message}", path.display())]
     InitPanic {
         path: PathBuf,
         name: String,

@@ -60,20 +60,10 @@ impl Plugin for MyPlugin {
             })?;
 
         // 2. Add a tool.
-        let spec = ToolSpec {
-            name: "my_tool".into(),
-            description: "echoes input.text".into(),
-        };
+        let spec = ToolSpec::new("my_tool", "echoes input.text");
         ctx.tools().add(spec, |call: ToolCall| async move {
             let text = call.input["text"].as_str().unwrap_or_default().to_string();
-            Ok(ToolResult {
-                call_id: call.job_id.clone(),
-                job_id: call.job_id,
-                status: ToolStatus::Completed,
-                output: text,
-                exit_code: Some(0),
-                output_path: None,
-            })
+            Ok(ToolResult::completed(&call, text))
         })?;
 
         // 3. Listen to events.

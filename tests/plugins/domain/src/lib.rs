@@ -30,17 +30,6 @@ fn shell(command: &str) -> ToolRequest {
     ToolRequest::new("shell", json!({ "command": command }))
 }
 
-fn completed(call: &ToolCall, output: String) -> ToolResult {
-    ToolResult {
-        call_id: call.job_id.clone(),
-        job_id: call.job_id.clone(),
-        status: ToolStatus::Completed,
-        output,
-        exit_code: Some(0),
-        output_path: None,
-    }
-}
-
 /// The running, still-blocking `sleep` job of `jobs`, if it has started.
 fn blocking_sleep(jobs: &[Job]) -> Option<&Job> {
     jobs.iter()
@@ -273,12 +262,10 @@ impl Plugin for Domain {
     fn init(ctx: Context) -> Result<Self> {
         let host = ctx.clone();
         ctx.tools().add(
-            ToolSpec {
-                name: "tour".into(),
-                description:
-                    "walks the session domain; input {\"face\": \"async\"|\"thread\"|\"inline\"}"
-                        .into(),
-            },
+            ToolSpec::new(
+                "tour",
+                "walks the session domain; input {\"face\": \"async\"|\"thread\"|\"inline\"}",
+            ),
             move |call: ToolCall| {
                 let ctx = host.clone();
                 async move {
@@ -298,7 +285,7 @@ impl Plugin for Domain {
                             return Err(Error::invalid_input(format!("unknown face {other:?}")))
                         }
                     };
-                    Ok(completed(&call, report.to_string()))
+                    Ok(ToolResult::completed(&call, report.to_string()))
                 }
             },
         )?;

@@ -12,22 +12,8 @@ use offstage_plugin_api::prelude::*;
 
 struct Faulty;
 
-fn result(call: ToolCall, output: &str) -> ToolResult {
-    ToolResult {
-        call_id: call.job_id.clone(),
-        job_id: call.job_id,
-        status: ToolStatus::Completed,
-        output: output.to_string(),
-        exit_code: Some(0),
-        output_path: None,
-    }
-}
-
 fn spec(name: &str) -> ToolSpec {
-    ToolSpec {
-        name: name.into(),
-        description: "a tool of the faulty test plugin".into(),
-    }
+    ToolSpec::new(name, "a tool of the faulty test plugin")
 }
 
 impl Plugin for Faulty {
@@ -47,7 +33,7 @@ impl Plugin for Faulty {
             "error-init" => {
                 ctx.tools()
                     .add(spec("faulty_leftover"), |call: ToolCall| async move {
-                        Ok(result(call, "leftover"))
+                        Ok(ToolResult::completed(&call, "leftover"))
                     })?;
                 Err(Error::plugin("faulty: deliberately refusing to start"))
             }
@@ -61,7 +47,7 @@ impl Plugin for Faulty {
                             if call.tool == "faulty_panic" {
                                 panic!("faulty: deliberate panic in a future");
                             }
-                            Ok(result(call, "not reached"))
+                            Ok(ToolResult::completed(&call, "not reached"))
                         }
                     })?;
                 Ok(Faulty)
@@ -69,7 +55,7 @@ impl Plugin for Faulty {
             _ => {
                 ctx.tools()
                     .add(spec("faulty_ok"), |call: ToolCall| async move {
-                        Ok(result(call, "fine"))
+                        Ok(ToolResult::completed(&call, "fine"))
                     })?;
                 Ok(Faulty)
             }

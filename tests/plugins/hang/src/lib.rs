@@ -28,10 +28,7 @@ impl Plugin for Hang {
                 next.run(call).await
             })?;
         ctx.tools().add(
-            ToolSpec {
-                name: "hang_tool".into(),
-                description: "never answers".into(),
-            },
+            ToolSpec::new("hang_tool", "never answers"),
             |_call: ToolCall| async move {
                 std::future::pending::<()>().await;
                 Err(Error::plugin("unreachable"))

@@ -15,20 +15,10 @@ impl Plugin for Hello {
     fn init(ctx: Context) -> Result<Self> {
         tracing::info!("hello plugin ready");
         ctx.tools().add(
-            ToolSpec {
-                name: "hello".into(),
-                description: "greets".into(),
-            },
+            ToolSpec::new("hello", "greets"),
             |call: ToolCall| async move {
                 let name = call.input["name"].as_str().unwrap_or("world").to_string();
-                Ok(ToolResult {
-                    call_id: call.job_id.clone(),
-                    job_id: call.job_id,
-                    status: ToolStatus::Completed,
-                    output: format!("hello, {name}"),
-                    exit_code: Some(0),
-                    output_path: None,
-                })
+                Ok(ToolResult::completed(&call, format!("hello, {name}")))
             },
         )?;
         Ok(Hello)

@@ -35,20 +35,13 @@ impl Plugin for Leaky {
     fn init(ctx: Context) -> Result<Self> {
         leak(ctx.options_value()["threads"].as_u64().unwrap_or(4) as usize);
         ctx.tools().add(
-            ToolSpec {
-                name: "leaky_spawn".into(),
-                description: "starts n threads that never exit".into(),
-            },
+            ToolSpec::new("leaky_spawn", "starts n threads that never exit"),
             |call: ToolCall| async move {
                 leak(call.input["n"].as_u64().unwrap_or(1).min(64) as usize);
-                Ok(ToolResult {
-                    call_id: call.job_id.clone(),
-                    job_id: call.job_id,
-                    status: ToolStatus::Completed,
-                    output: STARTED.load(Ordering::SeqCst).to_string(),
-                    exit_code: Some(0),
-                    output_path: None,
-                })
+                Ok(ToolResult::completed(
+                    &call,
+                    STARTED.load(Ordering::SeqCst).to_string(),
+                ))
             },
         )?;
         Ok(Leaky)

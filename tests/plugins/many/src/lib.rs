@@ -33,20 +33,8 @@ impl Plugin for Many {
 
     fn init(ctx: Context) -> Result<Self> {
         ctx.tools().add(
-            ToolSpec {
-                name: ctx.name().to_string(),
-                description: "answers ok".into(),
-            },
-            |call: ToolCall| async move {
-                Ok(ToolResult {
-                    call_id: call.job_id.clone(),
-                    job_id: call.job_id,
-                    status: ToolStatus::Completed,
-                    output: "ok".into(),
-                    exit_code: Some(0),
-                    output_path: None,
-                })
-            },
+            ToolSpec::new(ctx.name(), "answers ok"),
+            |call: ToolCall| async move { Ok(ToolResult::completed(&call, "ok")) },
         )?;
         Ok(Many)
     }

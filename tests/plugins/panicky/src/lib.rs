@@ -20,22 +20,8 @@ pub const ENTRY_POINTS: [&str; 5] = ["init", "hook", "future", "event", "agent"]
 
 struct Panicky;
 
-fn done(call: ToolCall, output: &str) -> ToolResult {
-    ToolResult {
-        call_id: call.job_id.clone(),
-        job_id: call.job_id,
-        status: ToolStatus::Completed,
-        output: output.to_string(),
-        exit_code: Some(0),
-        output_path: None,
-    }
-}
-
 fn spec(name: &str) -> ToolSpec {
-    ToolSpec {
-        name: name.into(),
-        description: "a tool of the panicky test plugin".into(),
-    }
+    ToolSpec::new(name, "a tool of the panicky test plugin")
 }
 
 impl Plugin for Panicky {
@@ -58,7 +44,7 @@ impl Plugin for Panicky {
         }
         ctx.tools()
             .add(spec("panicky_ok"), |call: ToolCall| async move {
-                Ok(done(call, "ok"))
+                Ok(ToolResult::completed(&call, "ok"))
             })?;
 
         ctx.tools()
@@ -79,7 +65,7 @@ impl Plugin for Panicky {
                     if entry == "future" {
                         panic!("panicky: deliberate panic in future (seed {seed})");
                     }
-                    Ok(done(call, "no panic"))
+                    Ok(ToolResult::completed(&call, "no panic"))
                 }
             })?;
 

@@ -9,11 +9,17 @@
 //!   - `"blocking-inline"`: `background_blocking` straight from the wrapper's
 //!     future, which the host is polling on its runtime.
 //!
+//!   - `"blocking-per-poll"`: as `"blocking-inline"` (only `racer_get_loop`
+//!     tells them apart, see below).
+//!
 //!   Commands containing `# racer: skip` (a shell comment) are passed
 //!   through untouched.
 //! - Adds a tool `racer_get_loop` (input `{"session_id", "n", "face"}`)
 //!   that calls `get` `n` times through one face and answers with the
-//!   nanoseconds per call, for the benchmarks.
+//!   nanoseconds per call, for the benchmarks. With `"blocking-inline"` all
+//!   `n` calls run inside one poll of the host; with `"blocking-per-poll"`
+//!   the tool's future yields after each call, so every call is made from a
+//!   fresh poll (what a synchronous hook does).
 //!
 //! ```toml
 //! [plugin.racer]
@@ -39,6 +45,7 @@ enum Face {
     Async,
     Blocking,
     BlockingInline,
+    BlockingPerPoll,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -108,8 +115,23 @@ async fn background(
             let session = ctx.session();
             on_thread(move || session.background_blocking(request)).await
         }
-        Face::BlockingInline => ctx.session().background_blocking(request),
+        Face::BlockingInline | Face::BlockingPerPoll => ctx.session().background_blocking(request),
     }
+}
+
+/// Returns `Pending` once (waking itself at once), so the host polls the
+/// future again: what follows runs in a fresh poll.
+fn yield_now() -> impl Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +174,15 @@ async fn get_loop(ctx: Context, input: GetLoop) -> Result<f64> {
             let start = Instant::now();
             for _ in 0..n {
                 session.get_blocking(&session_id)?;
+            }
+            start.elapsed()
+        }
+        Face::BlockingPerPoll => {
+            let session = ctx.session();
+            let start = Instant::now();
+            for _ in 0..n {
+                session.get_blocking(&session_id)?;
+                yield_now().await;
             }
             start.elapsed()
         }
@@ -214,24 +245,20 @@ impl Plugin for Racer {
 
         let host = ctx.clone();
         ctx.tools().add(
-            ToolSpec {
-                name: "racer_get_loop".into(),
-                description: "times n session `get` calls through one face".into(),
-            },
+            ToolSpec::new(
+                "racer_get_loop",
+                "times n session `get` calls through one face",
+            ),
             move |call: ToolCall| {
                 let ctx = host.clone();
                 async move {
                     let input: GetLoop = serde_json::from_value(call.input.clone())
                         .map_err(|e| Error::invalid_input(format!("racer_get_loop: {e}")))?;
                     let ns = get_loop(ctx, input).await?;
-                    Ok(ToolResult {
-                        call_id: call.job_id.clone(),
-                        job_id: call.job_id,
-                        status: ToolStatus::Completed,
-                        output: json!({ "ns_per_call": ns }).to_string(),
-                        exit_code: Some(0),
-                        output_path: None,
-                    })
+                    Ok(ToolResult::completed(
+                        &call,
+                        json!({ "ns_per_call": ns }).to_string(),
+                    ))
                 }
             },
         )?;

@@ -90,22 +90,8 @@ struct Reloadable {
     shared: Arc<Shared>,
 }
 
-fn answer(call: ToolCall, output: String) -> ToolResult {
-    ToolResult {
-        call_id: call.job_id.clone(),
-        job_id: call.job_id,
-        status: ToolStatus::Completed,
-        output,
-        exit_code: Some(0),
-        output_path: None,
-    }
-}
-
 fn spec(name: &str) -> ToolSpec {
-    ToolSpec {
-        name: name.into(),
-        description: "a tool of the reloadable test plugin".into(),
-    }
+    ToolSpec::new(name, "a tool of the reloadable test plugin")
 }
 
 impl Plugin for Reloadable {
@@ -147,7 +133,7 @@ impl Plugin for Reloadable {
                             host.sleep(Duration::from_millis(20)).await;
                         }
                     }
-                    Ok(answer(call, me.stamp()))
+                    Ok(ToolResult::completed(&call, me.stamp()))
                 }
             })?;
 
@@ -156,12 +142,12 @@ impl Plugin for Reloadable {
             .add(spec("reloadable_count"), move |call: ToolCall| {
                 let count = me.count.fetch_add(1, Ordering::SeqCst) + 1;
                 let output = format!("{} count={count}", me.stamp());
-                async move { Ok(answer(call, output)) }
+                async move { Ok(ToolResult::completed(&call, output)) }
             })?;
 
         ctx.tools().add(
             spec(&format!("reloadable_only_{VARIANT}")),
-            |call: ToolCall| async move { Ok(answer(call, VARIANT.to_string())) },
+            |call: ToolCall| async move { Ok(ToolResult::completed(&call, VARIANT.to_string())) },
         )?;
 
         let me = shared.clone();

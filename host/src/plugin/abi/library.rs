@@ -1,7 +1,7 @@
 //! Opening one plugin library and calling its frozen root module.
 //!
 //! This is the part of loading that talks to abi_stable and to the plugin's
-//! code; the registry in `mod.rs` decides *whether* to load (permissions,
+//! code; the registry (`load.rs`) decides *whether* to load (permissions,
 //! settings, duplicates) and records the outcome. Every failure here is
 //! turned into one [`LoadError`] variant, so a user sees one line naming the
 //! cause, never abi_stable's multi-line dumps (those go to the debug log).
@@ -26,15 +26,17 @@ use abi_stable::{
     library::{lib_header_from_path, AbiHeader, LibraryError, RootModule},
     std_types::RResult,
 };
-use offstage_plugin_api::abi::{
-    error_kind, AbiError, HostHandle, PluginInstance, PluginModuleRef, PANIC_ABORT,
+use offstage_plugin_api::{
+    abi::{AbiError, HostHandle, PluginModuleRef, PANIC_ABORT},
+    ErrorKind,
 };
 
-use super::error::{one_line, trim_layout_report, LoadError};
+use super::{convert::plugin_error, instance::Instance};
+use crate::plugin::error::{one_line, trim_layout_report, LoadError};
 
 /// What a plugin says about itself, in host types.
 #[derive(Debug, Clone)]
-pub(crate) struct ManifestInfo {
+pub(in crate::plugin) struct ManifestInfo {
     pub name: String,
     pub version: String,
     pub api_version: String,
@@ -45,7 +47,7 @@ pub(crate) struct ManifestInfo {
 
 /// Opens the library at `copy` (a private copy of `path`, which is the name
 /// errors use) and returns its checked root module.
-pub(crate) fn open(path: &Path, copy: &Path) -> Result<PluginModuleRef, LoadError> {
+pub(in crate::plugin) fn open(path: &Path, copy: &Path) -> Result<PluginModuleRef, LoadError> {
     let header = lib_header_from_path(copy).map_err(|e| classify(path, e))?;
     header
         .init_root_module::<PluginModuleRef>()
@@ -53,7 +55,10 @@ pub(crate) fn open(path: &Path, copy: &Path) -> Result<PluginModuleRef, LoadErro
 }
 
 /// Calls the plugin's `manifest()`.
-pub(crate) fn manifest(path: &Path, module: PluginModuleRef) -> Result<ManifestInfo, LoadError> {
+pub(in crate::plugin) fn manifest(
+    path: &Path,
+    module: PluginModuleRef,
+) -> Result<ManifestInfo, LoadError> {
     match (module.manifest())() {
         RResult::ROk(m) => Ok(ManifestInfo {
             name: m.name.into_string(),
@@ -75,38 +80,34 @@ pub(crate) fn manifest(path: &Path, module: PluginModuleRef) -> Result<ManifestI
 }
 
 /// Calls the plugin's `init` with the host handle of its generation.
-pub(crate) fn init(
+pub(in crate::plugin) fn init(
     path: &Path,
     name: &str,
     module: PluginModuleRef,
     handle: HostHandle,
-) -> Result<PluginInstance, LoadError> {
+) -> Result<Instance, LoadError> {
     match (module.init())(handle) {
-        RResult::ROk(instance) => Ok(instance),
+        RResult::ROk(instance) => Ok(Instance::new(instance)),
         RResult::RErr(error) => Err(classify_init_error(path, name, error)),
     }
 }
 
-/// The prefix the plugin-api's panic guard puts on a panic in `init`.
-const INIT_PANIC_PREFIX: &str = "plugin panicked in init:";
-
 fn classify_init_error(path: &Path, name: &str, error: AbiError) -> LoadError {
-    let message = error.message.as_str();
-    match error.kind {
-        error_kind::INCOMPATIBLE => {
+    let error = plugin_error(error);
+    let message = error.message();
+    match error.kind() {
+        ErrorKind::Incompatible => {
             tracing::debug!(plugin = name, path = %path.display(), "full layout report:\n{message}");
             LoadError::LayoutMismatch {
                 path: path.to_path_buf(),
                 summary: trim_layout_report(message),
             }
         }
-        error_kind::PLUGIN_FAILURE if message.starts_with(INIT_PANIC_PREFIX) => {
-            LoadError::InitPanic {
-                path: path.to_path_buf(),
-                name: name.to_string(),
-                message: one_line(&message[INIT_PANIC_PREFIX.len()..]),
-            }
-        }
+        ErrorKind::PluginPanic => LoadError::InitPanic {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            message: one_line(message),
+        },
         _ => LoadError::InitError {
             path: path.to_path_buf(),
             name: name.to_string(),
@@ -124,16 +125,12 @@ fn abi_header_version(header: &AbiHeader) -> String {
 fn classify(path: &Path, error: LibraryError) -> LoadError {
     let path = path.to_path_buf();
     match error {
-        LibraryError::OpenError { err, .. } => {
-            let detail = one_line(&err.to_string());
-            if detail.contains("file too short") {
-                LoadError::Truncated { path, detail }
-            } else if detail.contains("invalid ELF header") {
-                LoadError::NotSharedLibrary { path, detail }
-            } else {
-                LoadError::Open { path, detail }
-            }
-        }
+        // Not a library, or a truncated one, was refused before the open
+        // by `file::check_format`; what is left is the loader's own cause.
+        LibraryError::OpenError { err, .. } => LoadError::Open {
+            path,
+            detail: one_line(&err.to_string()),
+        },
         LibraryError::GetSymbolError { symbol, .. } => LoadError::NoRootModule {
             path,
             symbol: String::from_utf8_lossy(&symbol)

@@ -1,0 +1,132 @@
+//! Conversions at the boundary: host results to `RResult`s and back,
+//! records to and from JSON text, and the two future adapters that keep
+//! panics and runtimes on the right side.
+//!
+//! Why here and only here: every `RResult`/`RString` the host touches is
+//! made or taken apart in this file, so the rest of `plugin/` works with
+//! `Result<_, ServiceError>` and plain strings.
+
+use std::{
+    future::Future,
+    panic::{catch_unwind, AssertUnwindSafe},
+    pin::Pin,
+    task::{Context as TaskContext, Poll},
+};
+
+use abi_stable::std_types::{RResult, RString};
+use async_ffi::FfiFuture;
+use offstage_plugin_api::{
+    abi::{AbiError, AbiResult},
+    Error as PluginError, ErrorKind,
+};
+use serde::de::DeserializeOwned;
+use tokio::runtime::Handle;
+
+use crate::{error::Result, util::panic_message, ServiceError};
+
+pub(in crate::plugin) fn to_abi(result: Result<String>) -> AbiResult {
+    match result {
+        Ok(json) => RResult::ROk(RString::from(json)),
+        Err(error) => RResult::RErr(PluginError::from(error).to_abi()),
+    }
+}
+
+pub(in crate::plugin) fn from_abi(result: AbiResult) -> Result<String> {
+    match result {
+        RResult::ROk(json) => Ok(json.into_string()),
+        RResult::RErr(error) => Err(ServiceError::from(plugin_error(error))),
+    }
+}
+
+/// A record as the JSON text that crosses the boundary, encoded straight
+/// from the record (no `serde_json::Value` in between).
+pub(in crate::plugin) fn to_json(record: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string(record)
+        .map_err(|e| ServiceError::Internal(format!("cannot encode a record: {e}")))
+}
+
+pub(in crate::plugin) fn parse<T: DeserializeOwned>(what: &str, json: &str) -> Result<T> {
+    serde_json::from_str(json)
+        .map_err(|e| ServiceError::InvalidInput(format!("bad arguments for {what}: {e}")))
+}
+
+/// A plugin's error as the host reads it.
+///
+/// Plugins built before `error_kind::PLUGIN_PANIC` existed send a
+/// contained panic as `PLUGIN_FAILURE` with the text their plugin-api
+/// wrote, `plugin panicked in WHERE: ...`; that one fixed prefix, from that
+/// one kind, is read as the panic it is, so such a plugin is still
+/// disabled when it panics.
+pub(in crate::plugin) fn plugin_error(error: AbiError) -> PluginError {
+    const LEGACY_PANIC_PREFIX: &str = "plugin panicked in ";
+    let error = PluginError::from_abi(error);
+    if error.kind() == ErrorKind::PluginFailure {
+        if let Some(rest) = error.message().strip_prefix(LEGACY_PANIC_PREFIX) {
+            return PluginError::new(ErrorKind::PluginPanic, format!("panicked in {rest}"));
+        }
+    }
+    error
+}
+
+/// Polls a host future inside the host runtime, with panics turned into
+/// errors.
+pub(in crate::plugin) struct InRuntime<F> {
+    handle: Handle,
+    inner: Pin<Box<F>>,
+}
+
+impl<F> InRuntime<F> {
+    pub(in crate::plugin) fn new(handle: Handle, inner: F) -> Self {
+        InRuntime {
+            handle,
+            inner: Box::pin(inner),
+        }
+    }
+}
+
+impl<F: Future<Output = Result<String>>> Future for InRuntime<F> {
+    type Output = AbiResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<AbiResult> {
+        let this = &mut *self;
+        let _entered = this.handle.enter();
+        match catch_unwind(AssertUnwindSafe(|| this.inner.as_mut().poll(cx))) {
+            Ok(poll) => poll.map(to_abi),
+            Err(payload) => Poll::Ready(to_abi(Err(ServiceError::Internal(format!(
+                "host panicked: {}",
+                panic_message(payload.as_ref())
+            ))))),
+        }
+    }
+}
+
+/// Awaits a future a plugin returned; a panic that escaped the plugin's own
+/// guard (async-ffi re-raises it here) becomes an error.
+pub(in crate::plugin) struct FromPlugin {
+    pub(in crate::plugin) inner: FfiFuture<AbiResult>,
+}
+
+impl Future for FromPlugin {
+    type Output = Result<String>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<String>> {
+        match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut self.inner).poll(cx))) {
+            Ok(poll) => poll.map(from_abi),
+            Err(payload) => Poll::Ready(Err(ServiceError::PluginPanic {
+                plugin: None,
+                message: format!(
+                    "panicked in its code: plugin future panicked: {}",
+                    panic_message(payload.as_ref())
+                ),
+            })),
+        }
+    }
+}
+
+/// The outcome of a registration as it crosses back to the plugin.
+pub(in crate::plugin) fn to_abi_unit(result: Result<()>) -> RResult<(), AbiError> {
+    match result {
+        Ok(()) => RResult::ROk(()),
+        Err(error) => RResult::RErr(PluginError::from(error).to_abi()),
+    }
+}

@@ -1,0 +1,243 @@
+//! What a plugin registers, as the host's own traits: its tools
+//! ([`Tool`]), tool wrappers ([`ToolWrapper`], with the host's `next`
+//! handed back across), agents ([`Agent`]) and event handlers.
+//!
+//! Each is a function pointer, an opaque state and a drop function
+//! (`CallbackAbi`, `WrapperAbi`, `NextAbi`); the adapters here own that
+//! state, free it exactly once, and count themselves in their generation
+//! so it knows when it is drained. A panic that comes back from a hook is
+//! pinned on the plugin it came from, which is then disabled.
+
+use std::{ffi::c_void, sync::Arc};
+
+use abi_stable::std_types::{RResult, RString};
+use async_ffi::{FfiFuture, FutureExt as _};
+use offstage_plugin_api::{
+    abi::{AbiError, AbiResult, CallbackAbi, CallbackState, HostCtx, NextAbi, WrapperAbi},
+    capability,
+    types::{AgentTurn, ToolCall, ToolResult, ToolSpec},
+};
+use serde_json::Value;
+use tokio::runtime::Handle;
+
+use super::{
+    convert::{parse, to_abi_unit, to_json, FromPlugin, InRuntime},
+    state_from,
+};
+use crate::{
+    agent::Agent,
+    error::Result,
+    plugin::generation::{GenerationState, Staged},
+    session::SessionService,
+    tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
+    util::BoxFuture,
+    ServiceError,
+};
+
+/// A plugin callback the host holds; frees the plugin's state when the
+/// last holder lets go. Counted in its generation's `hooks`.
+pub(in crate::plugin) struct Callback {
+    abi: CallbackAbi,
+    pub(in crate::plugin) plugin: &'static GenerationState,
+}
+
+impl Callback {
+    fn new(abi: CallbackAbi, plugin: &'static GenerationState) -> Self {
+        plugin.hook_created();
+        Callback { abi, plugin }
+    }
+
+    pub(in crate::plugin) async fn call(&self, input: String) -> Result<String> {
+        let result = FromPlugin {
+            inner: (self.abi.call)(self.abi.state, RString::from(input)),
+        }
+        .await;
+        result.map_err(|error| self.plugin.fail_if_own_panic(error))
+    }
+}
+
+impl Drop for Callback {
+    fn drop(&mut self) {
+        (self.abi.drop)(self.abi.state);
+        self.plugin.hook_dropped();
+    }
+}
+
+/// A plugin's tool wrapper; counted like [`Callback`].
+struct Wrapper {
+    abi: WrapperAbi,
+    plugin: &'static GenerationState,
+}
+
+impl Wrapper {
+    fn new(abi: WrapperAbi, plugin: &'static GenerationState) -> Self {
+        plugin.hook_created();
+        Wrapper { abi, plugin }
+    }
+}
+
+impl Drop for Wrapper {
+    fn drop(&mut self) {
+        (self.abi.drop)(self.abi.state);
+        self.plugin.hook_dropped();
+    }
+}
+
+/// Hands the host's `next` to a plugin: a boxed [`Next`] behind the state
+/// pointer, consumed by `call` or freed by `drop`.
+extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiResult> {
+    // SAFETY: `state` is the `Box<(Next, Handle)>` made in `Wrapper::wrap`;
+    // the plugin calls `call` or `drop`, once.
+    let (next, handle) = *unsafe { Box::from_raw(state.0 as *mut (Next, Handle)) };
+    let fut = async move {
+        let call: ToolCall = parse("next", input.as_str())?;
+        let result = next.run(call).await?;
+        to_json(&result)
+    };
+    InRuntime::new(handle, fut).into_ffi()
+}
+
+extern "C" fn next_drop(state: CallbackState) {
+    // SAFETY: see `next_call`.
+    drop(unsafe { Box::from_raw(state.0 as *mut (Next, Handle)) });
+}
+
+// The registries hold `Arc<dyn ToolWrapper>` (and `Arc<dyn Tool>`,
+// `Arc<dyn Agent>`), whose methods take `&self` and return `'static`
+// futures; each future keeps its adapter alive through the inner `Arc`.
+impl ToolWrapper for Arc<Wrapper> {
+    fn wrap(&self, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let state = Box::into_raw(Box::new((next, this.plugin.runtime.clone())));
+            let next = NextAbi {
+                state: CallbackState(state as *const c_void),
+                call: next_call,
+                drop: next_drop,
+            };
+            let started = (this.abi.call)(this.abi.state, RString::from(to_json(&call)?), next);
+            let result = FromPlugin { inner: started }.await;
+            let json = result.map_err(|error| this.plugin.fail_if_own_panic(error))?;
+            serde_json::from_str(&json).map_err(|e| {
+                ServiceError::Plugin(format!(
+                    "plugin {} returned a bad tool result: {e}",
+                    this.plugin.name
+                ))
+            })
+        })
+    }
+}
+
+struct PluginTool {
+    callback: Callback,
+    name: String,
+}
+
+impl Tool for Arc<PluginTool> {
+    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let call = ToolCall {
+                session_id: ctx.session_id.clone(),
+                job_id: ctx.job_id.clone(),
+                tool: this.name.clone(),
+                input,
+            };
+            let json = this.callback.call(to_json(&call)?).await?;
+            let result: ToolResult = serde_json::from_str(&json).map_err(|e| {
+                ServiceError::Plugin(format!(
+                    "plugin tool {} returned a bad result: {e}",
+                    this.name
+                ))
+            })?;
+            ctx.output.write(result.output.as_bytes());
+            Ok(ToolOutcome {
+                status: result.status.into(),
+                exit_code: result.exit_code,
+            })
+        })
+    }
+}
+
+struct PluginAgent {
+    callback: Callback,
+}
+
+impl Agent for Arc<PluginAgent> {
+    fn turn(&self, _service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {
+        let this = Arc::clone(self);
+        Box::pin(async move {
+            let json = this.callback.call(to_json(&turn)?).await?;
+            serde_json::from_str::<String>(&json)
+                .map_err(|e| ServiceError::Plugin(format!("agent reply is not a string: {e}")))
+        })
+    }
+}
+
+pub(super) extern "C" fn wrap_tool(
+    ctx: HostCtx,
+    tool: RString,
+    abi: WrapperAbi,
+) -> RResult<(), AbiError> {
+    let plugin = state_from(ctx);
+    let wrapper = Arc::new(Wrapper::new(abi, plugin));
+    to_abi_unit((|| {
+        plugin.check_grant(capability::TOOL_WRAP)?;
+        plugin.register(Staged::Wrapper(tool.into_string(), Arc::new(wrapper)))
+    })())
+}
+
+pub(super) extern "C" fn add_tool(
+    ctx: HostCtx,
+    spec: RString,
+    abi: CallbackAbi,
+) -> RResult<(), AbiError> {
+    let plugin = state_from(ctx);
+    let callback = Callback::new(abi, plugin);
+    to_abi_unit((|| {
+        plugin.check_grant(capability::TOOL_ADD)?;
+        let spec: ToolSpec = parse("add_tool", spec.as_str())?;
+        // Checked now as well as at commit, so `init` sees a clash.
+        plugin
+            .service
+            .tools()
+            .check_add(&spec.name, &plugin.owner)?;
+        let tool = Arc::new(PluginTool {
+            callback,
+            name: spec.name.clone(),
+        });
+        plugin.register(Staged::Tool(spec.name, Arc::new(tool)))
+    })())
+}
+
+pub(super) extern "C" fn register_agent(
+    ctx: HostCtx,
+    name: RString,
+    abi: CallbackAbi,
+) -> RResult<(), AbiError> {
+    let plugin = state_from(ctx);
+    let callback = Callback::new(abi, plugin);
+    to_abi_unit((|| {
+        plugin.check_grant(capability::AGENTS)?;
+        plugin
+            .service
+            .agents()
+            .check_register(name.as_str(), &plugin.owner)?;
+        let agent = Arc::new(PluginAgent { callback });
+        plugin.register(Staged::Agent(name.into_string(), Arc::new(agent)))
+    })())
+}
+
+pub(super) extern "C" fn subscribe(
+    ctx: HostCtx,
+    types: RString,
+    abi: CallbackAbi,
+) -> RResult<(), AbiError> {
+    let plugin = state_from(ctx);
+    let callback = Callback::new(abi, plugin);
+    to_abi_unit((|| {
+        plugin.check_grant(capability::EVENTS)?;
+        let types: Vec<String> = parse("subscribe", types.as_str())?;
+        plugin.register(Staged::Subscription(types, callback, plugin.new_queue()))
+    })())
+}

@@ -1,0 +1,83 @@
+//! The raw ABI side of the plugin host: the only place in `plugin/` with
+//! `extern "C"` functions, `R*` types, raw pointers and `RResult`/`ROption`
+//! handling.
+//!
+//! Why a fence: everything that can go wrong across the boundary (a
+//! panic unwinding into `extern "C"`, state freed twice, a pointer read as
+//! the wrong type) is confined to these files, each behind a safe
+//! wrapper; the registry, loader and reload logic outside work with
+//! `Result`, `String` and [`Instance`].
+//!
+//! - `mod.rs`: the host handle a plugin's `init` receives, the host
+//!   vtable, and the one dereference of the opaque `HostCtx`.
+//! - `library.rs`: opening a library and calling its frozen root module.
+//! - `instance.rs`: the plugin instance `init` returns, made safe.
+//! - `session.rs`: the session domain, expanded from the method table.
+//! - `services.rs`: logging, timers, spawn, options, previous state.
+//! - `hooks.rs`: tools, wrappers, agents and subscriptions a plugin adds.
+//! - `convert.rs`: results, JSON and futures across the boundary.
+
+// The method table marks the methods of other API releases with
+// `cfg(offstage_api_variant = ...)`, a cfg only the compatibility fixtures
+// set; the host is always the current release.
+#[allow(unexpected_cfgs)]
+mod session;
+
+mod convert;
+mod hooks;
+mod instance;
+mod library;
+mod services;
+
+use std::{
+    ffi::c_void,
+    sync::{Arc, LazyLock},
+};
+
+use abi_stable::{prefix_type::PrefixTypeTrait, type_layout::TypeLayout};
+use offstage_plugin_api::abi::{
+    host_vtable_layout, HostCtx, HostHandle, HostVtable, HostVtableRef,
+};
+
+pub(super) use convert::to_json;
+pub(super) use hooks::Callback;
+pub(super) use instance::{Exporter, Instance, InstanceError};
+pub(super) use library::{init, manifest, open, ManifestInfo};
+
+use super::generation::GenerationState;
+
+/// What the plugin's `init` receives. Keeps one strong count of `ctx` for
+/// the life of the process.
+pub(super) fn host_handle(ctx: &Arc<GenerationState>) -> HostHandle {
+    let raw = Arc::into_raw(Arc::clone(ctx));
+    HostHandle {
+        ctx: HostCtx(raw as *const c_void),
+        vtable: HOST_VTABLE.0.to_raw_ptr() as *const c_void,
+        vtable_layout: host_vtable_layout() as *const TypeLayout as *const c_void,
+    }
+}
+
+/// The generation behind a `HostCtx` a plugin passed back: the one unsafe
+/// dereference of the opaque context.
+fn state_from(ctx: HostCtx) -> &'static GenerationState {
+    // SAFETY: `ctx` came from `host_handle`, which leaked a strong count of
+    // the `Arc<GenerationState>`, so the pointee lives for the process.
+    unsafe { &*(ctx.0 as *const GenerationState) }
+}
+
+static HOST_VTABLE: LazyLock<HostVtableRef> = LazyLock::new(|| {
+    HostVtable {
+        session: *session::SESSION_DOMAIN,
+        log: services::log,
+        max_log_level: services::max_log_level,
+        sleep: services::sleep,
+        spawn: services::spawn,
+        options: services::options,
+        previous_state: services::previous_state,
+        wrap_tool: hooks::wrap_tool,
+        add_tool: hooks::add_tool,
+        subscribe: hooks::subscribe,
+        register_agent: hooks::register_agent,
+    }
+    .leak_into_prefix()
+});

@@ -1,0 +1,73 @@
+//! How the host is told where plugins are and how to treat each one: the
+//! `[plugin]` part of the host config, and what a plugin is granted.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+};
+
+use serde_json::Value;
+
+/// How the host config treats one plugin (its `[plugin.NAME]` table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginSettings {
+    /// `false` skips the plugin; it is listed as `unloaded`.
+    pub enabled: bool,
+    /// Capabilities granted. `None` grants everything the manifest asks for;
+    /// a list grants at most those.
+    pub grant: Option<Vec<String>>,
+    /// The plugin's options (the table's other keys), a JSON object.
+    pub options: Value,
+}
+
+impl Default for PluginSettings {
+    fn default() -> Self {
+        PluginSettings {
+            enabled: true,
+            grant: None,
+            options: Value::Null,
+        }
+    }
+}
+
+/// Where plugins come from and how they are treated.
+#[derive(Debug, Clone, Default)]
+pub struct PluginHostConfig {
+    /// Directories searched by [`PluginHost::load_all`].
+    pub dirs: Vec<PathBuf>,
+    /// The host's data dir; private copies of loaded libraries go to
+    /// `<data_dir>/plugins/`.
+    pub data_dir: PathBuf,
+    /// Load plugin files (or dirs) writable by other users. For development.
+    pub allow_insecure_permissions: bool,
+    /// Per-plugin settings by plugin name.
+    pub settings: BTreeMap<String, PluginSettings>,
+}
+
+/// Requested ∩ granted; everything requested when the config lists nothing.
+pub(super) fn granted(requested: &[String], grant: Option<&[String]>) -> BTreeSet<String> {
+    requested
+        .iter()
+        .filter(|c| grant.is_none_or(|g| g.contains(c)))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_are_the_intersection() {
+        let requested = vec!["a".to_string(), "b".to_string()];
+        assert_eq!(
+            granted(&requested, None),
+            BTreeSet::from(["a".into(), "b".into()])
+        );
+        assert_eq!(
+            granted(&requested, Some(&["b".to_string(), "c".to_string()])),
+            BTreeSet::from(["b".into()])
+        );
+        assert!(granted(&requested, Some(&[])).is_empty());
+    }
+}

@@ -1,0 +1,92 @@
+//! What the host tells about a plugin (`GET /api/plugin`, `offstage plugin
+//! list|check`): one [`PluginInfo`] per load attempt, built here from what
+//! the loader learnt.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::{
+    abi::ManifestInfo,
+    load::{file_stem, LoadFailure},
+};
+
+/// Where a plugin is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginStatus {
+    /// Initialised and serving.
+    Loaded,
+    /// Refused at load, failed in `init`, or panicked later.
+    Failed,
+    /// Disabled by config, or shut down.
+    Unloaded,
+}
+
+/// A plugin as `GET /api/plugin` and `offstage plugin check` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = Plugin)]
+pub struct PluginInfo {
+    /// The manifest's name; for a file refused before its manifest was read,
+    /// the file's stem.
+    pub name: String,
+    pub version: String,
+    /// The plugin file as found in the plugin dir (not the private copy).
+    #[schema(value_type = String)]
+    pub path: PathBuf,
+    /// 1 for the first `init` of a name, 0 when `init` was never reached.
+    pub generation: u64,
+    pub status: PluginStatus,
+    /// Why it failed: the one-line [`LoadError`] or the panic message.
+    pub error: Option<String>,
+    /// Capabilities granted (requested ∩ config's grant list).
+    pub capabilities: Vec<String>,
+    pub description: String,
+    /// The `offstage-plugin-api` version it was built against.
+    pub api_version: String,
+}
+
+pub(super) fn info_from(
+    path: &Path,
+    manifest: &ManifestInfo,
+    generation: u64,
+    status: PluginStatus,
+    capabilities: Vec<String>,
+) -> PluginInfo {
+    PluginInfo {
+        name: manifest.name.clone(),
+        version: manifest.version.clone(),
+        path: path.to_path_buf(),
+        generation,
+        status,
+        error: None,
+        capabilities,
+        description: manifest.description.clone(),
+        api_version: manifest.api_version.clone(),
+    }
+}
+
+pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
+    let mut info = match &failure.manifest {
+        Some(manifest) => info_from(
+            path,
+            manifest,
+            failure.generation,
+            PluginStatus::Failed,
+            Vec::new(),
+        ),
+        None => PluginInfo {
+            name: file_stem(path),
+            version: String::new(),
+            path: path.to_path_buf(),
+            generation: 0,
+            status: PluginStatus::Failed,
+            error: None,
+            capabilities: Vec::new(),
+            description: String::new(),
+            api_version: String::new(),
+        },
+    };
+    info.error = Some(failure.error.to_string());
+    info
+}

@@ -1,0 +1,99 @@
+//! The registry: every load attempt (loaded, failed, unloaded) and the
+//! generations behind the loaded ones, plus the generations a reload
+//! replaced that are still draining.
+//!
+//! Why one list of entries rather than a map by name: a name can have a
+//! loaded generation and failed attempts at other files at once, and
+//! `list` shows them all in load order.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use super::{error, generation::Generation, PluginHost, PluginInfo, PluginStatus};
+use crate::util::LockExt;
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) entries: Vec<PluginEntry>,
+    /// Last generation handed out per plugin name.
+    pub(super) generations: HashMap<String, u64>,
+    /// Generations replaced by a reload whose calls are still running,
+    /// by (name, generation); shut down when drained or at host shutdown.
+    pub(super) draining: HashMap<(String, u64), Generation>,
+}
+
+/// One load attempt and, while it is loaded, its generation.
+pub(super) struct PluginEntry {
+    pub(super) info: PluginInfo,
+    pub(super) live: Option<Generation>,
+}
+
+impl PluginHost {
+    /// Every plugin the host knows: loaded, failed and unloaded.
+    pub fn list(&self) -> Vec<PluginInfo> {
+        self.inner
+            .state
+            .lock_unpoisoned()
+            .entries
+            .iter()
+            .map(|e| e.info.clone())
+            .collect()
+    }
+
+    /// The plugin called `name`: the loaded one if there is one, else the
+    /// latest attempt.
+    pub fn get(&self, name: &str) -> Option<PluginInfo> {
+        let state = self.inner.state.lock_unpoisoned();
+        let mut named = state.entries.iter().filter(|e| e.info.name == name);
+        named
+            .clone()
+            .find(|e| e.info.status == PluginStatus::Loaded)
+            .or_else(|| named.next_back())
+            .map(|e| e.info.clone())
+    }
+
+    pub(super) fn get_generation(&self, name: &str, generation: u64) -> Option<PluginInfo> {
+        self.inner
+            .state
+            .lock_unpoisoned()
+            .entries
+            .iter()
+            .find(|e| e.info.name == name && e.info.generation == generation)
+            .map(|e| e.info.clone())
+    }
+
+    /// Adds an entry, replacing an earlier failed or unloaded attempt at the
+    /// same file so that repeated loads do not pile up.
+    pub(super) fn record(&self, info: PluginInfo, live: Option<Generation>) {
+        let mut state = self.inner.state.lock_unpoisoned();
+        state
+            .entries
+            .retain(|e| !(e.info.path == info.path && e.info.status != PluginStatus::Loaded));
+        state.entries.push(PluginEntry { info, live });
+    }
+
+    /// Marks generation `generation` of `name` failed, if it is loaded. Its
+    /// instance is neither shut down nor freed: a plugin that panicked is not
+    /// trusted to shut down cleanly, and the adapter has already unhooked it.
+    pub(super) fn mark_failed(&self, name: &str, generation: u64, message: &str) {
+        let info = {
+            let mut state = self.inner.state.lock_unpoisoned();
+            let Some(entry) = state.entries.iter_mut().find(|e| {
+                e.info.name == name
+                    && e.info.generation == generation
+                    && e.info.status == PluginStatus::Loaded
+            }) else {
+                return;
+            };
+            entry.info.status = PluginStatus::Failed;
+            entry.info.error = Some(error::one_line(message));
+            entry.info.clone()
+        };
+        tracing::warn!(plugin = %name, generation, "plugin failed: {}", error::one_line(message));
+        self.inner
+            .service
+            .events()
+            .publish("plugin.failed", json!(info));
+    }
+}
