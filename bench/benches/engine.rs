@@ -7,16 +7,16 @@
 //!
 //! Groups:
 //!
-//! - `faces` (issue 2, item 8): a trivial session call (`get`) made by a
+//! - `faces` (BENCHMARKS.md, the ABI faces): a trivial session call (`get`) made by a
 //!   real plugin through its async face, its blocking face (from a thread of
 //!   the plugin's own, straight from a future the host polls — many calls
 //!   in one poll, and one call per poll as a synchronous hook makes them),
 //!   against
 //!   `SessionService::get` called directly in the same process.
-//! - `background` (issue 3, item 9): time from a `background` call to the
+//! - `background` (BENCHMARKS.md, background latency): time from a `background` call to the
 //!   return of the caller it releases, against the wake-up of a task through
 //!   a bare tokio oneshot channel (the floor for releasing a waiting task).
-//! - `throughput` (issue 3, item 9): `true` commands started and finished
+//! - `throughput` (BENCHMARKS.md, shell throughput): `true` commands started and finished
 //!   per second through `call_tool`, against spawning `/bin/sh -c true`
 //!   directly with `std::process` and with `tokio::process`.
 //!

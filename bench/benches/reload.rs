@@ -1,7 +1,7 @@
 //! Hot-reload figures for BENCHMARKS.md: how long from a new plugin file
 //! being in place to the first call answered by the new generation, and how
 //! much resident memory each reload leaves behind (abi_stable never unloads
-//! a library, DESIGN.md §2.4).
+//! a library, ARCHITECTURE.md §ABI-11).
 //!
 //! ```sh
 //! cargo bench -p offstage-bench --bench reload [-- RELOADS]

@@ -1,4 +1,4 @@
-//! Whole-system benchmarks (issue 4 HTTP figures, issue 8); see
+//! Whole-system benchmarks (HTTP, plugin load and reload, output capture, idle memory, mass background); see
 //! BENCHMARKS.md. Run everything with `scripts/bench`, which builds the
 //! release `offstage` binary first; one group:
 //!

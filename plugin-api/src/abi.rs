@@ -5,7 +5,7 @@
 //! other side, and because its shape *is* the compatibility promise.
 //!
 //! Two rules keep old plugins loading in new hosts and new plugins in old
-//! hosts (see DESIGN.md §2):
+//! hosts (see ARCHITECTURE.md §ABI-1 to §ABI-3):
 //!
 //! 1. [`PluginModule`], the root module that abi_stable checks when it loads a
 //!    library, is frozen for the whole 1.x line. Nothing in its signature can
@@ -277,7 +277,7 @@ pub fn host_vtable_layout() -> &'static TypeLayout {
 }
 
 /// Checks the host's vtable layout against this build's, in both directions
-/// (DESIGN.md §2.2): one passes exactly when the common prefix of fields
+/// (ARCHITECTURE.md §ABI-2): one passes exactly when the common prefix of fields
 /// matches, whichever side is newer.
 ///
 /// # Safety

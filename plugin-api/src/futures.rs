@@ -3,7 +3,7 @@
 //!
 //! A plugin has its own copy of every static, tokio's thread-locals included,
 //! so `tokio::spawn` or `tokio::time::sleep` inside a plugin panic with "no
-//! reactor running" (DESIGN.md §2.5). The host's runtime does the waiting;
+//! reactor running" (ARCHITECTURE.md §ABI-8). The host's runtime does the waiting;
 //! these types only adapt it.
 
 use std::{

@@ -1,6 +1,6 @@
 //! The records a plugin sees: sessions, messages, jobs, tool calls, events.
 //!
-//! These are the same JSON shapes the HTTP API serves (CONTRACT.md), so a
+//! These are the same JSON shapes the HTTP API serves (docs/contract.md, "Records"), so a
 //! field means the same thing whether a plugin, a script or a UI reads it.
 //! Fields may be added in a minor release, never renamed; every field added
 //! after 1.0 has a default so that a newer plugin reads an older host.

@@ -1,5 +1,5 @@
 //! The `offstage` client commands against a live host, and the serve
-//! command's refusals (CONTRACT.md, "Binary and commands").
+//! command's refusals (docs/contract.md, "Binary and commands").
 
 use std::{
     io::{BufRead, BufReader},

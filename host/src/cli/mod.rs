@@ -1,4 +1,4 @@
-//! The `offstage` command line (CONTRACT.md, "Binary and commands").
+//! The `offstage` command line (docs/contract.md, "Binary and commands").
 //!
 //! `serve` runs the host (`serve.rs`), and `dev` the same host with the
 //! plugin watcher of [`crate::plugin::watch`]; `demo` runs [`crate::demo`];

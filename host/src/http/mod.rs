@@ -1,4 +1,4 @@
-//! The HTTP API (CONTRACT.md, "HTTP API"): routes, the event stream, the
+//! The HTTP API (docs/contract.md, "HTTP API"): routes, the event stream, the
 //! access checks, and the server loop `offstage serve` runs.
 //!
 //! This module is a front end only. Handlers translate HTTP to calls on

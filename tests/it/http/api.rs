@@ -1,4 +1,4 @@
-//! The HTTP API of a real `offstage serve` process (CONTRACT.md, "HTTP
+//! The HTTP API of a real `offstage serve` process (docs/contract.md, "HTTP
 //! API"): the background flow across two connections, the event stream,
 //! tokens, and a JSON 4xx for every kind of bad request.
 
@@ -171,7 +171,7 @@ fn a_client_that_hangs_up_does_not_cancel_its_job() {
     });
     assert_eq!(job["status"], "completed", "{job}");
     assert_eq!(job["exit_code"], 0);
-    // A caller that hangs up counts as a move to the background (issue 5):
+    // A caller that hangs up counts as a move to the background (ARCHITECTURE.md §SES-3):
     // the result reaches the session as the job's notice.
     eventually("the job's notice", || {
         let messages = server.expect("GET", &format!("/api/session/{session}/message"), None, 200);

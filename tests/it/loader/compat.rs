@@ -1,4 +1,4 @@
-//! Compatibility across plugin-api releases, with real builds (issue item 6).
+//! Compatibility across plugin-api releases, with real builds (ARCHITECTURE.md §ABI-2, §ABI-3).
 //!
 //! `tests/compat/api-*` compile plugin-api's own source as other releases of
 //! the crate, same package name, another version: 1.0.0 (without 1.1's

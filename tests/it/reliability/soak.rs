@@ -480,7 +480,7 @@ async fn soak() {
     let last = *samples.last().unwrap();
     let growth = last.1 as i64 - warm.1 as i64;
     // A reload maps a new image and never unmaps the old one (by design,
-    // DESIGN.md §2.4): allow for that, plus fixed slack.
+    // ARCHITECTURE.md §ABI-11): allow for that, plus fixed slack.
     let reloads_between = (racer_reloads + faulty_reloads) as f64 * (last.0 - warm.0).as_secs_f64()
         / total.as_secs_f64();
     let slack = 16.0 * 1024.0 * 1024.0 + reloads_between * 4.0 * 1024.0 * 1024.0;

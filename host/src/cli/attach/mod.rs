@@ -1,5 +1,5 @@
 //! `offstage attach [SESSION]`: a full-screen terminal client of a running
-//! host (issue #16).
+//! host (docs/contract.md, "Binary and commands").
 //!
 //! - `app.rs`: the state, updated by one message at a time;
 //! - `ui.rs`: the drawing, a pure function of the state;

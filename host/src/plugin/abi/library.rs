@@ -6,7 +6,7 @@
 //! turned into one [`LoadError`] variant, so a user sees one line naming the
 //! cause, never abi_stable's multi-line dumps (those go to the debug log).
 //!
-//! Why the library is opened the way it is (DESIGN.md §2):
+//! Why the library is opened the way it is (ARCHITECTURE.md §ABI-1, §ABI-10, §ABI-11):
 //!
 //! - `RootModule::load_from_file` keeps one module per interface type in a
 //!   static, so a second plugin would get the first one's module. Each file

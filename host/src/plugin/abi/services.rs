@@ -1,4 +1,4 @@
-//! Host services a plugin gets instead of its own tokio (DESIGN.md §2.5: a
+//! Host services a plugin gets instead of its own tokio (ARCHITECTURE.md §ABI-8: a
 //! plugin's copy of tokio has no reactor): logging into the host's log
 //! with the plugin's name, timers, spawning on the host runtime, and its
 //! options and handed-over state.
