@@ -32,7 +32,7 @@ use std::{
 
 use offstage::{
     plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    session::SessionService,
+    SessionService,
 };
 use offstage_bench::{median, micros, service, summarize};
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};

@@ -45,7 +45,7 @@ use std::{
 
 use offstage::{
     plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    session::SessionService,
+    SessionService,
 };
 use offstage_bench::{
     http::Conn,

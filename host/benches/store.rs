@@ -28,7 +28,7 @@ use std::{
 };
 
 use offstage::{
-    store::{Durability, Store},
+    testing::{Durability, Store},
     ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::{Message, NewSession, Role, Session, SessionStatus, ToolRequest};

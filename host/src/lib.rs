@@ -1,31 +1,49 @@
 //! # offstage
 //!
 //! A session host for agent tools with native, hot-reloadable plugins.
-//! See the repository README for the tour; module docs explain each part.
+//! See the repository README for the tour and ARCHITECTURE.md for the
+//! design; module docs explain each part.
 //!
-//! Data flows one way: `http`/`cli` → [`session`] (and its `jobs`) → [`tool`] →
-//! `event`. The [`plugin`] module adapts the same [`SessionService`] to the
-//! plugin ABI and holds no session logic of its own.
+//! Data flows one way: `http`/`cli` → `session` (and its `jobs`) → `tool` →
+//! `store`/`event`. The [`plugin`] module adapts the same [`SessionService`]
+//! to the plugin ABI and holds no session logic of its own.
+//!
+//! The public surface is small on purpose: the `offstage` binary is the
+//! product, and this library exists so that the binary, the end-to-end
+//! tests and the benchmarks share one implementation. The implementation
+//! modules are private; what an embedder or a test needs is re-exported
+//! below, and store internals that only tests and benchmarks reach sit in
+//! the hidden [`testing`] module.
 
-pub mod agent;
-pub mod cli;
-pub mod config;
+mod agent;
+mod cli;
+mod config;
 pub mod demo;
-pub mod error;
-pub mod event;
-pub mod http;
-pub mod ids;
-pub mod permission;
+mod error;
+mod event;
+mod http;
+mod ids;
+mod permission;
 pub mod plugin;
-pub mod session;
-pub mod store;
-pub mod tool;
+mod session;
+mod store;
+mod tool;
 mod util;
 
-/// The old path of [`session::jobs`], kept so that `offstage::job::output`
-/// still names the same module.
-#[doc(hidden)]
-pub use session::jobs as job;
+pub use crate::{
+    cli::main,
+    config::FileConfig,
+    error::{Result, ServiceError},
+    event::Event,
+    permission::{Action, PermissionRequest, Reply, Rule},
+    session::{ServiceConfig, SessionService},
+};
 
-pub use error::{Result, ServiceError};
-pub use session::{ServiceConfig, SessionService};
+/// Store internals for the end-to-end tests and benchmarks: opening the
+/// store directly, its file names and schema version, the tail size of a
+/// job's output. Not a stable API.
+#[doc(hidden)]
+pub mod testing {
+    pub use crate::session::jobs::output::TAIL_BYTES;
+    pub use crate::store::{Durability, NoticeReason, Store, StoreError, DB_FILE, SCHEMA_VERSION};
+}

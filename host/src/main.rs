@@ -1,5 +1,5 @@
 //! The `offstage` binary; everything is in [`offstage::cli`].
 
 fn main() -> std::process::ExitCode {
-    offstage::cli::main()
+    offstage::main()
 }

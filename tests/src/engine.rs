@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use offstage::{permission::Rule, session::SessionService};
+use offstage::{Rule, SessionService};
 use offstage_plugin_api::types::{Event, Job, JobStatus, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use tokio::{sync::broadcast, task::JoinHandle};

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use offstage::{
-    event::Event,
+    Event,
     plugin::{PluginHost, PluginSettings, PluginStatus},
     SessionService,
 };

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, path::Path, path::PathBuf};
 
 use offstage::{
-    permission::Rule,
+    Rule,
     plugin::{PluginHost, PluginHostConfig, PluginSettings},
     ServiceConfig, SessionService,
 };

@@ -66,11 +66,6 @@ impl Client {
         })
     }
 
-    /// The host's URL.
-    pub fn server(&self) -> &str {
-        &self.server
-    }
-
     /// `GET path`, parsed as `T`.
     pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::GET, path, None::<&()>)

@@ -67,7 +67,7 @@ use offstage_plugin_api::types::{Job, Message, Role, Session};
 use rusqlite::{params, types::Type, Connection, OptionalExtension, Row, Transaction};
 use serde::{de::DeserializeOwned, Serialize};
 
-pub use open::{DB_FILE, LOCK_FILE};
+pub use open::DB_FILE;
 pub use schema::SCHEMA_VERSION;
 
 use crate::{permission::Rule, ServiceError};

@@ -576,7 +576,7 @@ async fn a_flood_of_output_is_whole_in_the_file_and_bounded_in_the_tail() {
         &result.output[..200]
     );
     assert!(result.output.ends_with("n200000\nmoving\n"));
-    assert!(result.output.len() < offstage::job::output::TAIL_BYTES + 1024);
+    assert!(result.output.len() < offstage::testing::TAIL_BYTES + 1024);
 
     std::fs::write(&flag, "").unwrap();
     engine.wait_job_end("job_flood").await;
@@ -605,7 +605,7 @@ async fn a_flood_of_output_is_whole_in_the_file_and_bounded_in_the_tail() {
         "{}",
         &notice.text[notice.text.len() - 100..]
     );
-    assert!(notice.text.len() < offstage::job::output::TAIL_BYTES + 1024);
+    assert!(notice.text.len() < offstage::testing::TAIL_BYTES + 1024);
     assert!(notice.text.contains("earlier bytes cut"));
     within("idle", service.wait_idle(&session)).await.unwrap();
 }

@@ -2,7 +2,7 @@
 //! a background move asks nothing again.
 
 use offstage::{
-    permission::{Action, Reply, Rule},
+    Action, Reply, Rule,
     ServiceError,
 };
 use offstage_plugin_api::types::{BackgroundRequest, JobStatus, ToolRequest, ToolStatus};
@@ -18,7 +18,7 @@ fn rule(tool: &str, pattern: &str, action: Action) -> Rule {
 }
 
 /// Waits for the one pending question and returns its id.
-async fn asked(engine: &Engine) -> offstage::permission::PermissionRequest {
+async fn asked(engine: &Engine) -> offstage::PermissionRequest {
     poll("a permission question", || async {
         let mut pending = engine.service.permissions().pending();
         assert!(pending.len() <= 1, "{pending:?}");

@@ -16,8 +16,8 @@
 use std::{path::Path, time::Duration};
 
 use offstage::{
-    permission::{Action, Reply, Rule},
-    store::StoreError,
+    Action, Reply, Rule,
+    testing::StoreError,
     ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::{

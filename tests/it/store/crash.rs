@@ -14,7 +14,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use offstage::store::{NoticeReason, Store};
+use offstage::testing::{NoticeReason, Store};
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};
 use serde_json::json;
 

@@ -31,7 +31,7 @@ pub enum NoteKind {
     Moved,
     /// The session woke up to read a notice.
     Wake,
-    Info,
+    /// Something went wrong (a refused call, a lost connection).
     Error,
 }
 
@@ -83,7 +83,6 @@ pub struct Call {
 /// Everything the screen shows.
 #[derive(Debug, Clone)]
 pub struct App {
-    pub server: String,
     /// The session attached to (asked for, or made for us).
     pub session_id: Option<String>,
     pub session: Option<Session>,
@@ -111,11 +110,10 @@ pub struct App {
 }
 
 impl App {
-    /// A client of `server` attached to `session` (or to a new one, made
-    /// once the host answers).
-    pub fn new(server: &str, session: Option<String>, color: bool) -> Self {
+    /// A client attached to `session` (or to a new one, made once the host
+    /// answers).
+    pub fn new(session: Option<String>, color: bool) -> Self {
         App {
-            server: server.to_string(),
             session_id: session,
             session: None,
             messages: Vec::new(),

@@ -123,7 +123,7 @@ fn event_loop(
 ) -> std::io::Result<()> {
     let (tx, rx) = mpsc::channel();
     let io = Io::new(http.clone(), tx.clone());
-    let mut app = App::new(http.server(), session, !no_color());
+    let mut app = App::new(session, !no_color());
     events::read_terminal(tx.clone());
     events::tick(tx.clone());
     events::follow_events(http, tx);

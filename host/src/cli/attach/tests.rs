@@ -60,7 +60,7 @@ fn typed(app: &mut App, text: &str) {
 
 /// An app attached to a connected host with the given session state.
 fn attached(color: bool) -> App {
-    let mut app = App::new("http://127.0.0.1:4545", Some(SES.into()), color);
+    let mut app = App::new(Some(SES.into()), color);
     assert_eq!(app.apply(Msg::Connected), vec![Action::Refresh(SES.into())]);
     app.apply(Msg::Session(Ok(session("idle"))));
     app.apply(Msg::Plugins(vec![
@@ -354,7 +354,7 @@ fn the_jobs_list_opens_a_paged_output() {
 
 #[test]
 fn reconnecting_refetches_and_a_new_session_is_made_when_none_is_named() {
-    let mut app = App::new("http://127.0.0.1:4545", None, true);
+    let mut app = App::new(None, true);
     assert_eq!(app.apply(Msg::Connected), vec![Action::CreateSession]);
     // Only one, however often the stream reconnects meanwhile.
     app.apply(Msg::Disconnected("gone".into()));

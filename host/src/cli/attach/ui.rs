@@ -267,7 +267,6 @@ fn transcript_lines<'a>(app: &App, theme: &Theme, width: usize) -> Vec<Line<'a>>
         let (label, style) = match note.kind {
             NoteKind::Moved => ("[moved]", theme.bold(Color::Magenta)),
             NoteKind::Wake => ("[wake]", theme.bold(Color::Blue)),
-            NoteKind::Info => ("[info]", theme.dim()),
             NoteKind::Error => ("[error]", theme.bold(Color::Red)),
         };
         lines.extend(entry(label, style, &note.text, style, width));
