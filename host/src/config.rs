@@ -35,7 +35,7 @@ use serde_json::Value;
 use crate::permission::Rule;
 
 /// Where the host listens when nothing else is said: loopback only.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:4545";
+pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:4545";
 
 /// A configuration problem, worded for the person who wrote the config.
 #[derive(Debug, thiserror::Error)]
@@ -179,7 +179,7 @@ impl FileConfig {
 
 /// Values given on the command line; each wins over the file.
 #[derive(Debug, Clone, Default)]
-pub struct Overrides {
+pub(crate) struct Overrides {
     pub config: Option<PathBuf>,
     pub addr: Option<String>,
     pub data_dir: Option<PathBuf>,
@@ -192,7 +192,7 @@ pub struct Overrides {
 
 /// Everything `offstage serve` runs with, after file and flags are merged.
 #[derive(Debug, Clone)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     /// The address to bind, resolved.
     pub addr: SocketAddr,
     pub token: Option<String>,
@@ -210,7 +210,7 @@ impl ServeConfig {
     /// Reads the config file if one is named, applies `overrides`, and
     /// checks the result: a resolvable address, a non-empty token, and no
     /// non-loopback address without a token.
-    pub fn resolve(overrides: Overrides) -> Result<Self, ConfigError> {
+    pub(crate) fn resolve(overrides: Overrides) -> Result<Self, ConfigError> {
         let file = match &overrides.config {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
@@ -287,7 +287,7 @@ fn readable_by_others(_: &Path) -> bool {
 
 /// `HOST:PORT` to a socket address; a name is looked up, and a name with
 /// several addresses uses the first.
-pub fn resolve_addr(text: &str) -> Result<SocketAddr, ConfigError> {
+pub(crate) fn resolve_addr(text: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(addr);
     }
@@ -301,7 +301,7 @@ pub fn resolve_addr(text: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 /// `$XDG_DATA_HOME/offstage`, else `~/.local/share/offstage`.
-pub fn default_data_dir() -> Result<PathBuf, ConfigError> {
+pub(crate) fn default_data_dir() -> Result<PathBuf, ConfigError> {
     if let Some(dir) = std::env::var_os("XDG_DATA_HOME").map(PathBuf::from) {
         if dir.is_absolute() {
             return Ok(dir.join("offstage"));

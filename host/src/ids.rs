@@ -22,7 +22,7 @@ static SEED: LazyLock<u64> = LazyLock::new(|| {
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A new id with `prefix`, e.g. `new_id("ses")`.
-pub fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -37,12 +37,12 @@ pub fn new_id(prefix: &str) -> String {
 }
 
 /// Now, as an RFC 3339 string with milliseconds.
-pub fn now() -> String {
+pub(crate) fn now() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
 /// The longest id a caller may choose (a `call_id`).
-pub const MAX_ID_LEN: usize = 128;
+pub(crate) const MAX_ID_LEN: usize = 128;
 
 /// Whether `id` is a *plain id*: 1 to [`MAX_ID_LEN`] characters, each an
 /// ASCII letter, digit, `_` or `-`. Every id the host generates is one.
@@ -51,7 +51,7 @@ pub const MAX_ID_LEN: usize = 128;
 /// `..`, and holds no separator, NUL or other byte a file system treats
 /// specially, so `dir.join(id)` always names an entry directly inside
 /// `dir`.
-pub fn is_plain_id(id: &str) -> bool {
+pub(crate) fn is_plain_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_ID_LEN
         && id
@@ -61,7 +61,7 @@ pub fn is_plain_id(id: &str) -> bool {
 
 /// Checks an id a caller chose (`what` names it in the message): a
 /// [plain id](is_plain_id), or an `InvalidInput` error (400 over HTTP).
-pub fn check_caller_id(what: &str, id: &str) -> crate::error::Result<()> {
+pub(crate) fn check_caller_id(what: &str, id: &str) -> crate::error::Result<()> {
     if is_plain_id(id) {
         return Ok(());
     }

@@ -94,7 +94,7 @@ pub struct Permissions {
 
 /// Matches `text` against a wildcard `pattern` (`*` any run, `?` one
 /// character): the plugin API's matcher, so plugins' patterns mean the same.
-pub use offstage_plugin_api::pattern::wildcard_match;
+pub(crate) use offstage_plugin_api::pattern::wildcard_match;
 
 impl Permissions {
     /// Permissions with `rules`, publishing questions on `events`.

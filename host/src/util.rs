@@ -10,7 +10,7 @@ use std::{
 };
 
 /// A boxed, sendable future: the shape of every hook the host calls.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 pub(crate) use offstage_plugin_api::panic_message;
 

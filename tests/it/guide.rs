@@ -109,8 +109,8 @@ fn with_checkout(text: &str) -> String {
 /// Reads the guide's config block with the host's own config parser, and
 /// turns its `[plugin.NAME]` tables into plugin settings as `serve` does.
 fn parse_config(text: &str) -> BTreeMap<String, PluginSettings> {
-    let config = offstage::FileConfig::parse(text)
-        .unwrap_or_else(|e| panic!("the guide's config: {e}"));
+    let config =
+        offstage::FileConfig::parse(text).unwrap_or_else(|e| panic!("the guide's config: {e}"));
     config
         .plugin
         .into_iter()

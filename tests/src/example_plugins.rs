@@ -4,9 +4,8 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use offstage::{
-    Event,
     plugin::{PluginHost, PluginSettings, PluginStatus},
-    SessionService,
+    Event, SessionService,
 };
 use offstage_plugin_api::types::{Message, Role};
 use serde_json::Value;

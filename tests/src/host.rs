@@ -4,9 +4,8 @@
 use std::{collections::BTreeMap, path::Path, path::PathBuf};
 
 use offstage::{
-    Rule,
     plugin::{PluginHost, PluginHostConfig, PluginSettings},
-    ServiceConfig, SessionService,
+    Rule, ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::NewSession;
 

@@ -123,7 +123,7 @@ fn check_free(agents: &HashMap<String, Registered>, name: &str, owner: &Owner) -
 }
 
 /// Registers the built-in agents.
-pub fn register_builtin(registry: &AgentRegistry) {
+pub(crate) fn register_builtin(registry: &AgentRegistry) {
     registry
         .register("script", Owner::Host, Arc::new(ScriptAgent))
         .expect("a fresh registry has no agents");
@@ -132,7 +132,7 @@ pub fn register_builtin(registry: &AgentRegistry) {
 /// Runs each line of a prompt as a `shell` call, in order, and replies with
 /// a summary. Notices get a line saying what ended.
 #[derive(Debug, Default)]
-pub struct ScriptAgent;
+pub(crate) struct ScriptAgent;
 
 impl Agent for ScriptAgent {
     fn turn(&self, service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {

@@ -18,7 +18,7 @@ use ureq::{
 
 /// What can go wrong talking to the host.
 #[derive(Debug, thiserror::Error)]
-pub enum ClientError {
+pub(crate) enum ClientError {
     /// The host could not be reached at all.
     #[error("cannot reach the host at {server}: {message} (is `offstage serve` running?)")]
     Unreachable { server: String, message: String },
@@ -36,7 +36,7 @@ pub enum ClientError {
 
 /// A client of one host.
 #[derive(Clone)]
-pub struct Client {
+pub(crate) struct Client {
     agent: Agent,
     server: String,
     token: Option<String>,
@@ -45,7 +45,7 @@ pub struct Client {
 impl Client {
     /// A client of the host at `server` (`http://HOST:PORT`), sending
     /// `token` as a bearer token when given.
-    pub fn new(server: &str, token: Option<String>) -> Result<Self, ClientError> {
+    pub(crate) fn new(server: &str, token: Option<String>) -> Result<Self, ClientError> {
         let server = server.trim_end_matches('/').to_string();
         if !server.starts_with("http://") {
             return Err(ClientError::Unreachable {
@@ -67,13 +67,13 @@ impl Client {
     }
 
     /// `GET path`, parsed as `T`.
-    pub fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+    pub(crate) fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.call(Method::GET, path, None::<&()>)
     }
 
     /// `method path` with an optional JSON body, parsed as `T` (a 204 parses
     /// as JSON `null`).
-    pub fn call<T: DeserializeOwned>(
+    pub(crate) fn call<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
@@ -135,7 +135,7 @@ impl Client {
 
     /// Opens `GET /api/event` and returns its events, each a JSON `Event`,
     /// as they arrive. The iterator ends when the host closes the stream.
-    pub fn events(&self) -> Result<Events, ClientError> {
+    pub(crate) fn events(&self) -> Result<Events, ClientError> {
         let mut response = self.send(Method::GET, "/api/event", Vec::new())?;
         let status = response.status().as_u16();
         if status != 200 {
@@ -163,7 +163,7 @@ fn api_error(status: u16, text: &str) -> ClientError {
 }
 
 /// The events of an open event stream.
-pub struct Events {
+pub(crate) struct Events {
     reader: BufReader<Box<dyn Read + Send>>,
     server: String,
 }

@@ -72,7 +72,7 @@ fn job_row(job: &Job) -> String {
     )
 }
 
-pub fn session(args: &ClientArgs, command: SessionCommand) -> ExitCode {
+pub(super) fn session(args: &ClientArgs, command: SessionCommand) -> ExitCode {
     report(|| {
         let client = client(args)?;
         match command {
@@ -160,7 +160,7 @@ fn tool_input(args: &ToolArgs) -> Result<Value, ClientError> {
     Ok(input)
 }
 
-pub fn tool(args: ToolArgs) -> ExitCode {
+pub(super) fn tool(args: ToolArgs) -> ExitCode {
     report(|| {
         let client = client(&args.client)?;
         let input = tool_input(&args)?;
@@ -203,7 +203,7 @@ pub fn tool(args: ToolArgs) -> ExitCode {
     })
 }
 
-pub fn background(args: BackgroundArgs) -> ExitCode {
+pub(super) fn background(args: BackgroundArgs) -> ExitCode {
     report(|| {
         let client = client(&args.client)?;
         let body = json!({ "type": args.kind, "job_id": args.job_id });
@@ -230,7 +230,7 @@ pub fn background(args: BackgroundArgs) -> ExitCode {
     })
 }
 
-pub fn jobs(args: &ClientArgs, session: Option<&str>) -> ExitCode {
+pub(super) fn jobs(args: &ClientArgs, session: Option<&str>) -> ExitCode {
     report(|| {
         let client = client(args)?;
         let path = match session {
@@ -251,7 +251,7 @@ pub fn jobs(args: &ClientArgs, session: Option<&str>) -> ExitCode {
     })
 }
 
-pub fn events(args: &ClientArgs) -> ExitCode {
+pub(super) fn events(args: &ClientArgs) -> ExitCode {
     report(|| {
         let client = client(args)?;
         for event in client.events()? {
@@ -280,7 +280,7 @@ pub fn events(args: &ClientArgs) -> ExitCode {
 }
 
 /// `offstage plugin reload NAME`: one `POST /api/plugin/NAME/reload`.
-pub fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
+pub(super) fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
     report(|| {
         let client = client(args)?;
         let path = format!("/api/plugin/{}/reload", segment(name));
@@ -300,7 +300,7 @@ pub fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
     })
 }
 
-pub fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
+pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
     // The answer is the one line below; the loader's own log of the same
     // failure would only repeat it.
     super::init_logging("error");

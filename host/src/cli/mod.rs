@@ -6,8 +6,8 @@
 //! are thin clients of a running host's HTTP API (`client.rs` speaks HTTP, `commands.rs` prints), so they show
 //! exactly what the API says and never touch the host's state themselves.
 
-pub mod attach;
-pub mod client;
+pub(crate) mod attach;
+pub(crate) mod client;
 mod commands;
 mod serve;
 
@@ -18,13 +18,13 @@ use clap::{Args, Parser, Subcommand};
 /// Session host for agent tools with native, hot-reloadable plugins.
 #[derive(Debug, Parser)]
 #[command(name = "offstage", version, about, propagate_version = true)]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the host: HTTP API, plugins from the plugin dirs.
     Serve(ServeArgs),
     /// `serve`, plus hot reload: watches the plugin dirs (and plugin crate
@@ -88,7 +88,7 @@ pub enum Command {
 
 /// Flags of `offstage serve`.
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// TOML config file; flags override its values.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -116,7 +116,7 @@ pub struct ServeArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum PluginCommand {
+pub(crate) enum PluginCommand {
     /// Load one plugin file in isolation and print its manifest, or why it
     /// cannot be loaded (exit status 1).
     Check {
@@ -141,7 +141,7 @@ pub enum PluginCommand {
 
 /// How a client command reaches the host.
 #[derive(Debug, Clone, Args)]
-pub struct ClientArgs {
+pub(crate) struct ClientArgs {
     /// The host's URL.
     #[arg(
         long,
@@ -166,7 +166,7 @@ pub struct ClientArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum SessionCommand {
+pub(crate) enum SessionCommand {
     /// List sessions, oldest first.
     List,
     /// Create a session.
@@ -188,7 +188,7 @@ pub enum SessionCommand {
 
 /// `offstage tool SESSION TOOL [-- ARGS...]`.
 #[derive(Debug, Args)]
-pub struct ToolArgs {
+pub(crate) struct ToolArgs {
     #[command(flatten)]
     pub client: ClientArgs,
     pub session: String,
@@ -208,7 +208,7 @@ pub struct ToolArgs {
 
 /// `offstage background SESSION [--type T] [--job ID]`.
 #[derive(Debug, Args)]
-pub struct BackgroundArgs {
+pub(crate) struct BackgroundArgs {
     #[command(flatten)]
     pub client: ClientArgs,
     pub session: String,
@@ -249,7 +249,7 @@ pub fn main() -> ExitCode {
 
 /// Logs to stderr, filtered by `OFFSTAGE_LOG`, else `RUST_LOG`, else
 /// `default` (e.g. `info`).
-pub fn init_logging(default: &str) {
+pub(crate) fn init_logging(default: &str) {
     use std::io::IsTerminal;
 
     use tracing_subscriber::EnvFilter;

@@ -30,7 +30,7 @@ const DRAIN: Duration = Duration::from_secs(10);
 
 /// Runs the host; with `watch_src` (`offstage dev`), also the plugin
 /// watcher, rebuilding the crates in `watch_src`.
-pub fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode {
+pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode {
     init_logging("info");
     let overrides = Overrides {
         config: args.config,

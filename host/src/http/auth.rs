@@ -29,7 +29,7 @@ use super::{error::ApiError, AppState};
 const OPEN_ROUTE: &str = "/api/health";
 
 /// Middleware: refuses requests that fail any of the checks above.
-pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Err(error) = check(&state, request.uri().path(), request.headers()) {
         let unauthorized = error.code == "unauthorized";
         let mut response = error.into_response();
@@ -89,7 +89,7 @@ fn check(state: &AppState, path: &str, headers: &HeaderMap) -> Result<(), ApiErr
 }
 
 /// Compares two byte strings in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

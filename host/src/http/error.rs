@@ -19,11 +19,11 @@ use serde_json::json;
 use crate::ServiceError;
 
 /// What a handler returns.
-pub type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// An error answer: status, stable code, human message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
@@ -31,13 +31,13 @@ pub struct ApiError {
 
 /// The JSON body of an error answer, as the OpenAPI document describes it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
+pub(crate) struct ErrorBody {
     pub error: ErrorDetail,
 }
 
 /// What went wrong.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
+pub(crate) struct ErrorDetail {
     /// Stable, lower-case: `not_found`, `bad_request`, `conflict`,
     /// `forbidden`, `unauthorized`, `unsupported`, `payload_too_large`, ...
     pub code: String,
@@ -45,7 +45,7 @@ pub struct ErrorDetail {
 }
 
 impl ApiError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             code,
@@ -53,23 +53,23 @@ impl ApiError {
         }
     }
 
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
     }
 
-    pub fn not_found(message: impl Into<String>) -> Self {
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
-    pub fn unauthorized(message: impl Into<String>) -> Self {
+    pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
     }
 
-    pub fn forbidden(message: impl Into<String>) -> Self {
+    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
 
-    pub fn internal(message: impl Into<String>) -> Self {
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
     }
 }
@@ -81,7 +81,7 @@ impl ApiError {
 ///   server for what is a client's choice.
 /// - `Plugin` is 424 (Failed Dependency): a plugin the request went through
 ///   failed. It is not the host's fault, and the host keeps serving.
-pub fn status_of(error: &ServiceError) -> StatusCode {
+pub(crate) fn status_of(error: &ServiceError) -> StatusCode {
     match error {
         ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
         ServiceError::InvalidInput(_) => StatusCode::BAD_REQUEST,
@@ -104,7 +104,7 @@ impl From<ServiceError> for ApiError {
 }
 
 /// Any path the API does not have.
-pub async fn no_route(request: Request) -> ApiError {
+pub(crate) async fn no_route(request: Request) -> ApiError {
     ApiError::not_found(format!(
         "no route {} {}",
         request.method(),
@@ -113,7 +113,7 @@ pub async fn no_route(request: Request) -> ApiError {
 }
 
 /// A known path with a method it does not take.
-pub async fn wrong_method(request: Request) -> ApiError {
+pub(crate) async fn wrong_method(request: Request) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",

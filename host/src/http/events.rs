@@ -30,12 +30,12 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 }
 
 /// How often an idle stream sends a keep-alive comment.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 #[utoipa::path(get, path = "/api/event", tag = "event",
     responses((status = 200, description = "Server-Sent Events; each `data:` is one Event",
         content_type = "text/event-stream", body = Event)))]
-pub async fn events(
+pub(crate) async fn events(
     State(state): State<AppState>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let events = event_stream(state.service.events().subscribe(), state.shutdown.clone())
@@ -46,7 +46,7 @@ pub async fn events(
 /// `server.connected`, then every event from `receiver` — with a
 /// `stream.lagged` event in place of those a slow reader lost — until the
 /// bus closes or `shutdown` turns true.
-pub fn event_stream(
+pub(crate) fn event_stream(
     receiver: broadcast::Receiver<Event>,
     shutdown: watch::Receiver<bool>,
 ) -> impl Stream<Item = Event> {

@@ -20,10 +20,10 @@ use serde::de::DeserializeOwned;
 use super::error::ApiError;
 
 /// Largest request body accepted, in bytes.
-pub const BODY_LIMIT: usize = 1024 * 1024;
+pub(crate) const BODY_LIMIT: usize = 1024 * 1024;
 
 /// A JSON request body of type `T`.
-pub struct JsonBody<T>(pub T);
+pub(crate) struct JsonBody<T>(pub T);
 
 impl<S, T> FromRequest<S> for JsonBody<T>
 where
@@ -91,7 +91,7 @@ fn is_json_type(value: &str) -> bool {
 }
 
 /// Query parameters of type `T`.
-pub struct QueryParams<T>(pub T);
+pub(crate) struct QueryParams<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for QueryParams<T>
 where
@@ -109,7 +109,7 @@ where
 }
 
 /// The one `:id` (or `:name`) segment of a route.
-pub struct PathId(pub String);
+pub(crate) struct PathId(pub String);
 
 impl<S: Send + Sync> FromRequestParts<S> for PathId {
     type Rejection = ApiError;

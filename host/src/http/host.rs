@@ -15,14 +15,14 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 
 /// `GET /api/health`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Health {
+pub(crate) struct Health {
     pub ok: bool,
     pub version: String,
 }
 
 #[utoipa::path(get, path = "/api/health", tag = "host",
     responses((status = 200, description = "The host is up", body = Health)))]
-pub async fn health() -> Json<Health> {
+pub(crate) async fn health() -> Json<Health> {
     Json(Health {
         ok: true,
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -31,6 +31,6 @@ pub async fn health() -> Json<Health> {
 
 #[utoipa::path(get, path = "/api/openapi.json", tag = "host",
     responses((status = 200, description = "This document", content_type = "application/json")))]
-pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+pub(crate) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(super::openapi())
 }

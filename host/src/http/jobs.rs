@@ -24,7 +24,7 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 /// Query of `GET /api/job`.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct JobsQuery {
+pub(crate) struct JobsQuery {
     /// Only this session's jobs.
     pub session_id: Option<String>,
 }
@@ -32,7 +32,7 @@ pub struct JobsQuery {
 #[utoipa::path(get, path = "/api/job", tag = "job",
     params(JobsQuery),
     responses((status = 200, description = "Jobs, oldest first", body = [Job]), (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn list_jobs(
+pub(crate) async fn list_jobs(
     State(state): State<AppState>,
     QueryParams(query): QueryParams<JobsQuery>,
 ) -> ApiResult<Json<Vec<Job>>> {
@@ -42,17 +42,20 @@ pub async fn list_jobs(
 #[utoipa::path(get, path = "/api/job/{id}", tag = "job",
     params(("id" = String, Path, description = "Job id")),
     responses((status = 200, description = "The job", body = Job), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn get_job(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Job>> {
+pub(crate) async fn get_job(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+) -> ApiResult<Json<Job>> {
     Ok(Json(state.service.job(&id).await?))
 }
 
 /// Bytes returned by `GET /api/job/:id/output` when no `limit` is given.
-pub const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
+pub(crate) const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 
 /// Query of `GET /api/job/:id/output`.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct OutputQuery {
+pub(crate) struct OutputQuery {
     /// Byte offset to start at; 0 when absent.
     pub offset: Option<u64>,
     /// Most bytes to return; 1 MiB when absent, at most 4 MiB.
@@ -63,7 +66,7 @@ pub struct OutputQuery {
     params(("id" = String, Path, description = "Job id"), OutputQuery),
     responses((status = 200, description = "A byte range of the job's output file", body = OutputChunk),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn job_output(
+pub(crate) async fn job_output(
     State(state): State<AppState>,
     PathId(id): PathId,
     QueryParams(query): QueryParams<OutputQuery>,
@@ -76,7 +79,10 @@ pub async fn job_output(
 #[utoipa::path(delete, path = "/api/job/{id}", tag = "job",
     params(("id" = String, Path, description = "Job id")),
     responses((status = 200, description = "The job as it ended", body = Job), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn cancel_job(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Job>> {
+pub(crate) async fn cancel_job(
+    State(state): State<AppState>,
+    PathId(id): PathId,
+) -> ApiResult<Json<Job>> {
     let service = state.service.clone();
     Ok(Json(
         detached(async move { service.cancel_job(&id).await }).await?,

@@ -17,16 +17,16 @@
 //! - `auth.rs`: bearer token, cross-origin and Host checks;
 //! - `openapi.rs`: the document's frame (info, security, tags).
 
-pub mod auth;
-pub mod error;
-pub mod events;
-pub mod extract;
-pub mod host;
-pub mod jobs;
-pub mod openapi;
-pub mod permissions;
-pub mod plugins;
-pub mod sessions;
+pub(crate) mod auth;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod extract;
+pub(crate) mod host;
+pub(crate) mod jobs;
+pub(crate) mod openapi;
+pub(crate) mod permissions;
+pub(crate) mod plugins;
+pub(crate) mod sessions;
 
 use std::{
     future::Future,
@@ -49,7 +49,7 @@ use crate::{plugin::PluginHost, SessionService};
 
 /// What every handler can reach. Cheap to clone.
 #[derive(Clone)]
-pub struct AppState {
+pub(crate) struct AppState {
     pub service: SessionService,
     pub plugins: PluginHost,
     /// The bearer token every route but `/api/health` needs, if any.
@@ -72,13 +72,13 @@ fn api() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document served at `GET /api/openapi.json`: every route
 /// [`router`] serves, with its schemas.
-pub fn openapi() -> utoipa::openapi::OpenApi {
+pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
     static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
     DOCUMENT.get_or_init(|| api().into_openapi()).clone()
 }
 
 /// The API's router with its state, checks and limits.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let (routes, _document) = api().split_for_parts();
     routes
         .fallback(error::no_route)
@@ -123,7 +123,7 @@ async fn log_request(request: Request, next: Next) -> Response {
 /// Serves `router` on `listener` until `shutdown` resolves, then stops
 /// accepting and waits for open requests to finish. Event streams end
 /// by themselves when the state's shutdown flag is raised.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,

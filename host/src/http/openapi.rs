@@ -42,7 +42,7 @@ use super::error;
         (name = "event", description = "The event stream"),
     ),
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// Declares the bearer token scheme (needed only when the host has one).
 struct BearerAuth;

@@ -21,14 +21,16 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 
 #[utoipa::path(get, path = "/api/permission", tag = "permission",
     responses((status = 200, description = "Questions waiting for a reply", body = [PermissionRequest])))]
-pub async fn pending_permissions(State(state): State<AppState>) -> Json<Vec<PermissionRequest>> {
+pub(crate) async fn pending_permissions(
+    State(state): State<AppState>,
+) -> Json<Vec<PermissionRequest>> {
     Json(state.service.permissions().pending())
 }
 
 /// Body of `POST /api/permission/:id`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PermissionReply {
+pub(crate) struct PermissionReply {
     pub reply: Reply,
 }
 
@@ -37,7 +39,7 @@ pub struct PermissionReply {
     request_body = PermissionReply,
     responses((status = 200, description = "The answered request", body = PermissionRequest),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn reply_permission(
+pub(crate) async fn reply_permission(
     State(state): State<AppState>,
     PathId(id): PathId,
     JsonBody(body): JsonBody<PermissionReply>,

@@ -20,7 +20,7 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 
 #[utoipa::path(get, path = "/api/plugin", tag = "plugin",
     responses((status = 200, description = "Loaded, failed and unloaded plugins", body = [PluginInfo])))]
-pub async fn list_plugins(State(state): State<AppState>) -> Json<Vec<PluginInfo>> {
+pub(crate) async fn list_plugins(State(state): State<AppState>) -> Json<Vec<PluginInfo>> {
     Json(state.plugins.list())
 }
 
@@ -28,7 +28,7 @@ pub async fn list_plugins(State(state): State<AppState>) -> Json<Vec<PluginInfo>
     params(("name" = String, Path, description = "Plugin name")),
     responses((status = 200, description = "The plugin after the reload: its new generation", body = PluginInfo),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn reload_plugin(
+pub(crate) async fn reload_plugin(
     State(state): State<AppState>,
     PathId(name): PathId,
 ) -> Result<Json<PluginInfo>, ApiError> {

@@ -37,14 +37,14 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 
 #[utoipa::path(get, path = "/api/session", tag = "session",
     responses((status = 200, description = "Every session, oldest first", body = [Session])))]
-pub async fn list_sessions(State(state): State<AppState>) -> ApiResult<Json<Vec<Session>>> {
+pub(crate) async fn list_sessions(State(state): State<AppState>) -> ApiResult<Json<Vec<Session>>> {
     Ok(Json(state.service.list().await?))
 }
 
 /// Body of `POST /api/session`.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateSession {
+pub(crate) struct CreateSession {
     pub title: Option<String>,
     /// The agent that runs the session's turns; `script` when absent.
     pub agent: Option<String>,
@@ -56,7 +56,7 @@ pub struct CreateSession {
     request_body(content = Option<CreateSession>, description = "May be empty"),
     responses((status = 201, description = "The new session", body = Session),
         (status = "4XX", description = "Bad body, unknown agent or parent", body = ErrorBody)))]
-pub async fn create_session(
+pub(crate) async fn create_session(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<Option<CreateSession>>,
 ) -> ApiResult<(StatusCode, Json<Session>)> {
@@ -74,7 +74,7 @@ pub async fn create_session(
 #[utoipa::path(get, path = "/api/session/{id}", tag = "session",
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, description = "The session", body = Session), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn get_session(
+pub(crate) async fn get_session(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> ApiResult<Json<Session>> {
@@ -84,7 +84,7 @@ pub async fn get_session(
 /// Body of `PATCH /api/session/:id`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct RenameSession {
+pub(crate) struct RenameSession {
     pub title: String,
 }
 
@@ -92,7 +92,7 @@ pub struct RenameSession {
     params(("id" = String, Path, description = "Session id")),
     request_body = RenameSession,
     responses((status = 200, description = "The session", body = Session), (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn rename_session(
+pub(crate) async fn rename_session(
     State(state): State<AppState>,
     PathId(id): PathId,
     JsonBody(body): JsonBody<RenameSession>,
@@ -103,7 +103,7 @@ pub async fn rename_session(
 #[utoipa::path(delete, path = "/api/session/{id}", tag = "session",
     params(("id" = String, Path, description = "Session id")),
     responses((status = 204, description = "Deleted; its jobs were cancelled"), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn remove_session(
+pub(crate) async fn remove_session(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> ApiResult<StatusCode> {
@@ -115,7 +115,7 @@ pub async fn remove_session(
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, description = "Messages, oldest first", body = [Message]),
         (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn messages(
+pub(crate) async fn messages(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> ApiResult<Json<Vec<Message>>> {
@@ -125,7 +125,7 @@ pub async fn messages(
 /// Body of `POST /api/session/:id/prompt`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct PromptBody {
+pub(crate) struct PromptBody {
     pub text: String,
     /// Runs this turn with another agent than the session's.
     pub agent: Option<String>,
@@ -133,7 +133,7 @@ pub struct PromptBody {
 
 /// Answer of `POST /api/session/:id/prompt`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct PromptAnswer {
+pub(crate) struct PromptAnswer {
     /// The messages the turn added (tool results, the reply); not the prompt.
     pub messages: Vec<Message>,
 }
@@ -143,7 +143,7 @@ pub struct PromptAnswer {
     request_body = PromptBody,
     responses((status = 200, description = "When the turn has ended", body = PromptAnswer),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn prompt(
+pub(crate) async fn prompt(
     State(state): State<AppState>,
     PathId(id): PathId,
     JsonBody(body): JsonBody<PromptBody>,
@@ -158,7 +158,7 @@ pub async fn prompt(
 /// Body of `POST /api/session/:id/tool`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ToolBody {
+pub(crate) struct ToolBody {
     /// `shell`, `subagent`, or a plugin's tool.
     pub tool: String,
     /// The tool's input, e.g. `{"command": "ls"}` for `shell`.
@@ -173,7 +173,7 @@ pub struct ToolBody {
     request_body = ToolBody,
     responses((status = 200, description = "When the job has ended or was moved to the background", body = ToolResult),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn call_tool(
+pub(crate) async fn call_tool(
     State(state): State<AppState>,
     PathId(id): PathId,
     JsonBody(body): JsonBody<ToolBody>,
@@ -194,7 +194,7 @@ pub async fn call_tool(
 /// Body of `POST /api/session/:id/background`; all fields optional.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct BackgroundBody {
+pub(crate) struct BackgroundBody {
     /// Only jobs of this type (`shell`, `subagent`, ...).
     #[serde(rename = "type")]
     pub kind: Option<String>,
@@ -204,7 +204,7 @@ pub struct BackgroundBody {
 
 /// Answer of `POST /api/session/:id/background`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct BackgroundAnswer {
+pub(crate) struct BackgroundAnswer {
     /// The jobs moved; empty when nothing blocked the session.
     pub backgrounded: Vec<Job>,
 }
@@ -213,7 +213,7 @@ pub struct BackgroundAnswer {
     params(("id" = String, Path, description = "Session id")),
     request_body(content = Option<BackgroundBody>, description = "May be empty: every blocking job"),
     responses((status = 200, description = "The jobs moved", body = BackgroundAnswer), (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
-pub async fn background(
+pub(crate) async fn background(
     State(state): State<AppState>,
     PathId(id): PathId,
     JsonBody(body): JsonBody<Option<BackgroundBody>>,
@@ -231,7 +231,7 @@ pub async fn background(
 
 /// Answer of `POST /api/session/:id/interrupt`.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct InterruptAnswer {
+pub(crate) struct InterruptAnswer {
     /// Whether a turn or foreground job was stopped.
     pub interrupted: bool,
 }
@@ -239,7 +239,7 @@ pub struct InterruptAnswer {
 #[utoipa::path(post, path = "/api/session/{id}/interrupt", tag = "session",
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, description = "Whether anything was stopped", body = InterruptAnswer), (status = 404, description = "No such id", body = ErrorBody)))]
-pub async fn interrupt(
+pub(crate) async fn interrupt(
     State(state): State<AppState>,
     PathId(id): PathId,
 ) -> ApiResult<Json<InterruptAnswer>> {

@@ -20,7 +20,7 @@
 //! [`SessionService::open`] uses `<data dir>/offstage.db` and brings back
 //! what the last run left (see `recover.rs`).
 
-pub mod jobs;
+pub(crate) mod jobs;
 mod recover;
 mod turn;
 
@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use jobs::CancelReason;
-pub use jobs::JobRuntime;
+pub(crate) use jobs::JobRuntime;
 
 use crate::{
     agent::AgentRegistry,
@@ -50,7 +50,7 @@ use crate::{
 };
 
 /// The agent a session gets when none is named.
-pub const DEFAULT_AGENT: &str = "script";
+pub(crate) const DEFAULT_AGENT: &str = "script";
 
 /// Handle on the session service. Cheap to clone.
 #[derive(Clone)]

@@ -33,7 +33,7 @@ use super::{
 /// Name of the database file inside the data dir.
 pub const DB_FILE: &str = "offstage.db";
 /// Name of the lock file inside the data dir.
-pub const LOCK_FILE: &str = "offstage.lock";
+pub(super) const LOCK_FILE: &str = "offstage.lock";
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 

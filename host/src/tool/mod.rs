@@ -6,8 +6,8 @@
 //! be moved to the background. So a wrapper never has to know about
 //! backgrounding: its `next` simply finishes when the work does.
 
-pub mod shell;
-pub mod subagent;
+pub(crate) mod shell;
+pub(crate) mod subagent;
 
 use crate::util::RwLockExt;
 use std::{
@@ -23,7 +23,7 @@ use crate::{
     error::Result, session::jobs::output::OutputSink, session::SessionService, ServiceError,
 };
 
-pub use crate::util::BoxFuture;
+pub(crate) use crate::util::BoxFuture;
 
 /// How a tool's work ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -91,7 +91,7 @@ pub trait Tool: Send + Sync {
 }
 
 /// A tool and its wrappers, outermost first: what one call runs.
-pub type Chain = (Arc<dyn Tool>, Vec<Arc<dyn ToolWrapper>>);
+pub(crate) type Chain = (Arc<dyn Tool>, Vec<Arc<dyn ToolWrapper>>);
 
 /// An around-style wrapper of a tool.
 pub trait ToolWrapper: Send + Sync {
@@ -317,7 +317,7 @@ impl ToolRegistry {
 }
 
 /// Registers the built-in tools.
-pub fn register_builtin(registry: &ToolRegistry) {
+pub(crate) fn register_builtin(registry: &ToolRegistry) {
     registry
         .add("shell", Owner::Host, Arc::new(shell::Shell))
         .expect("a fresh registry has no tools");

@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// Foreground timeout when the input names none.
-pub const DEFAULT_TIMEOUT_MS: u64 = 120_000;
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 
 /// How long output may keep arriving after the main process exits, from
 /// children that still hold the pipe, before the group is killed.
@@ -63,7 +63,7 @@ fn parse(input: &Value) -> Result<ShellInput> {
 
 /// The `shell` tool.
 #[derive(Debug, Default)]
-pub struct Shell;
+pub(crate) struct Shell;
 
 impl Tool for Shell {
     fn policy(&self, input: &Value) -> Result<ForegroundPolicy> {

@@ -24,7 +24,7 @@ fn parse(input: &Value) -> Result<SubagentInput> {
 
 /// The `subagent` tool.
 #[derive(Debug, Default)]
-pub struct Subagent;
+pub(crate) struct Subagent;
 
 /// Interrupts the child session if the job is cancelled mid-turn.
 struct InterruptOnDrop {

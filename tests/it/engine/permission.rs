@@ -1,10 +1,7 @@
 //! Permissions: checked once before a job starts; `ask` waits for a reply;
 //! a background move asks nothing again.
 
-use offstage::{
-    Action, Reply, Rule,
-    ServiceError,
-};
+use offstage::{Action, Reply, Rule, ServiceError};
 use offstage_plugin_api::types::{BackgroundRequest, JobStatus, ToolRequest, ToolStatus};
 use offstage_tests::engine::*;
 use serde_json::json;

@@ -15,11 +15,7 @@
 
 use std::{path::Path, time::Duration};
 
-use offstage::{
-    Action, Reply, Rule,
-    testing::StoreError,
-    ServiceConfig, SessionService,
-};
+use offstage::{testing::StoreError, Action, Reply, Rule, ServiceConfig, SessionService};
 use offstage_plugin_api::types::{
     Job, JobStatus, Message, NewSession, Role, Session, SessionStatus, ToolRequest, ToolStatus,
 };

@@ -13,8 +13,8 @@ use std::{
 };
 
 use offstage::{
-    Action, Rule,
     testing::{NoticeReason, Store, StoreError, DB_FILE, SCHEMA_VERSION},
+    Action, Rule,
 };
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};
 use serde_json::json;

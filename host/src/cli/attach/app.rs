@@ -18,7 +18,7 @@ const PAGER_BYTES: usize = 8 * 1024 * 1024;
 
 /// The connection to the host's event stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Connection {
+pub(crate) enum Connection {
     Connecting,
     Connected,
     Disconnected(String),
@@ -26,7 +26,7 @@ pub enum Connection {
 
 /// What a line the client adds to the transcript is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoteKind {
+pub(crate) enum NoteKind {
     /// A job moved to the background.
     Moved,
     /// The session woke up to read a notice.
@@ -38,7 +38,7 @@ pub enum NoteKind {
 /// A line of the client's own in the transcript, shown after the message
 /// `after` (by id; first when `None`), so a re-fetch keeps it in place.
 #[derive(Debug, Clone)]
-pub struct Note {
+pub(crate) struct Note {
     pub after: Option<String>,
     pub kind: NoteKind,
     pub text: String,
@@ -46,7 +46,7 @@ pub struct Note {
 
 /// The live output of a running job.
 #[derive(Debug, Clone, Default)]
-pub struct Tail {
+pub(crate) struct Tail {
     pub offset: u64,
     pub text: String,
     pub loading: bool,
@@ -54,7 +54,7 @@ pub struct Tail {
 
 /// One job's whole output, read page by page.
 #[derive(Debug, Clone)]
-pub struct Pager {
+pub(crate) struct Pager {
     pub job_id: String,
     pub title: String,
     pub text: String,
@@ -67,7 +67,7 @@ pub struct Pager {
 
 /// What covers the main screen, if anything.
 #[derive(Debug, Clone)]
-pub enum Overlay {
+pub(crate) enum Overlay {
     None,
     Jobs { selected: usize },
     Output(Pager),
@@ -76,13 +76,13 @@ pub enum Overlay {
 
 /// The blocking call this client has running.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub(crate) struct Call {
     pub label: String,
 }
 
 /// Everything the screen shows.
 #[derive(Debug, Clone)]
-pub struct App {
+pub(crate) struct App {
     /// The session attached to (asked for, or made for us).
     pub session_id: Option<String>,
     pub session: Option<Session>,
@@ -112,7 +112,7 @@ pub struct App {
 impl App {
     /// A client attached to `session` (or to a new one, made once the host
     /// answers).
-    pub fn new(session: Option<String>, color: bool) -> Self {
+    pub(crate) fn new(session: Option<String>, color: bool) -> Self {
         App {
             session_id: session,
             session: None,
@@ -136,12 +136,12 @@ impl App {
     }
 
     /// Whether the session is blocked (by this client or another).
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         self.call.is_some() || self.session.as_ref().map(|s| s.status) == Some(SessionStatus::Busy)
     }
 
     /// The session's jobs that are still running, oldest first.
-    pub fn running(&self) -> impl Iterator<Item = &Job> {
+    pub(crate) fn running(&self) -> impl Iterator<Item = &Job> {
         self.jobs.iter().filter(|j| j.status == JobStatus::Running)
     }
 
@@ -202,7 +202,7 @@ impl App {
     }
 
     /// Updates the state with `msg`; returns the I/O to start.
-    pub fn apply(&mut self, msg: Msg) -> Vec<Action> {
+    pub(crate) fn apply(&mut self, msg: Msg) -> Vec<Action> {
         match msg {
             Msg::Key(key) => self.key(key),
             Msg::Paste(text) => {

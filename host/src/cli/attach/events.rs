@@ -24,15 +24,15 @@ use ureq::http::Method;
 use crate::cli::client::{Client, ClientError};
 
 /// How often the loop ticks: live output tails are polled and times move.
-pub const TICK: Duration = Duration::from_millis(250);
+pub(crate) const TICK: Duration = Duration::from_millis(250);
 /// How long the event stream waits before connecting again.
-pub const RECONNECT_DELAY: Duration = Duration::from_millis(500);
+pub(crate) const RECONNECT_DELAY: Duration = Duration::from_millis(500);
 /// Bytes asked for per output request.
-pub const OUTPUT_PAGE: u64 = 64 * 1024;
+pub(crate) const OUTPUT_PAGE: u64 = 64 * 1024;
 
 /// Something that happened, for [`App::apply`](super::app::App::apply).
 #[derive(Debug, Clone)]
-pub enum Msg {
+pub(crate) enum Msg {
     /// A key press.
     Key(KeyEvent),
     /// Pasted text (bracketed paste), added to the input line.
@@ -78,7 +78,7 @@ pub enum Msg {
 
 /// One range of `GET /api/job/:id/output`.
 #[derive(Debug, Clone, serde::Deserialize)]
-pub struct OutputChunk {
+pub(crate) struct OutputChunk {
     pub offset: u64,
     pub data: String,
     pub next_offset: u64,
@@ -87,7 +87,7 @@ pub struct OutputChunk {
 
 /// I/O the app asks for; the loop hands each to [`Io::run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     Quit,
     /// Re-fetch the session, its messages and jobs, plugins, permissions.
     Refresh(String),
@@ -121,7 +121,7 @@ pub enum Action {
 
 /// Runs [`Action`]s against the host, each on its own thread.
 #[derive(Clone)]
-pub struct Io {
+pub(crate) struct Io {
     client: Client,
     tx: Sender<Msg>,
 }
@@ -144,12 +144,12 @@ fn text(error: ClientError) -> String {
 }
 
 impl Io {
-    pub fn new(client: Client, tx: Sender<Msg>) -> Self {
+    pub(crate) fn new(client: Client, tx: Sender<Msg>) -> Self {
         Io { client, tx }
     }
 
     /// Starts `action` on a thread of its own. `Quit` is the loop's.
-    pub fn run(&self, action: Action) {
+    pub(crate) fn run(&self, action: Action) {
         let io = self.clone();
         thread::spawn(move || io.perform(action));
     }
@@ -264,7 +264,7 @@ impl Io {
 /// host stopped or restarted), [`Msg::Disconnected`], a short wait, and
 /// another try. The stream has no event ids to resume from, so the app
 /// re-fetches what it shows on every [`Msg::Connected`].
-pub fn follow_events(client: Client, tx: Sender<Msg>) {
+pub(crate) fn follow_events(client: Client, tx: Sender<Msg>) {
     thread::spawn(move || loop {
         match client.events() {
             Ok(events) => {
@@ -300,7 +300,7 @@ pub fn follow_events(client: Client, tx: Sender<Msg>) {
 }
 
 /// Reads the terminal's events into the channel.
-pub fn read_terminal(tx: Sender<Msg>) {
+pub(crate) fn read_terminal(tx: Sender<Msg>) {
     thread::spawn(move || loop {
         let msg = match crossterm::event::read() {
             Ok(TermEvent::Key(key)) => Msg::Key(key),
@@ -324,7 +324,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 /// Ticks every [`TICK`], and turns SIGTERM/SIGHUP/SIGINT into a clean quit
 /// (the terminal is restored on the way out).
-pub fn tick(tx: Sender<Msg>) {
+pub(crate) fn tick(tx: Sender<Msg>) {
     #[cfg(unix)]
     // SAFETY: the handler only stores to an atomic, which is
     // async-signal-safe.

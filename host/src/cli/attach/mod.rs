@@ -10,9 +10,9 @@
 //! like any other client: a prompt or `!` shell call blocks the session as
 //! it would for anyone, and Ctrl+B is `POST /api/session/:id/background`.
 
-pub mod app;
-pub mod events;
-pub mod ui;
+pub(crate) mod app;
+pub(crate) mod events;
+pub(crate) mod ui;
 
 use std::{
     io::{IsTerminal, Stdout},
@@ -37,7 +37,7 @@ use self::{
 use super::{client::Client, ClientArgs};
 
 /// Whether `NO_COLOR` asks for no colours (set and not empty).
-pub fn no_color() -> bool {
+pub(crate) fn no_color() -> bool {
     std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
 }
 
@@ -62,7 +62,7 @@ impl Drop for TerminalGuard {
 }
 
 /// Runs the client until the user quits; the exit status.
-pub fn run(client: &ClientArgs, session: Option<String>) -> ExitCode {
+pub(crate) fn run(client: &ClientArgs, session: Option<String>) -> ExitCode {
     if !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
         eprintln!(
             "offstage attach: needs a terminal (stdin and stdout must be a TTY); \

@@ -50,7 +50,7 @@ impl Theme {
 }
 
 /// Draws the whole screen.
-pub fn draw(frame: &mut Frame, app: &mut App) {
+pub(crate) fn draw(frame: &mut Frame, app: &mut App) {
     let theme = Theme { color: app.color };
     let area = frame.area();
     let running: Vec<Job> = app.running().cloned().collect();

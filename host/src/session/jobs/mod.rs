@@ -46,10 +46,10 @@
 mod background;
 mod call;
 mod cancel;
-pub mod output;
-pub mod process;
+pub(crate) mod output;
+pub(crate) mod process;
 mod run;
-pub mod tree;
+pub(crate) mod tree;
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
@@ -77,7 +77,7 @@ pub(crate) enum CancelReason {
 }
 
 /// The live half of a job: its signals and output.
-pub struct JobRuntime {
+pub(crate) struct JobRuntime {
     /// Set when the caller is released by a background move.
     released: watch::Sender<bool>,
     /// The final result, once the task has ended.

@@ -147,7 +147,7 @@ fn incomplete_tail(data: &[u8]) -> usize {
 }
 
 /// Reads up to `limit` bytes of the output file at `path` from `offset`.
-pub fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
+pub(crate) fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
     let mut file = File::open(path)?;
     let size = file.metadata()?.len();
     let start = offset.min(size);

@@ -21,7 +21,7 @@ use crate::store::ProcessRecord;
 
 /// The record of process `pid`, the leader of its own group, or `None`
 /// where `/proc` cannot say (not Linux, or the process is gone).
-pub fn capture(pid: u32) -> Option<ProcessRecord> {
+pub(crate) fn capture(pid: u32) -> Option<ProcessRecord> {
     let stat = read_stat(i32::try_from(pid).ok()?)?;
     if stat.pgrp != stat.pid {
         return None;
@@ -35,7 +35,7 @@ pub fn capture(pid: u32) -> Option<ProcessRecord> {
 
 /// What recovery found of a recorded group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Leftover {
+pub(crate) enum Leftover {
     /// Its leader was still running and the group was sent SIGKILL.
     Killed,
     /// The leader is gone (or is another process now): nothing was done.
@@ -46,7 +46,7 @@ pub enum Leftover {
 
 /// Kills the group of `record` if its leader is still the recorded
 /// process. `job_id` is for the log.
-pub fn kill_leftover(job_id: &str, record: &ProcessRecord) -> Leftover {
+pub(crate) fn kill_leftover(job_id: &str, record: &ProcessRecord) -> Leftover {
     if boot_id().as_deref() != Some(record.boot_id.as_str()) {
         return Leftover::OtherBoot;
     }

@@ -37,7 +37,7 @@ use std::{
 use crate::util::LockExt;
 
 /// The environment variable that marks a job's processes.
-pub const MARKER_VAR: &str = "OFFSTAGE_JOB";
+pub(crate) const MARKER_VAR: &str = "OFFSTAGE_JOB";
 
 /// How often the reaper thread scans while there is something to watch.
 const SCAN_EVERY: Duration = Duration::from_millis(200);
@@ -76,7 +76,7 @@ static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
 /// Makes this process a child subreaper and starts the reaper thread,
 /// once. Returns whether the subreaper is set; the first call logs the
 /// outcome (the host calls it at start-up).
-pub fn init() -> bool {
+pub(crate) fn init() -> bool {
     static DONE: OnceLock<bool> = OnceLock::new();
     *DONE.get_or_init(|| {
         let subreaper = set_subreaper();
@@ -115,7 +115,7 @@ fn set_subreaper() -> bool {
 /// One job's process tree, registered from before its command starts.
 /// Dropping it kills the tree (see [`JobTree::finish`] for the awaited
 /// form).
-pub struct JobTree {
+pub(crate) struct JobTree {
     marker: Arc<str>,
     finished: bool,
 }
@@ -123,7 +123,7 @@ pub struct JobTree {
 impl JobTree {
     /// Registers a job whose processes will carry `marker` in
     /// [`MARKER_VAR`].
-    pub fn new(marker: String) -> JobTree {
+    pub(crate) fn new(marker: String) -> JobTree {
         init();
         REGISTRY
             .lock_unpoisoned()
@@ -136,12 +136,12 @@ impl JobTree {
     }
 
     /// The marker value for the command's environment.
-    pub fn marker(&self) -> &str {
+    pub(crate) fn marker(&self) -> &str {
         &self.marker
     }
 
     /// Records the job's main process, the tree's root.
-    pub fn set_main(&self, pid: i32) {
+    pub(crate) fn set_main(&self, pid: i32) {
         let mut registry = REGISTRY.lock_unpoisoned();
         if let Some(tracked) = registry.jobs.get_mut(&*self.marker) {
             tracked.main = Some(pid);
@@ -154,13 +154,13 @@ impl JobTree {
 
     /// Kills every process of the tree still alive, once. Returns how many
     /// were found.
-    pub fn kill_round(&self) -> usize {
+    pub(crate) fn kill_round(&self) -> usize {
         kill_round(&self.marker)
     }
 
     /// Kills the whole tree and waits until nothing of it is left alive
     /// (bounded: a tree that keeps forking is left to the reaper thread).
-    pub async fn finish(mut self) {
+    pub(crate) async fn finish(mut self) {
         self.finished = true;
         doom(&self.marker);
         for _ in 0..MAX_ROUNDS {
@@ -430,7 +430,7 @@ fn reap(procs: &[Proc], attributed: &HashMap<String, Vec<Proc>>) {
 /// Kills every process, anywhere, whose [`MARKER_VAR`] starts with
 /// `prefix`: what a killed host on the same data dir left running (restart
 /// recovery, before any new job starts). Returns how many were killed.
-pub fn kill_marked(prefix: &str) -> usize {
+pub(crate) fn kill_marked(prefix: &str) -> usize {
     let mut killed = HashSet::new();
     for _ in 0..MAX_ROUNDS {
         let victims: Vec<Proc> = scan()
