@@ -102,16 +102,16 @@ fn settings_of_the_connection() {
     let fk: bool = conn
         .pragma_query_value(None, "foreign_keys", |r| r.get(0))
         .unwrap();
-    assert_eq!(sync, 2, "FULL");
+    assert_eq!(sync, 1, "NORMAL is the default");
     assert!(fk);
     drop(conn);
     drop(store);
-    let store = Store::open_with(dir.path(), Durability::Normal).unwrap();
+    let store = Store::open_with(dir.path(), Durability::Full).unwrap();
     let sync: i64 = store
         .conn()
         .pragma_query_value(None, "synchronous", |r| r.get(0))
         .unwrap();
-    assert_eq!(sync, 1, "NORMAL");
+    assert_eq!(sync, 2, "FULL");
 }
 
 #[test]

@@ -42,7 +42,7 @@
 //! it `pub(crate)`. `session/` itself keeps sessions, messages, turns and
 //! recovery.
 
-mod background;
+pub(super) mod background;
 mod call;
 mod cancel;
 pub mod output;
@@ -86,6 +86,9 @@ pub struct JobRuntime {
     /// this foreground job: its caller, the interrupted turn, is going away
     /// for that reason, and must not move the job to the background.
     interrupting: AtomicBool,
+    /// Set when the job's end committed its caller's tool message too (a
+    /// job that ended in the foreground): the caller records nothing.
+    recorded: AtomicBool,
 }
 
 impl JobRuntime {
@@ -98,6 +101,7 @@ impl JobRuntime {
             cancel: watch::channel(None).0,
             output,
             interrupting: AtomicBool::new(false),
+            recorded: AtomicBool::new(false),
         }
     }
 
@@ -176,29 +180,35 @@ impl SessionService {
         let Some(record) = process::capture(pid) else {
             return;
         };
-        // Under the state lock, like every other write of a job.
-        let state = self.state();
-        let running = state
+        let running = self
+            .state()
             .jobs
             .get(job_id)
             .is_some_and(|e| e.job.status == JobStatus::Running);
         if running {
-            if let Err(error) = self.inner.store.set_job_process(job_id, &record) {
-                tracing::warn!(job_id, %error, "cannot record the job's process group");
-            }
+            // Not waited for: it is queued before the job's end, so it
+            // commits with or before it (usually in the same group).
+            let id = job_id.to_string();
+            let _ = self.inner.store.submit(
+                move |conn| crate::store::set_job_process(conn, &id, &record),
+                |_| {},
+            );
         }
     }
 
     /// Records the child session a subagent job drives.
     pub(crate) fn set_child_session(&self, job_id: &str, child_id: &str) {
-        let mut state = self.state();
-        if let Some(entry) = state.jobs.get_mut(job_id) {
-            let mut job = entry.job.clone();
-            job.child_session_id = Some(child_id.to_string());
-            match self.inner.store.put_job(&job) {
-                Ok(()) => entry.job = job,
-                Err(error) => tracing::error!(job_id, %error, "cannot record the child session"),
-            }
+        if !self.state().jobs.contains_key(job_id) {
+            return;
         }
+        let (id, child) = (job_id.to_string(), child_id.to_string());
+        let _ = self.submit(
+            move |conn| crate::store::set_child_session(conn, &id, &child).map(|()| (id, child)),
+            |service, (id, child)| {
+                if let Some(entry) = service.state().jobs.get_mut(id) {
+                    entry.job.child_session_id = Some(child.clone());
+                }
+            },
+        );
     }
 }
