@@ -8,18 +8,18 @@
 //!   crash safety without a server. WAL lets a reader (an `sqlite3` shell
 //!   inspecting the file) run beside the host, and makes a commit one
 //!   sequential append to the log.
-//! - **`synchronous = FULL` by default.** The issue asks that every message
-//!   and job change be *committed before it is acknowledged*. In WAL mode
-//!   `NORMAL` survives a crash of the process but may lose the last
-//!   commits on a power cut or an OS crash, i.e. changes already
-//!   acknowledged; `FULL` syncs the log on every commit, so an
-//!   acknowledged change survives both. [`Durability::Normal`] exists for
-//!   measuring that cost (see `benches/store.rs`), not as the default.
-//! - **Every write method is its own transaction and has committed when it
-//!   returns.** A caller acknowledges only after the call returns `Ok`.
-//!   Writes that must not be seen apart — a job's end and its notice, a
-//!   notice and clearing its "owed" mark, restart recovery — share one
-//!   transaction.
+//! - **`synchronous = NORMAL` by default, `FULL` on request.** In WAL
+//!   mode `NORMAL` survives a crash or `kill -9` of the process but may lose
+//!   the last commits on a power cut or an OS crash; `FULL` syncs the log on
+//!   every commit and survives both ([`Durability`], `[store] durability`).
+//! - **One writer, group commit.** Every write goes to one thread
+//!   (`writer.rs`), which commits whatever queued meanwhile as one
+//!   transaction (a savepoint per write) and only then runs each write's
+//!   hook and answers it ([`Store::submit`], [`Ticket`]). The synchronous
+//!   methods below submit and block until their group has committed; the
+//!   session service submits with hooks and awaits. Writes that must not
+//!   be seen apart — a job's end and its notice, a move and its message, a
+//!   notice and clearing its "owed" mark, restart recovery — are one write.
 //! - **Exactly-once notices by construction.** A job's notice is recorded
 //!   in the same transaction that sets `jobs.notice_message_id`; a second
 //!   attempt for the same job writes nothing. A notice that is owed but not
@@ -36,13 +36,8 @@
 //! - **A file it does not understand is never touched.** See `open.rs`:
 //!   a newer schema version, a non-SQLite file or another program's SQLite
 //!   file is refused with a clear error before anything is written.
-//! - **Synchronous methods.** A call is one short transaction: about 10 µs
-//!   in memory, 40 µs with `NORMAL`, and one log sync more with `FULL`
-//!   (0.25 ms on an idle virtual disk, a few ms on a busy one; see
-//!   `benches/store.rs`). The session service calls them directly, also
-//!   from async code and under its state lock, so that the store's order
-//!   of commits is the service's order of changes and nothing is visible
-//!   in memory that is not yet committed.
+//! - **Reads** take the connection between groups; they are for
+//!   recovery, tests and diagnostics (the service serves from memory).
 //!
 //! Job output is not stored here: it stays in files under the data dir
 //! (`Job::output_path`), which the service removes with the session.

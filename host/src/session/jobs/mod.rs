@@ -35,7 +35,8 @@
 //!
 //! A job's life is made of changes to the session service's state — the
 //! job table, the session's blocking calls and status, its messages and
-//! inbox — each committed to the store under the service's one lock. As a
+//! inbox — each submitted to the store's writer and applied after its
+//! commit (see `session/mod.rs`). As a
 //! child of `session`, this module reaches that state (`State`,
 //! `JobEntry`, `append`, `refresh_status`) without making any of it
 //! visible to the rest of the crate; a top-level `job/` would need all of
