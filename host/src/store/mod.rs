@@ -54,7 +54,6 @@ mod writer;
 use crate::util::LockExt;
 use std::{
     collections::HashMap,
-    fs::File,
     path::{Path, PathBuf},
     sync::{atomic::Ordering, Arc, Mutex, MutexGuard},
 };
@@ -282,7 +281,7 @@ pub struct Store {
     path: Option<PathBuf>,
     // Declared after `conn`: dropped after it, so the lock is let go only
     // once the connection has closed (and checkpointed).
-    _lock: Option<File>,
+    _lock: Option<open::DirLock>,
 }
 
 impl std::fmt::Debug for Store {
@@ -330,7 +329,7 @@ impl Store {
         ))
     }
 
-    fn start(conn: Connection, path: Option<PathBuf>, lock: Option<File>) -> Store {
+    fn start(conn: Connection, path: Option<PathBuf>, lock: Option<open::DirLock>) -> Store {
         let conn = Arc::new(Mutex::new(conn));
         let stats = Arc::new(WriterStats::default());
         Store {

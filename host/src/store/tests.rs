@@ -222,6 +222,17 @@ fn an_empty_file_becomes_a_store() {
 }
 
 #[test]
+fn deleting_the_lock_file_does_not_let_a_second_host_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    std::fs::remove_file(dir.path().join(LOCK_FILE)).unwrap();
+    let error = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(error, StoreError::Locked { .. }), "{error:?}");
+    drop(store);
+    Store::open(dir.path()).unwrap();
+}
+
+#[test]
 fn a_second_open_of_the_same_dir_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
