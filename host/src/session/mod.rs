@@ -368,22 +368,26 @@ impl SessionService {
         if !self.state().sessions.contains_key(id) {
             return Err(ServiceError::not_found("session", id));
         }
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let target = id.to_string();
-        let deleted = target.clone();
-        // The store deletes children, messages and jobs with it. Deleting
-        // needs no room: it works on a full disk, so space can be freed.
-        let existed = self
-            .submit(
-                move |conn| store::delete_session(conn, &deleted),
-                move |service, existed| {
-                    if *existed {
-                        let _ = tx.send(service.forget_session(&target));
-                    }
-                },
-            )
-            .wait()
-            .await?;
+        // The store deletes children, messages and jobs with it. A delete
+        // needs little room, but on a full disk even that may be missing:
+        // then the session's output files (it is going anyway, and they
+        // are most of what it holds) are removed first, and the delete is
+        // tried again, so that an operator can free space through the API.
+        let (ticket, rx) = self.submit_delete(id);
+        let (existed, rx) = match ticket.wait().await {
+            Err(StoreError::Full(_)) => {
+                tracing::warn!(
+                    session_id = id,
+                    "disk full: removing the session's output first"
+                );
+                for session_id in self.descendants(id) {
+                    let _ = std::fs::remove_dir_all(self.output_dir(&session_id));
+                }
+                let (ticket, rx) = self.submit_delete(id);
+                (ticket.wait().await?, rx)
+            }
+            other => (other?, rx),
+        };
         let (doomed, turns) = match (existed, rx.await) {
             (true, Ok(gone)) => gone,
             _ => return Err(ServiceError::not_found("session", id)),
@@ -404,6 +408,49 @@ impl SessionService {
                 .publish("session.deleted", json!({ "id": session_id }));
         }
         Ok(())
+    }
+
+    /// The delete of [`remove`](Self::remove); the receiver gets what
+    /// [`forget_session`](Self::forget_session) returned.
+    #[allow(clippy::type_complexity)]
+    fn submit_delete(
+        &self,
+        id: &str,
+    ) -> (
+        Ticket<bool>,
+        tokio::sync::oneshot::Receiver<(Vec<String>, Vec<turn::TurnHandle>)>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let target = id.to_string();
+        let deleted = target.clone();
+        let ticket = self.submit(
+            move |conn| store::delete_session(conn, &deleted),
+            move |service, existed| {
+                if *existed {
+                    let _ = tx.send(service.forget_session(&target));
+                }
+            },
+        );
+        (ticket, rx)
+    }
+
+    /// `id` and its descendants, by `parent_id`, as in memory now.
+    fn descendants(&self, id: &str) -> Vec<String> {
+        let state = self.state();
+        let mut all = vec![id.to_string()];
+        let mut index = 0;
+        while index < all.len() {
+            let parent = all[index].clone();
+            all.extend(
+                state
+                    .sessions
+                    .values()
+                    .filter(|e| e.session.parent_id.as_deref() == Some(parent.as_str()))
+                    .map(|e| e.session.id.clone()),
+            );
+            index += 1;
+        }
+        all
     }
 
     /// The memory half of [`remove`](Self::remove), after the delete has

@@ -152,9 +152,10 @@ impl From<rusqlite::Error> for StoreError {
 impl StoreError {
     /// The same error again, for each write of a group that failed to
     /// commit.
-    fn again(&self) -> StoreError {
+    pub(crate) fn again(&self) -> StoreError {
         match self {
             StoreError::Full(text) => StoreError::Full(text.clone()),
+            StoreError::Unsaved(text) => StoreError::Unsaved(text.clone()),
             other => StoreError::Unsaved(other.to_string()),
         }
     }
@@ -371,9 +372,9 @@ impl Store {
         let run_cell = cell.clone();
         let run = Box::new(move |conn: &Connection| {
             let result = write(conn);
-            let ok = result.is_ok();
+            let summary = result.as_ref().map(|_| ()).map_err(StoreError::again);
             *run_cell.lock_unpoisoned() = Some(result);
-            ok
+            summary
         });
         let done_slot = slot.clone();
         let done = Box::new(move |commit: Result<(), &StoreError>| {
@@ -940,7 +941,7 @@ fn missing_parent(error: rusqlite::Error, what: &'static str, id: &str) -> Store
             id: id.to_string(),
         }
     } else {
-        StoreError::Sqlite(error)
+        StoreError::from(error)
     }
 }
 

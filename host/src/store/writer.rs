@@ -36,11 +36,14 @@ use crate::util::LockExt;
 
 /// What runs after the group's commit: `Ok` if it committed.
 pub(super) type Done = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+/// A write's body, see [`Op`].
+pub(super) type Run = Box<dyn FnOnce(&Connection) -> Result<(), StoreError> + Send>;
 /// A queued write: `run` goes on the connection inside its savepoint and
-/// says whether it succeeded (else its savepoint is rolled back); `done`
-/// runs after the group's commit, whether `run` ran or not.
+/// says whether it succeeded (else its savepoint is rolled back, and the
+/// error is given back as well as kept for its ticket); `done` runs after
+/// the group's commit, whether `run` ran or not.
 pub(super) struct Op {
-    pub(super) run: Box<dyn FnOnce(&Connection) -> bool + Send>,
+    pub(super) run: Run,
     pub(super) done: Done,
 }
 
@@ -199,19 +202,31 @@ fn commit_group(
         dones.extend(group.into_iter().map(|op| op.done));
         return Err(StoreError::from(error));
     }
-    for op in group {
-        let Op { run, done } = op;
+    let mut group = group.into_iter();
+    while let Some(Op { run, done }) = group.next() {
         if let Err(error) = conn.execute_batch("SAVEPOINT write") {
             // Unrun: its ticket says so.
             dones.push(done);
             tracing::error!(%error, "cannot start a savepoint");
             continue;
         }
-        let ok = std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
+        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
             tracing::error!("a store write panicked");
-            false
+            Err(StoreError::Unsaved("the write panicked".into()))
         });
-        let end = if ok {
+        dones.push(done);
+        if let Err(error) = &ran {
+            if conn.is_autocommit() {
+                // SQLite rolled the whole transaction back itself (it may
+                // on a full disk or an I/O error): every write of the
+                // group so far is lost with it. They all fail with this
+                // error, and so do the ones not run yet: nothing of the
+                // group is kept, nothing of it is shown.
+                dones.extend(group.map(|op| op.done));
+                return Err(error.again());
+            }
+        }
+        let end = if ran.is_ok() {
             conn.execute_batch("RELEASE write")
         } else {
             conn.execute_batch("ROLLBACK TO write; RELEASE write")
@@ -219,7 +234,6 @@ fn commit_group(
         if let Err(error) = end {
             tracing::error!(%error, "cannot end a savepoint");
         }
-        dones.push(done);
     }
     match conn.execute_batch("COMMIT") {
         Ok(()) => Ok(()),
