@@ -200,6 +200,9 @@ impl Drop for Server {
 /// Medians and p99s of (round trip, release) on `server`.
 fn http_background_samples(server: &Server) -> (offstage_bench::Summary, offstage_bench::Summary) {
     const SAMPLES: usize = 200;
+    // Call ids differ from one run on the same server to the next.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
     let mut holder = Conn::open(server.addr);
     let mut control = Conn::open(server.addr);
     let id = server.session(&mut control);
@@ -212,7 +215,7 @@ fn http_background_samples(server: &Server) -> (offstage_bench::Summary, offstag
         let round_trip = start.elapsed();
         assert_eq!(answer.status, 200);
 
-        let call_id = format!("job_httpbench_{i}");
+        let call_id = format!("job_httpbench_{run}_{i}");
         let body =
             json!({ "tool": "shell", "input": { "command": "sleep 60" }, "call_id": call_id })
                 .to_string();
