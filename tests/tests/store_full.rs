@@ -1,7 +1,8 @@
 //! A full disk, simulated honestly with SQLite's `max_page_count`: once
 //! the database may not grow, every write that needs room fails inside
-//! SQLite with `SQLITE_FULL`, exactly as on a full file system. (A real
-//! small tmpfs was also tried by hand; see BENCHMARKS.md / the report.)
+//! SQLite with `SQLITE_FULL`, the same error a full file system gives.
+//! (A full tmpfs or loop file system is not exercised: mounting one needs
+//! root, which a test cannot assume; that check is still to do.)
 //!
 //! - a write that cannot be saved is shown to nobody: the call fails with
 //!   `StorageFull` (HTTP 507, code `storage_full`), no event is published,
@@ -69,8 +70,14 @@ async fn a_full_disk_fails_writes_with_507_shows_nothing_and_resumes() {
         before,
         "nothing unsaved in memory"
     );
+    // (Turns of the other session, woken by its notices, may still add
+    // their replies: only this session's message must not be announced.)
     while let Ok(event) = events.try_recv() {
-        assert_ne!(event.kind, "message.added", "nothing unsaved announced");
+        let here = event.properties["session_id"] == keep.id.as_str();
+        assert!(
+            !(event.kind == "message.added" && here),
+            "nothing unsaved announced: {event:?}"
+        );
     }
     let stored = service.store().messages(&keep.id).unwrap();
     assert_eq!(stored.len(), before, "nothing in the store either");
