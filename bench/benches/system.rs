@@ -28,6 +28,13 @@
 //!   1 000 tasks released by one `watch` send); then all cancelled and
 //!   no process left.
 //!
+//! - `writer`: the group-commit store writer, data dir on disk (a temp dir
+//!   on the same disk as the build): background → held answer vs a
+//!   `GET /api/health` round trip for both durability levels, idle and
+//!   with 8 sessions running shell calls; 1 000 jobs moved by one call
+//!   (commits counted); shell calls/s of 8 sessions vs bare
+//!   `tokio::process` with 8 concurrent.
+//!
 //! Each table row: figure, baseline, ratio, target, and whether it is met.
 
 use std::{
@@ -193,6 +200,9 @@ impl Drop for Server {
 /// Medians and p99s of (round trip, release) on `server`.
 fn http_background_samples(server: &Server) -> (offstage_bench::Summary, offstage_bench::Summary) {
     const SAMPLES: usize = 200;
+    // Call ids differ from one run on the same server to the next.
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed);
     let mut holder = Conn::open(server.addr);
     let mut control = Conn::open(server.addr);
     let id = server.session(&mut control);
@@ -205,7 +215,7 @@ fn http_background_samples(server: &Server) -> (offstage_bench::Summary, offstag
         let round_trip = start.elapsed();
         assert_eq!(answer.status, 200);
 
-        let call_id = format!("job_httpbench_{i}");
+        let call_id = format!("job_httpbench_{run}_{i}");
         let body =
             json!({ "tool": "shell", "input": { "command": "sleep 60" }, "call_id": call_id })
                 .to_string();
@@ -871,6 +881,9 @@ fn main() {
         http_background(&server, tmpfs.as_ref());
         http_rate(&server);
     }
+    if wanted("writer") {
+        writer_http();
+    }
     if wanted("idle") {
         idle();
     }
@@ -887,5 +900,253 @@ fn main() {
         if wanted("mass") {
             mass().await;
         }
+        if wanted("writer") {
+            writer_mass().await;
+            writer_throughput().await;
+        }
     });
+}
+
+// ---------------------------------------------------------------- writer
+
+/// A server on disk with `[store] durability = durability`.
+fn server_with_durability(durability: &str, config_dir: &Path) -> Server {
+    let config = config_dir.join(format!("{durability}.toml"));
+    std::fs::write(&config, format!("[store]\ndurability = \"{durability}\"\n")).unwrap();
+    Server::start(&["--config", config.to_str().unwrap()])
+}
+
+/// 8 sessions, each a connection running `true` shell calls back to back
+/// until `stop`; returns the calls made.
+fn shell_load(server: &Server, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..8)
+        .map(|_| {
+            let addr = server.addr;
+            let mut conn = Conn::open(addr);
+            let id = server.session(&mut conn);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let body = json!({ "tool": "shell", "input": { "command": "true" } }).to_string();
+                let mut calls = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let answer =
+                        conn.request("POST", &format!("/api/session/{id}/tool"), Some(&body));
+                    assert_eq!(answer.status, 200, "{answer:?}");
+                    calls += 1;
+                }
+                calls
+            })
+        })
+        .collect()
+}
+
+fn writer_http() {
+    let config_dir = tempfile::tempdir().unwrap();
+    println!("\n## writer: `POST /background` → held `POST /tool` answered, data dir on disk (200 samples each)\n");
+    header();
+    for durability in ["normal", "full"] {
+        let server = server_with_durability(durability, config_dir.path());
+        for loaded in [false, true] {
+            let stop = Arc::new(AtomicBool::new(false));
+            let load = if loaded {
+                shell_load(&server, stop.clone())
+            } else {
+                Vec::new()
+            };
+            let (base, moves) = http_background_samples(&server);
+            stop.store(true, Ordering::Relaxed);
+            let calls: u64 = load.into_iter().map(|t| t.join().unwrap()).sum();
+            let what = if loaded {
+                format!("8 sessions running shell calls ({calls} calls meanwhile)")
+            } else {
+                "idle".to_string()
+            };
+            let default = if durability == "normal" {
+                " (default)"
+            } else {
+                ""
+            };
+            let ratio = moves.median.as_secs_f64() / base.median.as_secs_f64();
+            row(
+                &format!("durability {durability}{default}, {what}: median"),
+                micros(moves.median),
+                format!("{} (`GET /api/health`, median)", micros(base.median)),
+                ratio,
+                "≤ 3× the round trip",
+                ratio <= 3.0,
+            );
+            let ratio99 = moves.p99.as_secs_f64() / base.p99.as_secs_f64();
+            row(
+                &format!("durability {durability}{default}, {what}: p99"),
+                micros(moves.p99),
+                format!("{} (round trip p99)", micros(base.p99)),
+                ratio99,
+                "≤ 10× the round trip's p99",
+                ratio99 <= 10.0,
+            );
+        }
+    }
+}
+
+/// A service on disk (the file store, default durability).
+fn disk_service(dir: &Path) -> SessionService {
+    SessionService::open(offstage::ServiceConfig {
+        data_dir: dir.join("data"),
+        permissions: Vec::new(),
+    })
+    .unwrap()
+}
+
+async fn writer_mass() {
+    const JOBS: usize = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let service = disk_service(dir.path());
+    let session = service.create(NewSession::default()).await.unwrap().id;
+    let returned = Arc::new(AtomicU64::new(0));
+    let last = Arc::new(std::sync::Mutex::new(None::<Instant>));
+    let mut callers = Vec::new();
+    for _ in 0..JOBS {
+        let (service, session, returned, last) = (
+            service.clone(),
+            session.clone(),
+            returned.clone(),
+            last.clone(),
+        );
+        callers.push(tokio::spawn(async move {
+            let result = service
+                .call_tool(
+                    &session,
+                    ToolRequest {
+                        tool: "shell".into(),
+                        input: json!({ "command": "sleep 30", "timeout_ms": 600_000 }),
+                        call_id: None,
+                    },
+                )
+                .await
+                .unwrap();
+            *last.lock().unwrap() = Some(Instant::now());
+            returned.fetch_add(1, Ordering::SeqCst);
+            result.status
+        }));
+    }
+    while service.jobs(Some(&session)).await.unwrap().len() < JOBS {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let commits = service.store().commits();
+    let start = Instant::now();
+    let moved = service
+        .background(BackgroundRequest::all(&session))
+        .await
+        .unwrap();
+    let call = start.elapsed();
+    let move_commits = service.store().commits() - commits;
+    let mut statuses = Vec::new();
+    for caller in callers {
+        statuses.push(caller.await.unwrap());
+    }
+    let all_back = last.lock().unwrap().unwrap().duration_since(start);
+    assert_eq!(moved.len(), JOBS);
+    assert!(statuses.iter().all(|s| *s == ToolStatus::Backgrounded));
+    println!("\n## writer: {JOBS} running `sleep 30` jobs moved by one `background` call, file store on disk\n");
+    header();
+    row(
+        "commits made by the move",
+        format!("{move_commits}"),
+        "1 (one transaction)".into(),
+        move_commits as f64,
+        "1 commit",
+        move_commits == 1,
+    );
+    row(
+        "`background` → every caller returned",
+        ms(all_back),
+        format!("{} (the `background` call itself)", ms(call)),
+        all_back.as_secs_f64() / call.as_secs_f64(),
+        "≤ 20 ms",
+        all_back <= Duration::from_millis(20),
+    );
+    service.shutdown().await;
+}
+
+async fn writer_throughput() {
+    const CONCURRENT: usize = 8;
+    let time = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let service = disk_service(dir.path());
+    let commits = service.store().commits();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT {
+        let session = service.create(NewSession::default()).await.unwrap().id;
+        let (service, stop) = (service.clone(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut calls = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let result = service
+                    .call_tool(
+                        &session,
+                        ToolRequest {
+                            tool: "shell".into(),
+                            input: json!({ "command": "true" }),
+                            call_id: None,
+                        },
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(result.status, ToolStatus::Completed);
+                calls += 1;
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(time).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut calls = 0;
+    for task in tasks {
+        calls += task.await.unwrap();
+    }
+    let commits = service.store().commits() - commits;
+    let service_rate = calls as f64 / time.as_secs_f64();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..CONCURRENT {
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut calls = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let status = tokio::process::Command::new("sh")
+                    .args(["-c", "true"])
+                    .stdout(Stdio::piped())
+                    .status()
+                    .await
+                    .unwrap();
+                assert!(status.success());
+                calls += 1;
+            }
+            calls
+        }));
+    }
+    tokio::time::sleep(time).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut bare = 0;
+    for task in tasks {
+        bare += task.await.unwrap();
+    }
+    let bare_rate = bare as f64 / time.as_secs_f64();
+    let ratio = service_rate / bare_rate;
+    println!("\n## writer: shell calls/s, {CONCURRENT} sessions each calling `true` back to back, file store on disk\n");
+    header();
+    row(
+        &format!(
+            "shell calls/s ({calls} calls, {commits} commits: {:.2} per call)",
+            commits as f64 / calls as f64
+        ),
+        format!("{service_rate:.0}/s"),
+        format!("{bare_rate:.0}/s (bare `tokio::process` `sh -c true`, {CONCURRENT} concurrent)"),
+        ratio,
+        "≥ 0.8× bare",
+        ratio >= 0.8,
+    );
 }

@@ -8,6 +8,9 @@
 //! plugin_dirs = ["plugins"]
 //! allow_insecure_plugins = false
 //!
+//! [store]
+//! durability = "normal"         # normal (default) | full, see below
+//!
 //! [plugin.auto-background]      # keys but `enabled` and `grant` are options
 //! grant = ["session.background"]
 //! after_ms = 5000
@@ -22,6 +25,12 @@
 //! error naming the key, the file and the line, because a typo in a
 //! security setting (`tokn = ...`) must not silently mean "no token".
 //! A flag given on the command line wins over the file's value.
+//!
+//! `[store] durability` says what an acknowledged change survives:
+//! `"normal"` (the default; WAL with `synchronous = NORMAL`) survives a
+//! crash or `kill -9` of the host, and a power cut or OS crash may lose the
+//! last moments before it; `"full"` syncs the log on every group commit
+//! and survives those too, at the cost of one sync per group.
 
 use std::{
     collections::BTreeMap,
@@ -32,7 +41,7 @@ use std::{
 use serde::{de, Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::permission::Rule;
+use crate::{permission::Rule, store::Durability};
 
 /// Where the host listens when nothing else is said: loopback only.
 pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:4545";
@@ -65,6 +74,16 @@ pub struct FileConfig {
     pub plugin: BTreeMap<String, PluginTable>,
     #[serde(default)]
     pub permission: Vec<Rule>,
+    #[serde(default)]
+    pub store: StoreTable,
+}
+
+/// The `[store]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreTable {
+    /// `durability = "normal" | "full"`.
+    pub durability: Option<Durability>,
 }
 
 /// One `[plugin.NAME]` table.
@@ -201,6 +220,8 @@ pub(crate) struct ServeConfig {
     pub allow_insecure_plugins: bool,
     pub plugins: BTreeMap<String, PluginTable>,
     pub permissions: Vec<Rule>,
+    /// `[store] durability`.
+    pub durability: Durability,
     /// Things worth a warning in the log, e.g. a token in a file that
     /// other users can read.
     pub warnings: Vec<String>,
@@ -268,6 +289,7 @@ impl ServeConfig {
                 || file.allow_insecure_plugins.unwrap_or(false),
             plugins: file.plugin,
             permissions: file.permission,
+            durability: file.store.durability.unwrap_or_default(),
             warnings,
         })
     }
@@ -313,6 +335,31 @@ pub(crate) fn default_data_dir() -> Result<PathBuf, ConfigError> {
             "cannot choose a data dir: neither XDG_DATA_HOME nor HOME is set; pass --data-dir"
                 .into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod store_table_tests {
+    use super::*;
+
+    #[test]
+    fn durability_is_normal_unless_the_file_says_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("offstage.toml");
+        std::fs::write(&path, "").unwrap();
+        let resolve = || {
+            ServeConfig::resolve(Overrides {
+                config: Some(path.clone()),
+                data_dir: Some(dir.path().into()),
+                ..Overrides::default()
+            })
+        };
+        assert_eq!(resolve().unwrap().durability, Durability::Normal);
+        std::fs::write(&path, "[store]\ndurability = \"full\"\n").unwrap();
+        assert_eq!(resolve().unwrap().durability, Durability::Full);
+        std::fs::write(&path, "[store]\ndurability = \"sometimes\"\n").unwrap();
+        let error = resolve().unwrap_err().to_string();
+        assert!(error.contains("durability"), "{error}");
     }
 }
 

@@ -36,6 +36,10 @@ pub enum ServiceError {
     },
     #[error("{0}")]
     Internal(String),
+    /// The store's disk is full: the change was not saved. Writes fail
+    /// with this until space returns; removing a session still works.
+    #[error("{0}")]
+    StorageFull(String),
 }
 
 impl ServiceError {
@@ -54,6 +58,7 @@ impl ServiceError {
             ServiceError::Unsupported(_) => "unsupported",
             ServiceError::Plugin(_) | ServiceError::PluginPanic { .. } => "plugin_failure",
             ServiceError::Internal(_) => "internal",
+            ServiceError::StorageFull(_) => "storage_full",
         }
     }
 }
@@ -96,7 +101,7 @@ impl From<ServiceError> for PluginError {
             ServiceError::PermissionDenied(_) => ErrorKind::PermissionDenied,
             ServiceError::Unsupported(_) => ErrorKind::Unsupported,
             ServiceError::Plugin(_) => ErrorKind::PluginFailure,
-            ServiceError::Internal(_) => ErrorKind::HostFailure,
+            ServiceError::Internal(_) | ServiceError::StorageFull(_) => ErrorKind::HostFailure,
         };
         PluginError::new(kind, error.to_string())
     }

@@ -60,10 +60,13 @@ mod restart {
     mod service;
 }
 
-/// The SQLite store: a real crash, and reopening.
+/// The SQLite store: a real crash, reopening, a full database, and the
+/// group-commit writer killed mid-batch.
 mod store {
     mod crash;
+    mod full;
     mod restart;
+    mod writer;
 }
 
 /// Hostile input: ids that must never become paths, duplicate calls, and

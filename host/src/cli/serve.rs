@@ -89,10 +89,13 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // is. Jobs the last run left running come back cancelled, with their
     // notices.
     let service = tokio::task::block_in_place(|| {
-        SessionService::open(ServiceConfig {
-            data_dir: config.data_dir.clone(),
-            permissions: config.permissions.clone(),
-        })
+        SessionService::open_with(
+            ServiceConfig {
+                data_dir: config.data_dir.clone(),
+                permissions: config.permissions.clone(),
+            },
+            config.durability,
+        )
     })
     .map_err(|e| e.to_string())?;
     // Before any job starts: orphans of jobs are re-parented to the host.

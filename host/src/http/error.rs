@@ -90,6 +90,7 @@ pub(crate) fn status_of(error: &ServiceError) -> StatusCode {
         ServiceError::Unsupported(_) => StatusCode::UNPROCESSABLE_ENTITY,
         ServiceError::Plugin(_) | ServiceError::PluginPanic { .. } => StatusCode::FAILED_DEPENDENCY,
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        ServiceError::StorageFull(_) => StatusCode::INSUFFICIENT_STORAGE,
     }
 }
 

@@ -11,11 +11,15 @@
 //!
 //! # Durability
 //!
-//! Every change to a session, message or job is written to the [`Store`]
-//! *under that mutex*, before the change is made in memory and before
-//! anyone is told (an event, a return value): so the store's order of
-//! commits is the order of changes, and nothing a caller was told can be
-//! lost by a crash. [`SessionService::new`] uses an in-memory store (real
+//! Every change to a session, message or job is a write submitted to the
+//! [`Store`]'s one writer, which commits writes in groups. The change is
+//! made in memory, and anyone told (an event, a released caller), only in
+//! the write's *hook*, which the writer runs after the commit, in commit
+//! order, under the state mutex (see [`SessionService::submit`]); a caller
+//! whose answer depends on the write awaits its ticket. So nothing anyone
+//! sees can be undone by a crash, memory is never ahead of the store, a
+//! write that fails is never shown, and no lock is held across I/O: the
+//! state mutex is never held while waiting for the store. [`SessionService::new`] uses an in-memory store (real
 //! SQLite, no file: tests, the demo, `plugin check`);
 //! [`SessionService::open`] uses `<data dir>/offstage.db` and brings back
 //! what the last run left (see `recover.rs`).
@@ -32,6 +36,7 @@ use std::{
 };
 
 use offstage_plugin_api::types::{Job, Message, NewSession, Role, Session, SessionStatus};
+use rusqlite::Connection;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
@@ -44,7 +49,7 @@ use crate::{
     event::EventBus,
     ids::{new_id, now},
     permission::Permissions,
-    store::{Store, StoreError},
+    store::{self, Durability, Store, StoreError, Ticket},
     tool::ToolRegistry,
     ServiceError,
 };
@@ -101,6 +106,9 @@ struct SessionEntry {
     turn: Option<turn::TurnHandle>,
     /// Callers currently blocked on a tool call in this session.
     blocking_calls: usize,
+    /// Prompts submitted whose turn has not started: a wake-up waits for
+    /// them (their turn takes the whole inbox).
+    prompting: usize,
     status: watch::Sender<SessionStatus>,
 }
 
@@ -166,7 +174,13 @@ impl SessionService {
     /// service is dropped (running jobs and turns hold clones): a second
     /// `open` of the same dir before that is refused as "in use".
     pub fn open(config: ServiceConfig) -> Result<Self, StoreError> {
-        let store = Arc::new(Store::open(&config.data_dir)?);
+        Self::open_with(config, Durability::default())
+    }
+
+    /// [`open`](Self::open) with a chosen durability (`[store]
+    /// durability` in the config).
+    pub fn open_with(config: ServiceConfig, durability: Durability) -> Result<Self, StoreError> {
+        let store = Arc::new(Store::open_with(&config.data_dir, durability)?);
         let service = Self::with_store(config, store);
         service.restore()?;
         Ok(service)
@@ -203,6 +217,25 @@ impl SessionService {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.inner.state.lock_unpoisoned()
+    }
+
+    /// Submits a write to the store (see [`Store::submit`]); `hook` runs
+    /// once it has committed, on the store's writer, in commit order, and
+    /// inside this runtime (it may spawn). The hook takes the state lock
+    /// itself when it needs it; the caller must not hold it while waiting
+    /// for the ticket.
+    fn submit<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        H: FnOnce(&SessionService, &R) + Send + 'static,
+    {
+        let service = self.clone();
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        self.inner.store.submit(write, move |value| {
+            let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
+            hook(&service, value);
+        })
     }
 
     /// The event bus every change is published on.
@@ -261,27 +294,36 @@ impl SessionService {
             created_at: created_at.clone(),
             updated_at: created_at,
         };
-        {
-            let mut state = self.state();
-            if let Some(parent) = &session.parent_id {
-                if !state.sessions.contains_key(parent) {
-                    return Err(ServiceError::not_found("session", parent));
-                }
+        if let Some(parent) = &session.parent_id {
+            if !self.state().sessions.contains_key(parent) {
+                return Err(ServiceError::not_found("session", parent));
             }
-            self.inner.store.put_session(&session)?;
-            state.sessions.insert(
-                id,
-                SessionEntry {
-                    session: session.clone(),
-                    messages: Vec::new(),
-                    inbox: Vec::new(),
-                    turn: None,
-                    blocking_calls: 0,
-                    status: watch::channel(SessionStatus::Idle).0,
-                },
-            );
         }
-        self.inner.events.publish("session.created", json!(session));
+        let record = session.clone();
+        let created = session.clone();
+        self.submit(
+            move |conn| store::put_session(conn, &record),
+            move |service, ()| {
+                service.state().sessions.insert(
+                    id,
+                    SessionEntry {
+                        session: created.clone(),
+                        messages: Vec::new(),
+                        inbox: Vec::new(),
+                        turn: None,
+                        blocking_calls: 0,
+                        prompting: 0,
+                        status: watch::channel(SessionStatus::Idle).0,
+                    },
+                );
+                service
+                    .inner
+                    .events
+                    .publish("session.created", json!(created));
+            },
+        )
+        .wait()
+        .await?;
         Ok(session)
     }
 
@@ -295,32 +337,135 @@ impl SessionService {
         if title.trim().is_empty() {
             return Err(ServiceError::InvalidInput("title must not be empty".into()));
         }
-        let session = {
-            let mut state = self.state();
-            let entry = state.session_mut(id)?;
-            let mut session = entry.session.clone();
-            session.title = title.to_string();
-            session.updated_at = now();
-            self.inner.store.put_session(&session)?;
-            entry.session = session.clone();
-            session
-        };
-        self.inner.events.publish("session.updated", json!(session));
-        Ok(session)
+        let mut session = self.state().session(id)?.session.clone();
+        session.title = title.to_string();
+        session.updated_at = now();
+        let record = session.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.submit(
+            move |conn| store::put_session(conn, &session),
+            move |service, ()| {
+                let mut state = service.state();
+                if let Some(entry) = state.sessions.get_mut(&record.id) {
+                    entry.session.title = record.title.clone();
+                    entry.session.updated_at = record.updated_at.clone();
+                    let session = entry.session.clone();
+                    service
+                        .inner
+                        .events
+                        .publish("session.updated", json!(session));
+                    let _ = tx.send(session);
+                }
+            },
+        )
+        .wait()
+        .await?;
+        rx.await.map_err(|_| ServiceError::not_found("session", id))
     }
 
     /// Deletes a session, its child sessions, and its output files; every
     /// job it has, foreground or background, is cancelled (process groups
     /// killed) without a notice.
     pub async fn remove(&self, id: &str) -> Result<()> {
+        if !self.state().sessions.contains_key(id) {
+            return Err(ServiceError::not_found("session", id));
+        }
+        // The store deletes children, messages and jobs with it. A delete
+        // needs little room, but on a full disk even that may be missing:
+        // then the session's output files (it is going anyway, and they
+        // are most of what it holds) are removed first, and the delete is
+        // tried again, so that an operator can free space through the API.
+        let (ticket, rx) = self.submit_delete(id);
+        let (existed, rx) = match ticket.wait().await {
+            Err(StoreError::Full(_)) => {
+                tracing::warn!(
+                    session_id = id,
+                    "disk full: removing the session's output first"
+                );
+                for session_id in self.descendants(id) {
+                    if let Ok(dir) = self.output_dir(&session_id) {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
+                }
+                let (ticket, rx) = self.submit_delete(id);
+                (ticket.wait().await?, rx)
+            }
+            other => (other?, rx),
+        };
+        let (doomed, turns) = match (existed, rx.await) {
+            (true, Ok(gone)) => gone,
+            _ => return Err(ServiceError::not_found("session", id)),
+        };
+        for turn in turns {
+            turn.abort();
+        }
+        for session_id in &doomed {
+            self.inner.permissions.forget_session(session_id);
+            if let Ok(dir) = self.output_dir(session_id) {
+                if dir.exists() {
+                    if let Err(error) = std::fs::remove_dir_all(&dir) {
+                        tracing::warn!(dir = %dir.display(), %error, "cannot remove session output");
+                    }
+                }
+            }
+            self.inner
+                .events
+                .publish("session.deleted", json!({ "id": session_id }));
+        }
+        Ok(())
+    }
+
+    /// The delete of [`remove`](Self::remove); the receiver gets what
+    /// [`forget_session`](Self::forget_session) returned.
+    #[allow(clippy::type_complexity)]
+    fn submit_delete(
+        &self,
+        id: &str,
+    ) -> (
+        Ticket<bool>,
+        tokio::sync::oneshot::Receiver<(Vec<String>, Vec<turn::TurnHandle>)>,
+    ) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let target = id.to_string();
+        let deleted = target.clone();
+        let ticket = self.submit(
+            move |conn| store::delete_session(conn, &deleted),
+            move |service, existed| {
+                if *existed {
+                    let _ = tx.send(service.forget_session(&target));
+                }
+            },
+        );
+        (ticket, rx)
+    }
+
+    /// `id` and its descendants, by `parent_id`, as in memory now.
+    fn descendants(&self, id: &str) -> Vec<String> {
+        let state = self.state();
+        let mut all = vec![id.to_string()];
+        let mut index = 0;
+        while index < all.len() {
+            let parent = all[index].clone();
+            all.extend(
+                state
+                    .sessions
+                    .values()
+                    .filter(|e| e.session.parent_id.as_deref() == Some(parent.as_str()))
+                    .map(|e| e.session.id.clone()),
+            );
+            index += 1;
+        }
+        all
+    }
+
+    /// The memory half of [`remove`](Self::remove), after the delete has
+    /// committed: the session and its descendants leave memory; their
+    /// running jobs are told to cancel. Returns the ids gone and their
+    /// turns, to abort.
+    fn forget_session(&self, id: &str) -> (Vec<String>, Vec<turn::TurnHandle>) {
         let mut doomed = vec![id.to_string()];
         let turns = {
             let mut state = self.state();
-            if !state.sessions.contains_key(id) {
-                return Err(ServiceError::not_found("session", id));
-            }
-            // The store deletes children, messages and jobs with it.
-            self.inner.store.delete_session(id)?;
             // Children, grandchildren, ... by parent_id.
             let mut index = 0;
             while index < doomed.len() {
@@ -356,23 +501,7 @@ impl SessionService {
                 .retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
             turns
         };
-        for turn in turns {
-            turn.abort();
-        }
-        for session_id in &doomed {
-            self.inner.permissions.forget_session(session_id);
-            if let Ok(dir) = self.output_dir(session_id) {
-                if dir.exists() {
-                    if let Err(error) = std::fs::remove_dir_all(&dir) {
-                        tracing::warn!(dir = %dir.display(), %error, "cannot remove session output");
-                    }
-                }
-            }
-            self.inner
-                .events
-                .publish("session.deleted", json!({ "id": session_id }));
-        }
-        Ok(())
+        (doomed, turns)
     }
 
     /// A session's messages, oldest first.
@@ -383,7 +512,7 @@ impl SessionService {
     /// Adds a notice to a session and wakes it. Background jobs that end do
     /// this for themselves; plugins and the API may add their own.
     pub async fn notice(&self, id: &str, text: &str, metadata: Value) -> Result<Message> {
-        let message = self.append(id, Role::Notice, text, metadata)?;
+        let message = self.append(id, Role::Notice, text, metadata).await?;
         self.wake(id);
         Ok(message)
     }
@@ -398,36 +527,42 @@ impl SessionService {
         self.get(id).await
     }
 
-    /// Appends a message, publishing `message.added`. Prompts and notices
-    /// also go to the agent's inbox.
-    fn append(&self, session_id: &str, role: Role, text: &str, metadata: Value) -> Result<Message> {
-        let mut state = self.state();
-        self.append_locked(&mut state, session_id, role, text, metadata)
-    }
-
-    /// [`append`](Self::append) under a lock the caller holds: the one
-    /// place a message is recorded.
-    fn append_locked(
+    /// Appends a message, publishing `message.added` once it is
+    /// committed. Prompts and notices also go to the agent's inbox.
+    async fn append(
         &self,
-        state: &mut State,
         session_id: &str,
         role: Role,
         text: &str,
         metadata: Value,
     ) -> Result<Message> {
-        let message = Message {
-            id: new_id("msg"),
-            session_id: session_id.to_string(),
-            role,
-            text: text.to_string(),
-            metadata,
-            created_at: now(),
-        };
-        let entry = state.session_mut(session_id)?;
-        // Committed before it is in memory or anyone hears of it.
-        self.inner.store.append_message(&message)?;
-        self.push_message(entry, message.clone());
+        self.state().session(session_id)?;
+        let message = new_message(session_id, role, text, metadata);
+        self.append_ticket(message.clone(), |_, _| {})
+            .wait()
+            .await?;
         Ok(message)
+    }
+
+    /// Submits `message`; once committed it is pushed into its session and
+    /// `then` runs under the same lock. The one place a message is
+    /// recorded.
+    fn append_ticket(
+        &self,
+        message: Message,
+        then: impl FnOnce(&SessionService, &mut State) + Send + 'static,
+    ) -> Ticket<()> {
+        let record = message.clone();
+        self.submit(
+            move |conn| store::insert_message(conn, &record),
+            move |service, ()| {
+                let mut state = service.state();
+                if let Some(entry) = state.sessions.get_mut(&message.session_id) {
+                    service.push_message(entry, message);
+                }
+                then(service, &mut state);
+            },
+        )
     }
 
     /// Puts a message that is already in the store into its session's
@@ -478,6 +613,18 @@ impl SessionService {
             )));
         }
         Ok(self.inner.data_dir.join("output").join(session_id))
+    }
+}
+
+/// A new message, not yet recorded.
+fn new_message(session_id: &str, role: Role, text: &str, metadata: Value) -> Message {
+    Message {
+        id: new_id("msg"),
+        session_id: session_id.to_string(),
+        role,
+        text: text.to_string(),
+        metadata,
+        created_at: now(),
     }
 }
 

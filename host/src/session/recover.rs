@@ -81,6 +81,7 @@ impl SessionService {
                     inbox: stored.inbox,
                     turn: None,
                     blocking_calls: 0,
+                    prompting: 0,
                     status: watch::channel(SessionStatus::Idle).0,
                 },
             );
@@ -90,6 +91,7 @@ impl SessionService {
                 .jobs
                 .insert(job.id.clone(), JobEntry { job, runtime: None });
         }
+        drop(state);
         for pending in recovery.notices {
             let job = pending.job;
             let tail = job
@@ -99,12 +101,15 @@ impl SessionService {
                 .unwrap_or_default();
             let restarted = pending.reason == NoticeReason::HostRestarted;
             let notice = notice_message(&job, &tail, restarted);
+            // Waited for without the state lock (nothing else runs yet).
             if self.inner.store.append_notice_and_clear(&job.id, &notice)? {
+                let mut state = self.state();
                 if let Some(entry) = state.sessions.get_mut(&job.session_id) {
                     self.push_message(entry, notice);
                 }
             }
         }
+        let state = self.state();
         tracing::info!(
             sessions = state.sessions.len(),
             jobs = state.jobs.len(),

@@ -87,6 +87,18 @@ async fn check_moved_and_noticed(
     job_id: &str,
     flag: &std::path::Path,
 ) {
+    // A caller that went away cannot wait for its move: the move commits
+    // on its own, just after.
+    let id = job_id.to_string();
+    eventually("the move to commit", || {
+        service
+            .state()
+            .jobs
+            .get(&id)
+            .filter(|e| e.job.backgrounded)
+            .map(|_| ())
+    })
+    .await;
     let job = service.job(job_id).await.unwrap();
     assert_eq!(job.status, JobStatus::Running, "the job goes on");
     assert!(job.backgrounded, "a caller that went away counts as a move");

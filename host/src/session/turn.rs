@@ -84,30 +84,54 @@ impl SessionService {
         self.get(session_id).await?;
         loop {
             let (tx, rx) = oneshot::channel();
-            // Append and start under one lock, so that no wake-up (say, the
-            // end of an interrupted turn) takes the prompt into a turn of
-            // its own, without the agent override and without telling us.
-            let first_new = {
+            // No wake-up (say, the end of an interrupted turn) may take the
+            // prompt into a turn of its own, without the agent override and
+            // without telling us: from here until the prompt's turn starts
+            // (in the append's hook, once committed), wake-ups wait.
+            let idle = {
                 let mut state = self.state();
-                let entry = state.session(session_id)?;
-                if entry.turn.is_some() {
-                    None
-                } else {
-                    let first_new = entry.messages.len();
-                    self.append_locked(&mut state, session_id, Role::User, text, json!({}))?;
-                    let started = self.start_turn_locked(
-                        &mut state,
-                        session_id,
-                        agent.map(str::to_string),
-                        Some(tx),
-                    );
-                    debug_assert!(started, "no turn ran and the inbox has the prompt");
-                    Some(first_new)
+                let entry = state.session_mut(session_id)?;
+                let idle = entry.turn.is_none() && entry.prompting == 0;
+                if idle {
+                    entry.prompting += 1;
                 }
+                idle
             };
-            let Some(first_new) = first_new else {
+            if !idle {
                 self.wait_turn_end(session_id).await?;
                 continue;
+            }
+            let (first_tx, first_rx) = oneshot::channel();
+            let message = super::new_message(session_id, Role::User, text, json!({}));
+            let agent = agent.map(str::to_string);
+            let id = session_id.to_string();
+            let appended = self
+                .append_ticket(message, move |service, state| {
+                    if let Some(entry) = state.sessions.get_mut(&id) {
+                        entry.prompting -= 1;
+                        let _ = first_tx.send(entry.messages.len() - 1);
+                        let started = service.start_turn_locked(state, &id, agent, Some(tx));
+                        debug_assert!(started, "no turn ran and the inbox has the prompt");
+                    }
+                })
+                .wait()
+                .await;
+            if let Err(error) = appended {
+                // Not recorded: let wake-ups through again.
+                let waiting = {
+                    let mut state = self.state();
+                    state.session_mut(session_id).is_ok_and(|entry| {
+                        entry.prompting -= 1;
+                        !entry.inbox.is_empty()
+                    })
+                };
+                if waiting {
+                    self.wake(session_id);
+                }
+                return Err(error.into());
+            }
+            let Ok(first_new) = first_rx.await else {
+                return Err(ServiceError::not_found("session", session_id));
             };
             return match rx.await {
                 Ok(()) => {
@@ -167,13 +191,18 @@ impl SessionService {
         if entry.turn.is_some() || entry.inbox.is_empty() {
             return false;
         }
-        let messages = std::mem::take(&mut entry.inbox);
-        // Handed over now: a turn cut short by a crash is not replayed.
-        let ids: Vec<&str> = messages.iter().map(|m| m.id.as_str()).collect();
-        if let Err(error) = self.inner.store.mark_delivered(&ids) {
-            // Only costs a repeat after a restart; the turn goes on.
-            tracing::warn!(session_id, %error, "cannot mark messages delivered");
+        if done.is_none() && entry.prompting > 0 {
+            // A prompt's turn is about to start and will take the inbox.
+            return false;
         }
+        let messages = std::mem::take(&mut entry.inbox);
+        // Handed over now: a turn cut short by a crash is not replayed. Not
+        // waited for: a failure only costs a repeat after a restart.
+        let ids: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
+        let _ = self
+            .inner
+            .store
+            .submit(move |conn| crate::store::mark_delivered(conn, &ids), |_| {});
         let agent_name = agent.unwrap_or_else(|| entry.session.agent.clone());
         if done.is_none() {
             // A turn nobody prompted is a wake-up. Say so before the turn
@@ -209,7 +238,7 @@ impl SessionService {
                     json!({ "agent": agent_name, "error": error.code() }),
                 ),
             };
-            let _ = service.append(&id, Role::Assistant, &text, metadata);
+            let _ = service.append(&id, Role::Assistant, &text, metadata).await;
             if let Some(done) = done {
                 let _ = done.send(());
             }

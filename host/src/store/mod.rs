@@ -8,18 +8,18 @@
 //!   crash safety without a server. WAL lets a reader (an `sqlite3` shell
 //!   inspecting the file) run beside the host, and makes a commit one
 //!   sequential append to the log.
-//! - **`synchronous = FULL` by default.** The issue asks that every message
-//!   and job change be *committed before it is acknowledged*. In WAL mode
-//!   `NORMAL` survives a crash of the process but may lose the last
-//!   commits on a power cut or an OS crash, i.e. changes already
-//!   acknowledged; `FULL` syncs the log on every commit, so an
-//!   acknowledged change survives both. [`Durability::Normal`] exists for
-//!   measuring that cost (see `benches/store.rs`), not as the default.
-//! - **Every write method is its own transaction and has committed when it
-//!   returns.** A caller acknowledges only after the call returns `Ok`.
-//!   Writes that must not be seen apart — a job's end and its notice, a
-//!   notice and clearing its "owed" mark, restart recovery — share one
-//!   transaction.
+//! - **`synchronous = NORMAL` by default, `FULL` on request.** In WAL
+//!   mode `NORMAL` survives a crash or `kill -9` of the process but may lose
+//!   the last commits on a power cut or an OS crash; `FULL` syncs the log on
+//!   every commit and survives both ([`Durability`], `[store] durability`).
+//! - **One writer, group commit.** Every write goes to one thread
+//!   (`writer.rs`), which commits whatever queued meanwhile as one
+//!   transaction (a savepoint per write) and only then runs each write's
+//!   hook and answers it ([`Store::submit`], [`Ticket`]). The synchronous
+//!   methods below submit and block until their group has committed; the
+//!   session service submits with hooks and awaits. Writes that must not
+//!   be seen apart — a job's end and its notice, a move and its message, a
+//!   notice and clearing its "owed" mark, restart recovery — are one write.
 //! - **Exactly-once notices by construction.** A job's notice is recorded
 //!   in the same transaction that sets `jobs.notice_message_id`; a second
 //!   attempt for the same job writes nothing. A notice that is owed but not
@@ -36,13 +36,8 @@
 //! - **A file it does not understand is never touched.** See `open.rs`:
 //!   a newer schema version, a non-SQLite file or another program's SQLite
 //!   file is refused with a clear error before anything is written.
-//! - **Synchronous methods.** A call is one short transaction: about 10 µs
-//!   in memory, 40 µs with `NORMAL`, and one log sync more with `FULL`
-//!   (0.25 ms on an idle virtual disk, a few ms on a busy one; see
-//!   `benches/store.rs`). The session service calls them directly, also
-//!   from async code and under its state lock, so that the store's order
-//!   of commits is the service's order of changes and nothing is visible
-//!   in memory that is not yet committed.
+//! - **Reads** take the connection between groups; they are for
+//!   recovery, tests and diagnostics (the service serves from memory).
 //!
 //! Job output is not stored here: it stays in files under the data dir
 //! (`Job::output_path`), which the service removes with the session.
@@ -54,21 +49,25 @@
 
 mod open;
 mod schema;
+mod writer;
 
 use crate::util::LockExt;
 use std::{
     collections::HashMap,
-    fs::File,
     path::{Path, PathBuf},
-    sync::{Mutex, MutexGuard},
+    sync::{atomic::Ordering, Arc, Mutex, MutexGuard},
 };
 
 use offstage_plugin_api::types::{Job, Message, Role, Session};
-use rusqlite::{params, types::Type, Connection, OptionalExtension, Row, Transaction};
+use rusqlite::{params, types::Type, Connection, OptionalExtension, Row};
 use serde::{de::DeserializeOwned, Serialize};
 
 pub use open::DB_FILE;
+#[cfg(test)]
+use open::LOCK_FILE;
 pub use schema::SCHEMA_VERSION;
+use writer::{Op, Slot, Writer};
+pub use writer::{Ticket, WriterStats};
 
 use crate::{permission::Rule, ServiceError};
 
@@ -130,8 +129,38 @@ pub enum StoreError {
     NotFound { what: &'static str, id: String },
     #[error("{what} {id} is already in the store")]
     Duplicate { what: &'static str, id: String },
+    /// The disk (or the database's size limit) is full: nothing of the
+    /// write was kept.
+    #[error("the disk holding the store is full; the change was not saved ({0})")]
+    Full(String),
+    /// The group holding the write could not be committed: nothing of it
+    /// was kept.
+    #[error("the store could not save the change: {0}")]
+    Unsaved(String),
     #[error("store error: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(error: rusqlite::Error) -> Self {
+        if error.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+            StoreError::Full(error.to_string())
+        } else {
+            StoreError::Sqlite(error)
+        }
+    }
+}
+
+impl StoreError {
+    /// The same error again, for each write of a group that failed to
+    /// commit.
+    pub(crate) fn again(&self) -> StoreError {
+        match self {
+            StoreError::Full(text) => StoreError::Full(text.clone()),
+            StoreError::Unsaved(text) => StoreError::Unsaved(text.clone()),
+            other => StoreError::Unsaved(other.to_string()),
+        }
+    }
 }
 
 impl From<StoreError> for ServiceError {
@@ -139,19 +168,26 @@ impl From<StoreError> for ServiceError {
         match error {
             StoreError::NotFound { .. } => ServiceError::NotFound(error.to_string()),
             StoreError::Duplicate { .. } => ServiceError::Conflict(error.to_string()),
+            StoreError::Full(_) => ServiceError::StorageFull(error.to_string()),
             _ => ServiceError::Internal(error.to_string()),
         }
     }
 }
 
-/// How hard a commit tries to reach the disk before it returns.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How hard a group commit tries to reach the disk before its writes are
+/// acknowledged (`[store] durability` in the config).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Durability {
-    /// `synchronous = FULL`: a commit survives a power cut. The default.
-    #[default]
+    /// `synchronous = FULL`: the log is synced on every group commit; an
+    /// acknowledged change survives a power cut or an OS crash too.
     Full,
-    /// `synchronous = NORMAL`: a commit survives a crash of the host
-    /// process, but the last ones may be lost on a power cut.
+    /// `synchronous = NORMAL` (WAL): an acknowledged change survives a
+    /// crash or `kill -9` of the host; a power cut or an OS crash may lose
+    /// the last moments before it (never corrupts the file). The default:
+    /// a per-user dev tool is killed far more often than its machine loses
+    /// power, and a sync per commit costs more than the rest of a write.
+    #[default]
     Normal,
 }
 
@@ -240,11 +276,15 @@ pub struct LeftoverProcess {
 
 /// The durable store. `Send + Sync`; share it behind the service's `Arc`.
 pub struct Store {
-    conn: Mutex<Connection>,
+    // Declared first: dropped first, so queued writes commit before the
+    // connection closes.
+    writer: Writer,
+    conn: Arc<Mutex<Connection>>,
+    stats: Arc<WriterStats>,
     path: Option<PathBuf>,
     // Declared after `conn`: dropped after it, so the lock is let go only
     // once the connection has closed (and checkpointed).
-    _lock: Option<File>,
+    _lock: Option<open::DirLock>,
 }
 
 impl std::fmt::Debug for Store {
@@ -261,10 +301,10 @@ const MESSAGE_COLUMNS: &str = "id, session_id, role, text, metadata, created_at"
 const SESSION_COLUMNS: &str = "id, title, parent_id, agent, status, created_at, updated_at";
 
 impl Store {
-    /// Opens (creating if needed) `<data_dir>/offstage.db` with
-    /// [`Durability::Full`], applying any missing migrations.
+    /// Opens (creating if needed) `<data_dir>/offstage.db` with the
+    /// default [`Durability`], applying any missing migrations.
     pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
-        Store::open_with(data_dir, Durability::Full)
+        Store::open_with(data_dir, Durability::default())
     }
 
     /// [`Store::open`] with a chosen durability.
@@ -280,20 +320,97 @@ impl Store {
         open::probe(&path)?;
         let lock = open::lock_data_dir(data_dir)?;
         let conn = open::connect(Some(&path), durability)?;
-        Ok(Store {
-            conn: Mutex::new(conn),
-            path: Some(path),
-            _lock: Some(lock),
-        })
+        Ok(Store::start(conn, Some(path), Some(lock)))
     }
 
     /// A store in memory with the same schema, for tests and benchmarks.
     pub fn open_in_memory() -> Result<Store, StoreError> {
-        Ok(Store {
-            conn: Mutex::new(open::connect(None, Durability::Full)?),
-            path: None,
-            _lock: None,
-        })
+        Ok(Store::start(
+            open::connect(None, Durability::Full)?,
+            None,
+            None,
+        ))
+    }
+
+    fn start(conn: Connection, path: Option<PathBuf>, lock: Option<open::DirLock>) -> Store {
+        let conn = Arc::new(Mutex::new(conn));
+        let stats = Arc::new(WriterStats::default());
+        Store {
+            writer: Writer::start(conn.clone(), stats.clone()),
+            conn,
+            stats,
+            path,
+            _lock: lock,
+        }
+    }
+
+    /// Group commits made so far (each one transaction, one sync).
+    pub fn commits(&self) -> u64 {
+        self.stats.commits.load(Ordering::Relaxed)
+    }
+
+    /// Writes run so far.
+    pub fn writes(&self) -> u64 {
+        self.stats.writes.load(Ordering::Relaxed)
+    }
+
+    /// Queues a write for the writer and returns at once. `write` runs on
+    /// the connection inside the writer's transaction (in its own
+    /// savepoint: if it fails, only it is rolled back). After the group
+    /// holding it has committed — and only then — `hook` runs with its
+    /// result, on the writer's thread and in submission order, and the
+    /// ticket is filled. If the commit fails, `hook` does not run and the
+    /// ticket gets the error.
+    ///
+    /// `hook` must be quick and must never wait for another write.
+    pub fn submit<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        H: FnOnce(&R) + Send + 'static,
+    {
+        let slot = Slot::new();
+        let cell: Arc<Mutex<Option<Result<R, StoreError>>>> = Arc::new(Mutex::new(None));
+        let run_cell = cell.clone();
+        let run = Box::new(move |conn: &Connection| {
+            let result = write(conn);
+            let summary = result.as_ref().map(|_| ()).map_err(StoreError::again);
+            *run_cell.lock_unpoisoned() = Some(result);
+            summary
+        });
+        let done_slot = slot.clone();
+        let done = Box::new(move |commit: Result<(), &StoreError>| {
+            let result = cell.lock_unpoisoned().take();
+            let value = match (commit, result) {
+                (Ok(()), Some(Ok(value))) => {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&value)))
+                        .is_err()
+                    {
+                        tracing::error!("a store write's hook panicked");
+                    }
+                    Ok(value)
+                }
+                (Ok(()), Some(Err(error))) => Err(error),
+                (Ok(()), None) => Err(StoreError::Unsaved("the write did not run".into())),
+                (Err(error), _) => Err(error.again()),
+            };
+            done_slot.fill(value);
+        });
+        if let Err(op) = self.writer.send(Op { run, done }) {
+            (op.done)(Err(&StoreError::Unsaved("the store is closed".into())));
+        }
+        Ticket::new(slot)
+    }
+
+    /// [`submit`](Self::submit) without a hook, waiting for the commit.
+    /// Blocks the thread: not for async code, and never while holding a
+    /// lock a hook takes.
+    fn write<R, W>(&self, write: W) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.submit(write, |_| {}).wait_blocking()
     }
 
     /// The database file, or `None` in memory.
@@ -311,37 +428,16 @@ impl Store {
 
     /// Inserts or updates a session (never touching its messages or jobs).
     pub fn put_session(&self, session: &Session) -> Result<(), StoreError> {
-        let conn = self.conn();
-        conn.prepare_cached(
-            "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-             ON CONFLICT (id) DO UPDATE SET
-                 title = excluded.title, parent_id = excluded.parent_id,
-                 agent = excluded.agent, status = excluded.status,
-                 created_at = excluded.created_at, updated_at = excluded.updated_at",
-        )?
-        .execute(params![
-            session.id,
-            session.title,
-            session.parent_id,
-            session.agent,
-            word(&session.status),
-            session.created_at,
-            session.updated_at,
-        ])
-        .map_err(|e| missing_parent(e, "session", session.parent_id.as_deref().unwrap_or("")))?;
-        Ok(())
+        let session = session.clone();
+        self.write(move |conn| put_session(conn, &session))
     }
 
     /// Deletes a session with its child sessions (recursively), and their
     /// messages, jobs and owed notices. Returns whether it existed. Output
     /// files are the caller's to remove.
     pub fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
-        let conn = self.conn();
-        let deleted = conn
-            .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-            .execute([id])?;
-        Ok(deleted > 0)
+        let id = id.to_string();
+        self.write(move |conn| delete_session(conn, &id))
     }
 
     /// Every session, ordered by id (which orders by creation).
@@ -363,11 +459,8 @@ impl Store {
     /// `notice` message starts in the session's inbox (undelivered), as in
     /// the service; see [`Store::mark_delivered`].
     pub fn append_message(&self, message: &Message) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        insert_message(&tx, message)?;
-        tx.commit()?;
-        Ok(())
+        let message = message.clone();
+        self.write(move |conn| insert_message(conn, &message))
     }
 
     /// A session's messages, oldest first (empty for an unknown session).
@@ -388,16 +481,8 @@ impl Store {
         if message_ids.is_empty() {
             return Ok(());
         }
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached("UPDATE messages SET delivered = 1 WHERE id = ?1")?;
-            for id in message_ids {
-                stmt.execute([id.as_ref()])?;
-            }
-        }
-        tx.commit()?;
-        Ok(())
+        let ids: Vec<String> = message_ids.iter().map(|i| i.as_ref().to_string()).collect();
+        self.write(move |conn| mark_delivered(conn, &ids))
     }
 
     /// A session's undelivered prompts and notices, oldest first.
@@ -416,42 +501,28 @@ impl Store {
 
     /// Inserts or updates a job (start, background move, child session).
     pub fn put_job(&self, job: &Job) -> Result<(), StoreError> {
-        let conn = self.conn();
-        upsert_job(&conn, job)
+        let job = job.clone();
+        self.write(move |conn| upsert_job(conn, &job))
     }
 
     /// Records the process group of a running job (replacing an earlier
     /// record). It is forgotten when the job's end is recorded.
     pub fn set_job_process(&self, job_id: &str, process: &ProcessRecord) -> Result<(), StoreError> {
-        let conn = self.conn();
-        conn.prepare_cached(
-            "INSERT INTO job_processes (job_id, pgid, start_ticks, boot_id) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (job_id) DO UPDATE SET
-                 pgid = excluded.pgid, start_ticks = excluded.start_ticks, boot_id = excluded.boot_id",
-        )?
-        .execute(params![
-            job_id,
-            process.pgid,
-            i64::try_from(process.start_ticks).unwrap_or(i64::MAX),
-            process.boot_id
-        ])
-        .map_err(|e| missing_parent(e, "job", job_id))?;
-        Ok(())
+        let (job_id, process) = (job_id.to_string(), process.clone());
+        self.write(move |conn| set_job_process(conn, &job_id, &process))
     }
 
     /// Drops the process records of `job_ids` (after restart recovery dealt
     /// with them). One commit for all.
     pub fn forget_job_processes<S: AsRef<str>>(&self, job_ids: &[S]) -> Result<(), StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        {
-            let mut stmt = tx.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?;
-            for id in job_ids {
-                stmt.execute([id.as_ref()])?;
+        let ids: Vec<String> = job_ids.iter().map(|i| i.as_ref().to_string()).collect();
+        self.write(move |conn| {
+            let mut stmt = conn.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?;
+            for id in &ids {
+                stmt.execute([id])?;
             }
-        }
-        tx.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Records a job's end and, for a job that owes one, its notice — in
@@ -460,19 +531,8 @@ impl Store {
     /// or none was given). A final status also drops the job's process
     /// record.
     pub fn finish_job(&self, job: &Job, notice: Option<&Message>) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        upsert_job(&tx, job)?;
-        if job.status.is_final() {
-            tx.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?
-                .execute([&job.id])?;
-        }
-        let written = match notice {
-            Some(message) => insert_notice(&tx, &job.id, message)?,
-            None => false,
-        };
-        tx.commit()?;
-        Ok(written)
+        let (job, notice) = (job.clone(), notice.cloned());
+        self.write(move |conn| finish_job(conn, &job, notice.as_ref()))
     }
 
     /// One job.
@@ -497,36 +557,20 @@ impl Store {
     /// (reason [`NoticeReason::JobEnded`]). Returns `false`, changing
     /// nothing, if the job's notice was already written.
     pub fn mark_notice_pending(&self, job_id: &str) -> Result<bool, StoreError> {
-        let conn = self.conn();
-        let notice: Option<Option<String>> = conn
-            .prepare_cached("SELECT notice_message_id FROM jobs WHERE id = ?1")?
-            .query_row([job_id], |row| row.get(0))
-            .optional()?;
-        match notice {
-            None => Err(StoreError::NotFound {
-                what: "job",
-                id: job_id.to_string(),
-            }),
-            Some(Some(_)) => Ok(false),
-            Some(None) => {
-                conn.prepare_cached(
-                    "INSERT INTO pending_notices (job_id, reason) VALUES (?1, 'job_ended')
-                     ON CONFLICT (job_id) DO NOTHING",
-                )?
-                .execute([job_id])?;
-                Ok(true)
-            }
-        }
+        let job_id = job_id.to_string();
+        self.write(move |conn| mark_notice_pending(conn, &job_id))
     }
 
     /// Drops an owed notice without writing it (e.g. its session is going
     /// away). Returns whether one was owed.
     pub fn clear_notice_pending(&self, job_id: &str) -> Result<bool, StoreError> {
-        let conn = self.conn();
-        let cleared = conn
-            .prepare_cached("DELETE FROM pending_notices WHERE job_id = ?1")?
-            .execute([job_id])?;
-        Ok(cleared > 0)
+        let job_id = job_id.to_string();
+        self.write(move |conn| {
+            let cleared = conn
+                .prepare_cached("DELETE FROM pending_notices WHERE job_id = ?1")?
+                .execute([&job_id])?;
+            Ok(cleared > 0)
+        })
     }
 
     /// Every owed notice, with its job, oldest job first.
@@ -543,11 +587,8 @@ impl Store {
         job_id: &str,
         notice: &Message,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let written = insert_notice(&tx, job_id, notice)?;
-        tx.commit()?;
-        Ok(written)
+        let (job_id, notice) = (job_id.to_string(), notice.clone());
+        self.write(move |conn| insert_notice(conn, &job_id, &notice))
     }
 
     // ----- permissions ---------------------------------------------------
@@ -555,13 +596,15 @@ impl Store {
     /// Remembers a rule made by an `always` reply. Adding the same rule
     /// again changes nothing.
     pub fn add_always_rule(&self, rule: &Rule) -> Result<(), StoreError> {
-        let conn = self.conn();
-        conn.prepare_cached(
-            "INSERT INTO permission_rules (tool, pattern, action) VALUES (?1, ?2, ?3)
-             ON CONFLICT DO NOTHING",
-        )?
-        .execute(params![rule.tool, rule.pattern, word(&rule.action)])?;
-        Ok(())
+        let rule = rule.clone();
+        self.write(move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO permission_rules (tool, pattern, action) VALUES (?1, ?2, ?3)
+                 ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![rule.tool, rule.pattern, word(&rule.action)])?;
+            Ok(())
+        })
     }
 
     /// The remembered `always` rules, oldest first (append them after the
@@ -583,8 +626,14 @@ impl Store {
     /// notices stay owed until written with
     /// [`Store::append_notice_and_clear`], which writes each at most once.
     pub fn recover(&self, now: &str) -> Result<Recovery, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        let now = now.to_string();
+        self.write(move |conn| recover(conn, &now))
+    }
+}
+
+/// [`Store::recover`], inside the writer's transaction.
+fn recover(tx: &Connection, now: &str) -> Result<Recovery, StoreError> {
+    {
         let mut cancelled: Vec<Job> = {
             let mut stmt = tx.prepare(&format!(
                 "SELECT {JOB_COLUMNS} FROM jobs WHERE status = 'running' ORDER BY started_at, id"
@@ -673,13 +722,12 @@ impl Store {
             .collect();
         let recovery = Recovery {
             sessions,
-            jobs: read_jobs(&tx)?,
+            jobs: read_jobs(tx)?,
             cancelled,
-            notices: read_pending(&tx)?,
-            always_rules: read_rules(&tx)?,
+            notices: read_pending(tx)?,
+            always_rules: read_rules(tx)?,
             processes,
         };
-        tx.commit()?;
         Ok(recovery)
     }
 }
@@ -788,7 +836,7 @@ fn read_rules(conn: &Connection) -> Result<Vec<Rule>, StoreError> {
     Ok(rules)
 }
 
-fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
+pub(crate) fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO jobs (id, session_id, type, title, status, backgrounded, started_at,
                            completed_at, exit_code, output_path, child_session_id)
@@ -817,7 +865,7 @@ fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn insert_message(tx: &Transaction<'_>, message: &Message) -> Result<(), StoreError> {
+pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), StoreError> {
     let metadata = serde_json::to_string(&message.metadata).expect("a JSON value serializes");
     let delivered = !matches!(message.role, Role::User | Role::Notice);
     tx.prepare_cached(
@@ -849,7 +897,11 @@ fn insert_message(tx: &Transaction<'_>, message: &Message) -> Result<(), StoreEr
 
 /// Inserts `notice` as job `job_id`'s one notice unless it has one; clears
 /// the owed mark. Returns whether it wrote.
-fn insert_notice(tx: &Transaction<'_>, job_id: &str, notice: &Message) -> Result<bool, StoreError> {
+pub(crate) fn insert_notice(
+    tx: &Connection,
+    job_id: &str,
+    notice: &Message,
+) -> Result<bool, StoreError> {
     let existing: Option<Option<String>> = tx
         .prepare_cached("SELECT notice_message_id FROM jobs WHERE id = ?1")?
         .query_row([job_id], |row| row.get(0))
@@ -891,7 +943,183 @@ fn missing_parent(error: rusqlite::Error, what: &'static str, id: &str) -> Store
             id: id.to_string(),
         }
     } else {
-        StoreError::Sqlite(error)
+        StoreError::from(error)
+    }
+}
+
+// ----- writes, run by the writer inside its transaction -----------------
+
+/// Inserts or updates a session (never touching its messages or jobs).
+pub(crate) fn put_session(conn: &Connection, session: &Session) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+         ON CONFLICT (id) DO UPDATE SET
+             title = excluded.title, parent_id = excluded.parent_id,
+             agent = excluded.agent, status = excluded.status,
+             created_at = excluded.created_at, updated_at = excluded.updated_at",
+    )?
+    .execute(params![
+        session.id,
+        session.title,
+        session.parent_id,
+        session.agent,
+        word(&session.status),
+        session.created_at,
+        session.updated_at,
+    ])
+    .map_err(|e| missing_parent(e, "session", session.parent_id.as_deref().unwrap_or("")))?;
+    Ok(())
+}
+
+/// Deletes a session and everything under it; whether it existed.
+pub(crate) fn delete_session(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    let deleted = conn
+        .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
+        .execute([id])?;
+    Ok(deleted > 0)
+}
+
+/// Marks messages handed to a turn.
+pub(crate) fn mark_delivered(conn: &Connection, ids: &[String]) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare_cached("UPDATE messages SET delivered = 1 WHERE id = ?1")?;
+    for id in ids {
+        stmt.execute([id])?;
+    }
+    Ok(())
+}
+
+/// Records a running job's process group.
+pub(crate) fn set_job_process(
+    conn: &Connection,
+    job_id: &str,
+    process: &ProcessRecord,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO job_processes (job_id, pgid, start_ticks, boot_id) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (job_id) DO UPDATE SET
+             pgid = excluded.pgid, start_ticks = excluded.start_ticks, boot_id = excluded.boot_id",
+    )?
+    .execute(params![
+        job_id,
+        process.pgid,
+        i64::try_from(process.start_ticks).unwrap_or(i64::MAX),
+        process.boot_id
+    ])
+    .map_err(|e| missing_parent(e, "job", job_id))?;
+    Ok(())
+}
+
+/// A job's end and, if given, its notice; drops its process record.
+/// Whether the notice was written.
+pub(crate) fn finish_job(
+    conn: &Connection,
+    job: &Job,
+    notice: Option<&Message>,
+) -> Result<bool, StoreError> {
+    upsert_job(conn, job)?;
+    if job.status.is_final() {
+        conn.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?
+            .execute([&job.id])?;
+    }
+    match notice {
+        Some(message) => insert_notice(conn, &job.id, message),
+        None => Ok(false),
+    }
+}
+
+/// Whether the stored job `id` was moved to the background (`None`: no
+/// such job, e.g. its session was removed).
+pub(crate) fn job_backgrounded(conn: &Connection, id: &str) -> Result<Option<bool>, StoreError> {
+    let backgrounded = conn
+        .prepare_cached("SELECT backgrounded FROM jobs WHERE id = ?1")?
+        .query_row([id], |row| row.get(0))
+        .optional()?;
+    Ok(backgrounded)
+}
+
+/// A move to the background: marks each of `job_ids` that is still
+/// running in the foreground as backgrounded and returns those, in the
+/// order given. One statement per job, all in the caller's transaction.
+pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<String>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "UPDATE jobs SET backgrounded = 1
+         WHERE id = ?1 AND status = 'running' AND backgrounded = 0",
+    )?;
+    let mut moved = Vec::with_capacity(job_ids.len());
+    for id in job_ids {
+        if stmt.execute([id])? > 0 {
+            moved.push(id.clone());
+        }
+    }
+    Ok(moved)
+}
+
+/// Inserts a new job; an id already stored is [`StoreError::Duplicate`].
+pub(crate) fn insert_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
+    let exists: Option<i64> = conn
+        .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
+        .query_row([&job.id], |row| row.get(0))
+        .optional()?;
+    if exists.is_some() {
+        return Err(StoreError::Duplicate {
+            what: "job",
+            id: job.id.clone(),
+        });
+    }
+    upsert_job(conn, job)
+}
+
+/// Records how a job ended (status, time, exit code), leaving the rest of
+/// its row as it is.
+pub(crate) fn end_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "UPDATE jobs SET status = ?2, completed_at = ?3, exit_code = ?4 WHERE id = ?1",
+    )?
+    .execute(params![
+        job.id,
+        word(&job.status),
+        job.completed_at,
+        job.exit_code
+    ])?;
+    if job.status.is_final() {
+        conn.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?
+            .execute([&job.id])?;
+    }
+    Ok(())
+}
+
+/// Sets the child session a subagent job drives.
+pub(crate) fn set_child_session(
+    conn: &Connection,
+    job_id: &str,
+    child_id: &str,
+) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE jobs SET child_session_id = ?2 WHERE id = ?1")?
+        .execute([job_id, child_id])?;
+    Ok(())
+}
+
+/// Marks a notice owed unless the job has its notice.
+pub(crate) fn mark_notice_pending(conn: &Connection, job_id: &str) -> Result<bool, StoreError> {
+    let notice: Option<Option<String>> = conn
+        .prepare_cached("SELECT notice_message_id FROM jobs WHERE id = ?1")?
+        .query_row([job_id], |row| row.get(0))
+        .optional()?;
+    match notice {
+        None => Err(StoreError::NotFound {
+            what: "job",
+            id: job_id.to_string(),
+        }),
+        Some(Some(_)) => Ok(false),
+        Some(None) => {
+            conn.prepare_cached(
+                "INSERT INTO pending_notices (job_id, reason) VALUES (?1, 'job_ended')
+                 ON CONFLICT (job_id) DO NOTHING",
+            )?
+            .execute([job_id])?;
+            Ok(true)
+        }
     }
 }
 

@@ -8,8 +8,9 @@
 //! 2. a *read-only* SQLite connection reads `application_id` and
 //!    `user_version` (read-only, so that it cannot checkpoint a WAL into the
 //!    file or roll back a hot journal; see [`open_probe`]), then closes;
-//! 3. an exclusive lock (`flock`) on `<data dir>/offstage.lock`, held as
-//!    long as the store: two hosts on one data dir would each "recover" the
+//! 3. an exclusive lock (`flock`) on the data dir itself (and on
+//!    `<data dir>/offstage.lock`, for older hosts), held as long as the
+//!    store; deleting the lock file does not let a second host in: two hosts on one data dir would each "recover" the
 //!    other's running jobs as crashed. The kernel lets go of it when the
 //!    process dies, however it dies. (Unix only; elsewhere there is no lock.)
 //! 4. only then the read-write connection: WAL mode, synchronous, foreign
@@ -37,8 +38,24 @@ pub(super) const LOCK_FILE: &str = "offstage.lock";
 
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
+/// The data dir's locks, held as long as the store.
+pub(super) struct DirLock {
+    _dir: File,
+    _file: File,
+}
+
 /// Takes the data dir's lock, or says who holds it.
-pub(super) fn lock_data_dir(data_dir: &Path) -> Result<File, StoreError> {
+///
+/// The lock that counts is a `flock` on the data dir itself: a second host
+/// cannot get around it by deleting a file, since the directory is what
+/// it opens. `offstage.lock` is locked too, so that a host of an older
+/// version (which only knows that file) is kept out as well.
+pub(super) fn lock_data_dir(data_dir: &Path) -> Result<DirLock, StoreError> {
+    let dir = File::open(data_dir).map_err(|source| StoreError::Io {
+        path: data_dir.to_path_buf(),
+        source,
+    })?;
+    flock(&dir, data_dir)?;
     let path = data_dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -50,6 +67,16 @@ pub(super) fn lock_data_dir(data_dir: &Path) -> Result<File, StoreError> {
             path: path.clone(),
             source,
         })?;
+    flock(&file, &path)?;
+    Ok(DirLock {
+        _dir: dir,
+        _file: file,
+    })
+}
+
+/// An exclusive, non-blocking `flock` on `file` (Unix only; elsewhere
+/// nothing).
+fn flock(file: &File, path: &Path) -> Result<(), StoreError> {
     #[cfg(unix)]
     {
         use std::os::unix::io::AsRawFd;
@@ -58,13 +85,20 @@ pub(super) fn lock_data_dir(data_dir: &Path) -> Result<File, StoreError> {
         if rc != 0 {
             let source = std::io::Error::last_os_error();
             return Err(if source.kind() == std::io::ErrorKind::WouldBlock {
-                StoreError::Locked { path }
+                StoreError::Locked {
+                    path: path.to_path_buf(),
+                }
             } else {
-                StoreError::Io { path, source }
+                StoreError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
             });
         }
     }
-    Ok(file)
+    #[cfg(not(unix))]
+    let _ = (file, path);
+    Ok(())
 }
 
 /// Steps 1 and 2: refuses a file that is not an Offstage database of a

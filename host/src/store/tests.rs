@@ -102,16 +102,16 @@ fn settings_of_the_connection() {
     let fk: bool = conn
         .pragma_query_value(None, "foreign_keys", |r| r.get(0))
         .unwrap();
-    assert_eq!(sync, 2, "FULL");
+    assert_eq!(sync, 1, "NORMAL is the default");
     assert!(fk);
     drop(conn);
     drop(store);
-    let store = Store::open_with(dir.path(), Durability::Normal).unwrap();
+    let store = Store::open_with(dir.path(), Durability::Full).unwrap();
     let sync: i64 = store
         .conn()
         .pragma_query_value(None, "synchronous", |r| r.get(0))
         .unwrap();
-    assert_eq!(sync, 1, "NORMAL");
+    assert_eq!(sync, 2, "FULL");
 }
 
 #[test]
@@ -219,6 +219,17 @@ fn an_empty_file_becomes_a_store() {
     std::fs::write(dir.path().join(DB_FILE), b"").unwrap();
     let store = Store::open(dir.path()).unwrap();
     assert!(store.sessions().unwrap().is_empty());
+}
+
+#[test]
+fn deleting_the_lock_file_does_not_let_a_second_host_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    std::fs::remove_file(dir.path().join(LOCK_FILE)).unwrap();
+    let error = Store::open(dir.path()).unwrap_err();
+    assert!(matches!(error, StoreError::Locked { .. }), "{error:?}");
+    drop(store);
+    Store::open(dir.path()).unwrap();
 }
 
 #[test]

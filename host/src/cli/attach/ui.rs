@@ -50,7 +50,7 @@ impl Theme {
 }
 
 /// Draws the whole screen.
-pub(crate) fn draw(frame: &mut Frame, app: &mut App) {
+pub(crate) fn draw(frame: &mut Frame<'_>, app: &mut App) {
     let theme = Theme { color: app.color };
     let area = frame.area();
     let running: Vec<Job> = app.running().cloned().collect();
@@ -124,7 +124,7 @@ pub(crate) fn draw(frame: &mut Frame, app: &mut App) {
         Overlay::Sessions { list, selected } => {
             let popup = centered(area, 76, 14);
             frame.render_widget(Clear, popup);
-            let mut lines: Vec<Line> = list
+            let mut lines: Vec<Line<'_>> = list
                 .iter()
                 .enumerate()
                 .map(|(i, s)| {
@@ -163,7 +163,7 @@ fn visible_input(input: &str, width: usize) -> String {
     input.chars().skip(count.saturating_sub(width)).collect()
 }
 
-fn draw_header(frame: &mut Frame, app: &App, theme: &Theme, area: Rect) {
+fn draw_header(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
     let session = match (&app.session, &app.session_id) {
         (Some(s), _) => format!("{} {}", s.id, s.title),
         (None, Some(id)) => id.clone(),
@@ -200,7 +200,7 @@ fn draw_header(frame: &mut Frame, app: &App, theme: &Theme, area: Rect) {
     frame.render_widget(Paragraph::new(line), area);
 }
 
-fn draw_plugins(frame: &mut Frame, app: &App, theme: &Theme, area: Rect) {
+fn draw_plugins(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
     let mut spans = vec![Span::styled(" plugins: ", theme.dim())];
     if app.plugins.is_empty() {
         spans.push(Span::styled("none", theme.dim()));
@@ -314,14 +314,14 @@ fn transcript_lines<'a>(app: &App, theme: &Theme, width: usize) -> Vec<Line<'a>>
     lines
 }
 
-fn draw_transcript(frame: &mut Frame, app: &mut App, theme: &Theme, area: Rect) {
+fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, theme: &Theme, area: Rect) {
     let lines = transcript_lines(app, theme, area.width as usize);
     let height = area.height as usize;
     let max_scroll = lines.len().saturating_sub(height);
     app.scroll = app.scroll.min(max_scroll);
     let end = lines.len() - app.scroll;
     let start = end.saturating_sub(height);
-    let shown: Vec<Line> = lines[start..end].to_vec();
+    let shown: Vec<Line<'_>> = lines[start..end].to_vec();
     if shown.is_empty() {
         let hint = Line::styled(
             "Type a prompt (the `script` agent runs each line as a shell command), or !CMD.",
@@ -345,7 +345,7 @@ fn tail_lines(app: &App, job: &Job, n: usize) -> Vec<String> {
         .collect()
 }
 
-fn draw_running(frame: &mut Frame, app: &App, theme: &Theme, running: &[Job], area: Rect) {
+fn draw_running(frame: &mut Frame<'_>, app: &App, theme: &Theme, running: &[Job], area: Rect) {
     let block = Block::default()
         .borders(Borders::TOP)
         .border_style(theme.dim())
@@ -378,7 +378,7 @@ fn draw_running(frame: &mut Frame, app: &App, theme: &Theme, running: &[Job], ar
     );
 }
 
-fn draw_status(frame: &mut Frame, app: &App, theme: &Theme, area: Rect) {
+fn draw_status(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
     let line = if let Connection::Disconnected(reason) = &app.connection {
         Line::styled(format!(" disconnected: {reason}"), theme.fg(Color::Red))
     } else if let Some(status) = &app.status {
@@ -431,10 +431,10 @@ fn job_row(job: &Job) -> String {
     )
 }
 
-fn draw_jobs(frame: &mut Frame, app: &App, _theme: &Theme, selected: usize, area: Rect) {
+fn draw_jobs(frame: &mut Frame<'_>, app: &App, _theme: &Theme, selected: usize, area: Rect) {
     let popup = centered(area, area.width, area.height.saturating_sub(4).max(6));
     frame.render_widget(Clear, popup);
-    let mut lines: Vec<Line> = app
+    let mut lines: Vec<Line<'_>> = app
         .jobs
         .iter()
         .enumerate()
@@ -461,7 +461,7 @@ fn draw_jobs(frame: &mut Frame, app: &App, _theme: &Theme, selected: usize, area
     );
 }
 
-fn draw_pager(frame: &mut Frame, app: &mut App, theme: &Theme, area: Rect) {
+fn draw_pager(frame: &mut Frame<'_>, app: &mut App, theme: &Theme, area: Rect) {
     let page = area.height.saturating_sub(2) as usize;
     app.page = page;
     let Overlay::Output(pager) = &app.overlay else {
@@ -471,7 +471,7 @@ fn draw_pager(frame: &mut Frame, app: &mut App, theme: &Theme, area: Rect) {
     let lines: Vec<&str> = pager.text.lines().collect();
     let total = lines.len();
     let top = pager.top.min(total.saturating_sub(1));
-    let shown: Vec<Line> = lines
+    let shown: Vec<Line<'_>> = lines
         .iter()
         .skip(top)
         .take(page)

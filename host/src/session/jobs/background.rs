@@ -1,72 +1,145 @@
 //! Moving blocking jobs to the background: `background` asks for it; a
 //! caller that goes away and a foreground timeout with `on_timeout =
 //! background` get the same move (see `call.rs`).
+//!
+//! A move is one store write, whatever the number of jobs: every job's
+//! flag and the session's "moved" message commit together. The write
+//! itself decides which jobs move (a job whose end committed first is not
+//! moved), and the callers are released in its hook, after the commit: a
+//! caller never hears "backgrounded" for a move a crash could undo.
 
-use offstage_plugin_api::types::{BackgroundRequest, Job, JobStatus, Role};
+use std::collections::HashMap;
+
+use offstage_plugin_api::types::{BackgroundRequest, Job, JobStatus, Message, Role};
 use serde_json::json;
 
-use crate::{error::Result, session::SessionService};
+use crate::{
+    error::Result,
+    session::{new_message, SessionService},
+    store::{self, StoreError, Ticket},
+};
+
+/// Why jobs move, which decides the message the move adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MoveReason {
+    /// `background` was asked for.
+    Request,
+    /// The caller of the one job went away.
+    CallerGone,
+    /// A foreground timeout with `on_timeout = "background"`.
+    Timeout,
+}
 
 impl SessionService {
     /// Moves a session's blocking jobs — all, one type, or one job — to
-    /// the background, releasing their callers at once.
+    /// the background, releasing their callers once the move is
+    /// committed.
     pub async fn background(&self, request: BackgroundRequest) -> Result<Vec<Job>> {
         self.get(&request.session_id).await?;
-        let moved = self.move_jobs(|job| {
-            job.session_id == request.session_id
-                && request.kind.as_deref().is_none_or(|k| job.kind == k)
-                && request.job_id.as_deref().is_none_or(|id| job.id == id)
-        });
-        if !moved.is_empty() {
+        let moved = self
+            .move_jobs(MoveReason::Request, |job| {
+                job.session_id == request.session_id
+                    && request.kind.as_deref().is_none_or(|k| job.kind == k)
+                    && request.job_id.as_deref().is_none_or(|id| job.id == id)
+            })
+            .wait()
+            .await?
+            .0;
+        Ok(moved)
+    }
+
+    /// Submits the move of the matching running, foreground jobs that
+    /// nobody is ending; the ticket answers with the jobs moved, by id,
+    /// and the message the move added.
+    pub(super) fn move_jobs(
+        &self,
+        reason: MoveReason,
+        matches: impl Fn(&Job) -> bool,
+    ) -> Ticket<(Vec<Job>, Option<Message>)> {
+        let candidates: HashMap<String, Job> = {
+            let state = self.state();
+            state
+                .jobs
+                .values()
+                .filter(|e| {
+                    e.job.status == JobStatus::Running && !e.job.backgrounded && matches(&e.job)
+                })
+                .filter(|e| e.runtime.as_ref().is_some_and(|r| r.movable()))
+                .map(|e| (e.job.id.clone(), e.job.clone()))
+                .collect()
+        };
+        let mut ids: Vec<String> = candidates.keys().cloned().collect();
+        ids.sort();
+        self.submit(
+            move |conn| {
+                if ids.is_empty() {
+                    return Ok((Vec::new(), None));
+                }
+                let moved: Vec<Job> = store::move_jobs(conn, &ids)?
+                    .into_iter()
+                    .filter_map(|id| candidates.get(&id).cloned())
+                    .map(|mut job| {
+                        job.backgrounded = true;
+                        job
+                    })
+                    .collect();
+                let message = move_message(reason, &moved);
+                if let Some(message) = &message {
+                    store::insert_message(conn, message)?;
+                }
+                Ok::<_, StoreError>((moved, message))
+            },
+            |service, (moved, message)| {
+                let mut state = service.state();
+                for job in moved {
+                    if let Some(entry) = state.jobs.get_mut(&job.id) {
+                        entry.job.backgrounded = true;
+                        // Released in the hook that marks the job: a job
+                        // that ends right after must not find its caller
+                        // still waiting, or that caller would report the
+                        // end as well as the notice does.
+                        if let Some(runtime) = &entry.runtime {
+                            runtime.released.send_replace(true);
+                        }
+                    }
+                    service.inner.events.publish("job.backgrounded", json!(job));
+                }
+                if let Some(message) = message.clone() {
+                    if let Some(entry) = state.sessions.get_mut(&message.session_id) {
+                        service.push_message(entry, message);
+                    }
+                }
+            },
+        )
+    }
+}
+
+/// The tool message a move adds to its session (none when nothing moved).
+fn move_message(reason: MoveReason, moved: &[Job]) -> Option<Message> {
+    let first = moved.first()?;
+    if reason == MoveReason::Timeout {
+        // A timeout's move adds no message: its caller's result says it.
+        return None;
+    }
+    let ids: Vec<&str> = moved.iter().map(|j| j.id.as_str()).collect();
+    let (text, metadata) = match reason {
+        MoveReason::Request | MoveReason::Timeout => {
             let list: Vec<String> = moved
                 .iter()
                 .map(|j| format!("{} ({}: {})", j.id, j.kind, j.title))
                 .collect();
-            let text = format!("Moved to the background: {}", list.join(", "));
-            let ids: Vec<&str> = moved.iter().map(|j| j.id.as_str()).collect();
-            self.append(
-                &request.session_id,
-                Role::Tool,
-                &text,
+            (
+                format!("Moved to the background: {}", list.join(", ")),
                 json!({ "backgrounded": ids }),
-            )?;
+            )
         }
-        Ok(moved)
-    }
-
-    /// Marks matching running, foreground jobs backgrounded and releases
-    /// their callers.
-    pub(super) fn move_jobs(&self, matches: impl Fn(&Job) -> bool) -> Vec<Job> {
-        let mut jobs: Vec<Job> = {
-            let mut state = self.state();
-            state
-                .jobs
-                .values_mut()
-                .filter(|e| e.job.status == JobStatus::Running && !e.job.backgrounded && matches(&e.job))
-                .filter_map(|e| {
-                    let runtime = e.runtime.as_ref().filter(|r| r.movable())?;
-                    let mut job = e.job.clone();
-                    job.backgrounded = true;
-                    // Committed before the caller hears of it; a move that
-                    // cannot be recorded does not happen.
-                    if let Err(error) = self.inner.store.put_job(&job) {
-                        tracing::error!(job_id = %job.id, %error, "cannot record the move to the background");
-                        return None;
-                    }
-                    e.job.backgrounded = true;
-                    // Released under the lock that marks the job: a job that
-                    // ends right after must not find its caller still
-                    // waiting, or that caller would report the end as well
-                    // as the notice does.
-                    runtime.released.send_replace(true);
-                    Some(job)
-                })
-                .collect()
-        };
-        for job in &jobs {
-            self.inner.events.publish("job.backgrounded", json!(job));
-        }
-        jobs.sort_by(|a, b| a.id.cmp(&b.id));
-        jobs
-    }
+        MoveReason::CallerGone => (
+            format!(
+                "The caller of job {} went away; the job goes on in the background.",
+                first.id
+            ),
+            json!({ "backgrounded": ids, "reason": "caller_gone" }),
+        ),
+    };
+    Some(new_message(&first.session_id, Role::Tool, &text, metadata))
 }

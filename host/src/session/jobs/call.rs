@@ -16,11 +16,12 @@ use offstage_plugin_api::types::{
 };
 use serde_json::json;
 
-use super::{output::OutputSink, CancelReason, JobRuntime};
+use super::{background::MoveReason, output::OutputSink, CancelReason, JobRuntime};
 use crate::{
     error::Result,
     ids::{check_caller_id, new_id, now},
     session::{JobEntry, SessionService},
+    store::{self, StoreError},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
     ServiceError,
 };
@@ -96,21 +97,17 @@ impl Drop for CallerGuard<'_> {
         if !self.armed {
             return;
         }
-        let moved = self.service.move_jobs(|job| job.id == self.job_id);
-        if !moved.is_empty() {
-            tracing::info!(
-                job_id = self.job_id,
-                "the caller went away; the job goes on in the background"
-            );
-            let text = format!(
-                "The caller of job {} went away; the job goes on in the background.",
-                self.job_id
-            );
-            let metadata = json!({ "backgrounded": [self.job_id], "reason": "caller_gone" });
-            let _ = self
-                .service
-                .append(self.session_id, Role::Tool, &text, metadata);
-        }
+        tracing::info!(
+            job_id = self.job_id,
+            session_id = self.session_id,
+            "the caller went away; the job goes on in the background"
+        );
+        // Nobody is left to wait for it: the move and its message commit
+        // (and the job's end then adds its notice) on their own.
+        let job_id = self.job_id.to_string();
+        let _ = self
+            .service
+            .move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
     }
 }
 
@@ -119,12 +116,20 @@ impl SessionService {
     /// to the background, whichever comes first.
     pub async fn call_tool(&self, session_id: &str, request: ToolRequest) -> Result<ToolResult> {
         let checked = self.check_call(session_id, request).await?;
-        let started = self.start_job(checked)?;
+        let started = self.start_job(checked).await?;
         let result = self.await_caller(&started).await;
         // The caller is no longer blocked: the session may turn idle
         // before the result is recorded.
         drop(started.blocking);
-        self.record_result(&started.job, &result);
+        // A job that ended in the foreground recorded its result in the
+        // commit of its end; a released caller records what it got.
+        if !started
+            .runtime
+            .recorded
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.record_result(&started.job, &result).await;
+        }
         Ok(result)
     }
 
@@ -186,9 +191,12 @@ impl SessionService {
         })
     }
 
-    /// Step 2: creates the output file, records the job (in the store
-    /// first), publishes `job.started` and spawns the job's task.
-    fn start_job(&self, checked: CheckedCall) -> Result<StartedJob> {
+    /// Step 2: creates the output file, records the job, publishes
+    /// `job.started` (once the record is committed) and spawns the job's
+    /// task. The task waits for the record's commit before it runs the
+    /// tool, and the caller for the task's word that it did: a job never
+    /// runs without its record.
+    async fn start_job(&self, checked: CheckedCall) -> Result<StartedJob> {
         let CheckedCall {
             call,
             tool,
@@ -215,9 +223,19 @@ impl SessionService {
             child_session_id: None,
         };
         let runtime = Arc::new(JobRuntime::new(policy.background, output.clone()));
-        let blocking = self.register_job(&job, &runtime)?;
-        drop(reservation);
-        self.inner.events.publish("job.started", json!(job));
+        let record = job.clone();
+        let entry = JobEntry {
+            job: job.clone(),
+            runtime: Some(runtime.clone()),
+        };
+        let recorded = self.submit(
+            move |conn| store::insert_job(conn, &record),
+            move |service, ()| {
+                let job = entry.job.clone();
+                service.state().jobs.insert(job.id.clone(), entry);
+                service.inner.events.publish("job.started", json!(job));
+            },
+        );
 
         let ctx = JobContext {
             service: self.clone(),
@@ -225,44 +243,57 @@ impl SessionService {
             session_id: job.session_id.clone(),
             output,
         };
-        tokio::spawn(
-            self.clone()
-                .run_job(runtime.clone(), ctx, call, tool, wrappers),
-        );
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let service = self.clone();
+        let task_runtime = runtime.clone();
+        let background = policy.background;
+        tokio::spawn(async move {
+            let recorded = recorded.wait().await;
+            // The id stays reserved until the commit's hook has put the job
+            // in the table (or its record failed), so a duplicate call never
+            // slips in between.
+            drop(reservation);
+            if let Err(error) = recorded {
+                let _ = started_tx.send(Err(error));
+                return;
+            }
+            if started_tx.send(Ok(())).is_err() && !background {
+                // The caller went away before the job started: as if it
+                // had gone while waiting.
+                let job_id = call.job_id.clone();
+                let _ = service.move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
+            }
+            service
+                .run_job(task_runtime, ctx, call, tool, wrappers)
+                .await;
+        });
+        match started_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(StoreError::Duplicate { .. })) => return Err(job_exists(&job.id)),
+            Ok(Err(error)) => return Err(error.into()),
+            Err(_) => {
+                return Err(ServiceError::Internal(
+                    "the job's task ended before it started".into(),
+                ))
+            }
+        }
+        let blocking = (!job.backgrounded).then(|| {
+            let mut state = self.state();
+            if let Some(entry) = state.sessions.get_mut(&job.session_id) {
+                entry.blocking_calls += 1;
+            }
+            self.refresh_status(&mut state, &job.session_id);
+            BlockingCall {
+                service: self.clone(),
+                session_id: job.session_id.clone(),
+            }
+        });
         Ok(StartedJob {
             job,
             runtime,
             policy,
             blocking,
         })
-    }
-
-    /// Puts a new job in the store and the job table, under one lock; a
-    /// foreground job also makes its session busy, until the returned
-    /// [`BlockingCall`] is dropped.
-    fn register_job(&self, job: &Job, runtime: &Arc<JobRuntime>) -> Result<Option<BlockingCall>> {
-        let mut state = self.state();
-        if state.jobs.contains_key(&job.id) {
-            return Err(job_exists(&job.id));
-        }
-        let entry = state.session_mut(&job.session_id)?;
-        // Committed before the job exists anywhere else.
-        self.inner.store.put_job(job)?;
-        if !job.backgrounded {
-            entry.blocking_calls += 1;
-        }
-        state.jobs.insert(
-            job.id.clone(),
-            JobEntry {
-                job: job.clone(),
-                runtime: Some(runtime.clone()),
-            },
-        );
-        self.refresh_status(&mut state, &job.session_id);
-        Ok((!job.backgrounded).then(|| BlockingCall {
-            service: self.clone(),
-            session_id: job.session_id.clone(),
-        }))
     }
 
     /// Step 3: waits for the job's end, a background move or the
@@ -282,8 +313,9 @@ impl SessionService {
         result
     }
 
-    /// Step 4: the call's result as a tool message in its session.
-    fn record_result(&self, job: &Job, result: &ToolResult) {
+    /// Step 4: the call's result as a tool message in its session, for a
+    /// caller released before the end (the end records its own).
+    async fn record_result(&self, job: &Job, result: &ToolResult) {
         let metadata = json!({
             "job_id": result.job_id,
             "tool": job.kind,
@@ -291,7 +323,9 @@ impl SessionService {
             "exit_code": result.exit_code,
         });
         // The session may be gone by now (removed while the call ran).
-        let _ = self.append(&job.session_id, Role::Tool, &result.output, metadata);
+        let _ = self
+            .append(&job.session_id, Role::Tool, &result.output, metadata)
+            .await;
     }
 
     /// The caller's wait: returns when the job ends, is backgrounded, or
@@ -326,12 +360,15 @@ impl SessionService {
                 }
                 _ = sleep_or_forever(timeout) => {
                     timeout = None;
-                    match policy.on_timeout {
-                        OnTimeout::Kill => runtime.cancel(CancelReason::Timeout),
-                        OnTimeout::Background => {
-                            let _ = self.move_jobs(|job| job.id == job_id);
-                        }
-                    }
+                }
+            }
+            match policy.on_timeout {
+                OnTimeout::Kill => runtime.cancel(CancelReason::Timeout),
+                OnTimeout::Background => {
+                    let id = job_id.to_string();
+                    // Not waited for: the caller is released by the move's
+                    // commit (or by the end), like any other.
+                    let _ = self.move_jobs(MoveReason::Timeout, move |job| job.id == id);
                 }
             }
         }

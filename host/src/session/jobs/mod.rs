@@ -36,14 +36,15 @@
 //!
 //! A job's life is made of changes to the session service's state — the
 //! job table, the session's blocking calls and status, its messages and
-//! inbox — each committed to the store under the service's one lock. As a
+//! inbox — each submitted to the store's writer and applied after its
+//! commit (see `session/mod.rs`). As a
 //! child of `session`, this module reaches that state (`State`,
 //! `JobEntry`, `append`, `refresh_status`) without making any of it
 //! visible to the rest of the crate; a top-level `job/` would need all of
 //! it `pub(crate)`. `session/` itself keeps sessions, messages, turns and
 //! recovery.
 
-mod background;
+pub(super) mod background;
 mod call;
 mod cancel;
 pub(crate) mod output;
@@ -88,6 +89,9 @@ pub(crate) struct JobRuntime {
     /// this foreground job: its caller, the interrupted turn, is going away
     /// for that reason, and must not move the job to the background.
     interrupting: AtomicBool,
+    /// Set when the job's end committed its caller's tool message too (a
+    /// job that ended in the foreground): the caller records nothing.
+    recorded: AtomicBool,
 }
 
 impl JobRuntime {
@@ -100,6 +104,7 @@ impl JobRuntime {
             cancel: watch::channel(None).0,
             output,
             interrupting: AtomicBool::new(false),
+            recorded: AtomicBool::new(false),
         }
     }
 
@@ -178,16 +183,19 @@ impl SessionService {
         let Some(record) = process::capture(pid) else {
             return;
         };
-        // Under the state lock, like every other write of a job.
-        let state = self.state();
-        let running = state
+        let running = self
+            .state()
             .jobs
             .get(job_id)
             .is_some_and(|e| e.job.status == JobStatus::Running);
         if running {
-            if let Err(error) = self.inner.store.set_job_process(job_id, &record) {
-                tracing::warn!(job_id, %error, "cannot record the job's process group");
-            }
+            // Not waited for: it is queued before the job's end, so it
+            // commits with or before it (usually in the same group).
+            let id = job_id.to_string();
+            let _ = self.inner.store.submit(
+                move |conn| crate::store::set_job_process(conn, &id, &record),
+                |_| {},
+            );
         }
     }
 
@@ -218,14 +226,17 @@ impl SessionService {
 
     /// Records the child session a subagent job drives.
     pub(crate) fn set_child_session(&self, job_id: &str, child_id: &str) {
-        let mut state = self.state();
-        if let Some(entry) = state.jobs.get_mut(job_id) {
-            let mut job = entry.job.clone();
-            job.child_session_id = Some(child_id.to_string());
-            match self.inner.store.put_job(&job) {
-                Ok(()) => entry.job = job,
-                Err(error) => tracing::error!(job_id, %error, "cannot record the child session"),
-            }
+        if !self.state().jobs.contains_key(job_id) {
+            return;
         }
+        let (id, child) = (job_id.to_string(), child_id.to_string());
+        let _ = self.submit(
+            move |conn| crate::store::set_child_session(conn, &id, &child).map(|()| (id, child)),
+            |service, (id, child)| {
+                if let Some(entry) = service.state().jobs.get_mut(id) {
+                    entry.job.child_session_id = Some(child.clone());
+                }
+            },
+        );
     }
 }

@@ -2,18 +2,21 @@
 //! then records the end — the one place a job ends, and so the one place
 //! a backgrounded job's notice is added.
 
-use std::{panic::AssertUnwindSafe, sync::Arc};
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{atomic::Ordering, Arc},
+};
 
 use futures_util::FutureExt;
-use offstage_plugin_api::types::{Job, JobStatus, Message, Role, ToolCall, ToolResult};
+use offstage_plugin_api::types::{Job, JobStatus, Message, Role, ToolCall, ToolResult, ToolStatus};
 use serde_json::json;
 
 use super::{CancelReason, JobRuntime};
 use crate::{
     error::Result,
     ids::{new_id, now},
-    session::SessionService,
-    store::StoreError,
+    session::{new_message, SessionService},
+    store::{self, StoreError},
     tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
     util::{panic_message, BoxFuture},
 };
@@ -81,7 +84,7 @@ impl SessionService {
             }
         };
         output.finish();
-        self.finish_job(&job_id, &runtime, outcome);
+        self.finish_job(&job_id, &runtime, outcome).await;
     }
 
     /// Records a job's end, releases a waiting caller, and — for a job that
@@ -89,74 +92,171 @@ impl SessionService {
     /// someone's own decision ended the job: that notice waits quietly in
     /// the inbox for the next turn).
     ///
-    /// The end and the notice are one commit in the store, made before
-    /// either is in memory or told to anyone.
-    fn finish_job(&self, job_id: &str, runtime: &JobRuntime, outcome: ToolOutcome) {
+    /// One store write: the end, and either the notice (a job the store
+    /// has as moved) or its caller's tool message (a job still in the
+    /// foreground, whose caller is waiting). The store decides which, in
+    /// commit order, so a move that committed first always gets the
+    /// notice. Everything else — memory, `job.finished`, the wake, the
+    /// caller — follows in the write's hook, after the commit. A write
+    /// that fails (a full disk) is tried again until it commits: the end
+    /// is not told to anyone before.
+    async fn finish_job(&self, job_id: &str, runtime: &Arc<JobRuntime>, outcome: ToolOutcome) {
         let cancel_reason = *runtime.cancel.borrow();
         let tail = runtime.output.tail_text();
         let quiet = matches!(
             cancel_reason,
             Some(CancelReason::User | CancelReason::Interrupted | CancelReason::Shutdown)
         );
-        let (job, notified) = {
-            let mut state = self.state();
-            let Some(entry) = state.jobs.get_mut(job_id) else {
-                return;
-            };
-            entry.job.status = outcome.status;
-            entry.job.exit_code = outcome.exit_code;
-            entry.job.completed_at = Some(now());
-            let job = entry.job.clone();
-            let session_exists = state.sessions.contains_key(&job.session_id);
-            let notice = (job.backgrounded
-                && session_exists
-                && cancel_reason != Some(CancelReason::SessionRemoved))
-            .then(|| notice_message(&job, &tail, false));
-            let written = match self.inner.store.finish_job(&job, notice.as_ref()) {
-                Ok(written) => written,
-                // The session was removed (with its jobs) meanwhile.
-                Err(StoreError::NotFound { .. }) => false,
+        let Some(mut job) = self.state().jobs.get(job_id).map(|e| e.job.clone()) else {
+            return;
+        };
+        job.status = outcome.status;
+        job.exit_code = outcome.exit_code;
+        job.completed_at = Some(now());
+        let mut attempt = 0u32;
+        loop {
+            match self
+                .submit_end(&job, runtime, &tail, cancel_reason, quiet)
+                .wait()
+                .await
+            {
+                Ok(_) => return,
                 Err(error) => {
-                    // The end happened all the same; the session still hears
-                    // of it now. After a restart the job would come back as
-                    // cancelled by the restart, with that notice instead.
-                    tracing::error!(job_id, %error, "cannot record the job's end");
-                    notice.is_some()
-                }
-            };
-            // A removed session's jobs go with it once they have ended
-            // (`remove` drops the ended ones itself).
-            if !session_exists {
-                state.jobs.remove(job_id);
-            }
-            self.inner.events.publish("job.finished", json!(job));
-            let mut notified = false;
-            if let (true, Some(notice)) = (written, notice) {
-                if let Some(entry) = state.sessions.get_mut(&job.session_id) {
-                    // Already in the store: not `append`, which would write
-                    // it a second time.
-                    self.push_message(entry, notice);
-                    notified = true;
+                    attempt += 1;
+                    if attempt == 1 || attempt.is_multiple_of(60) {
+                        tracing::error!(
+                            job_id,
+                            %error,
+                            "cannot record the job's end; trying again every second"
+                        );
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }
             }
-            (job, notified)
-        };
-        if notified && !quiet {
-            self.wake(&job.session_id);
         }
-        let result = ToolResult {
-            call_id: job.id.clone(),
-            job_id: job.id.clone(),
-            status: job.status.into(),
-            output: tail,
-            exit_code: job.exit_code,
-            output_path: job.output_path.clone(),
-        };
-        // Waiters (a caller, `cancel_job`, `shutdown`) are released last, so
-        // that when they return the session's record — notice included — is
-        // complete.
-        runtime.finished.send_replace(Some(result));
     }
+
+    /// The write of [`finish_job`](Self::finish_job).
+    fn submit_end(
+        &self,
+        job: &Job,
+        runtime: &Arc<JobRuntime>,
+        tail: &str,
+        cancel_reason: Option<CancelReason>,
+        quiet: bool,
+    ) -> crate::store::Ticket<Ended> {
+        let notice = (cancel_reason != Some(CancelReason::SessionRemoved)).then(|| {
+            let mut moved = job.clone();
+            moved.backgrounded = true;
+            notice_message(&moved, tail, false)
+        });
+        // An interrupted or removed caller is gone for that reason and
+        // records nothing.
+        let reply = (!matches!(
+            cancel_reason,
+            Some(CancelReason::Interrupted | CancelReason::SessionRemoved)
+        ))
+        .then(|| {
+            let status: ToolStatus = job.status.into();
+            new_message(
+                &job.session_id,
+                Role::Tool,
+                tail,
+                json!({
+                    "job_id": job.id,
+                    "tool": job.kind,
+                    "status": status,
+                    "exit_code": job.exit_code,
+                }),
+            )
+        });
+        let record = job.clone();
+        let mut ended = job.clone();
+        let runtime = runtime.clone();
+        let tail = tail.to_string();
+        self.submit(
+            move |conn| {
+                let Some(backgrounded) = store::job_backgrounded(conn, &record.id)? else {
+                    // The session was removed (with its jobs) meanwhile.
+                    return Ok(Ended::default());
+                };
+                store::end_job(conn, &record)?;
+                let mut end = Ended {
+                    stored: true,
+                    backgrounded,
+                    ..Ended::default()
+                };
+                if backgrounded {
+                    if let Some(notice) = notice {
+                        if store::insert_notice(conn, &record.id, &notice)? {
+                            end.notice = Some(notice);
+                        }
+                    }
+                } else if let Some(reply) = reply {
+                    store::insert_message(conn, &reply)?;
+                    end.reply = Some(reply);
+                }
+                Ok::<_, StoreError>(end)
+            },
+            move |service, end| {
+                let notified = {
+                    let mut state = service.state();
+                    if let Some(entry) = state.jobs.get_mut(&ended.id) {
+                        entry.job.status = ended.status;
+                        entry.job.exit_code = ended.exit_code;
+                        entry.job.completed_at = ended.completed_at.clone();
+                        if end.stored {
+                            entry.job.backgrounded = end.backgrounded;
+                        }
+                        ended = entry.job.clone();
+                    }
+                    // A removed session's jobs go with it once they have
+                    // ended (`remove` drops the ended ones itself).
+                    if !end.stored || !state.sessions.contains_key(&ended.session_id) {
+                        state.jobs.remove(&ended.id);
+                    }
+                    service.inner.events.publish("job.finished", json!(ended));
+                    let mut notified = false;
+                    if let Some(entry) = state.sessions.get_mut(&ended.session_id) {
+                        if let Some(notice) = end.notice.clone() {
+                            service.push_message(entry, notice);
+                            notified = true;
+                        }
+                        if let Some(reply) = end.reply.clone() {
+                            service.push_message(entry, reply);
+                            runtime.recorded.store(true, Ordering::SeqCst);
+                        }
+                    }
+                    notified
+                };
+                if notified && !quiet {
+                    service.wake(&ended.session_id);
+                }
+                let result = ToolResult {
+                    call_id: ended.id.clone(),
+                    job_id: ended.id.clone(),
+                    status: ended.status.into(),
+                    output: tail,
+                    exit_code: ended.exit_code,
+                    output_path: ended.output_path.clone(),
+                };
+                // Waiters (a caller, `cancel_job`, `shutdown`) are released
+                // last, so that when they return the session's record —
+                // notice included — is complete.
+                runtime.finished.send_replace(Some(result));
+            },
+        )
+    }
+}
+
+/// What a job's end wrote.
+#[derive(Default)]
+pub(super) struct Ended {
+    /// The job was in the store (its session was not removed).
+    stored: bool,
+    backgrounded: bool,
+    notice: Option<Message>,
+    reply: Option<Message>,
 }
 
 /// The notice a job's session gets when the job ends in the background

@@ -1,0 +1,245 @@
+//! The store's one writer: a thread that owns every write and commits in
+//! groups.
+//!
+//! A write is submitted as a closure on the connection ([`Store::submit`])
+//! and queued. The writer takes the first queued write, then everything
+//! else that queued meanwhile (while the previous commit was syncing), and
+//! runs them in submission order in one transaction, each inside its own
+//! savepoint: a write that fails (a constraint, a missing row) is rolled
+//! back alone and fails alone; the others commit. One `COMMIT`, one sync,
+//! for the whole group.
+//!
+//! Only once the commit has returned does the writer, still in submission
+//! order and with the connection let go, run each write's *hook* and fill
+//! its [`Ticket`]. The session service makes its changes in memory and
+//! publishes its events in these hooks, so what anyone sees follows the
+//! store's order of commits, and nothing is seen that a crash could undo.
+//! If the commit fails (disk full, an I/O error), no hook runs and every
+//! ticket of the group gets the error.
+//!
+//! [`Store::submit`]: super::Store::submit
+
+use std::{
+    panic::AssertUnwindSafe,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc, Arc, Condvar, Mutex,
+    },
+    thread::JoinHandle,
+};
+
+use rusqlite::Connection;
+use tokio::sync::Notify;
+
+use super::StoreError;
+use crate::util::LockExt;
+
+/// What runs after the group's commit: `Ok` if it committed.
+pub(super) type Done = Box<dyn FnOnce(Result<(), &StoreError>) + Send>;
+/// A write's body, see [`Op`].
+pub(super) type Run = Box<dyn FnOnce(&Connection) -> Result<(), StoreError> + Send>;
+/// A queued write: `run` goes on the connection inside its savepoint and
+/// says whether it succeeded (else its savepoint is rolled back, and the
+/// error is given back as well as kept for its ticket); `done` runs after
+/// the group's commit, whether `run` ran or not.
+pub(super) struct Op {
+    pub(super) run: Run,
+    pub(super) done: Done,
+}
+
+/// Most writes in one group: bounds how long the first of them waits.
+const MAX_GROUP: usize = 4096;
+
+/// Counters, for benchmarks, tests and diagnostics.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    /// Group commits made (successful or not).
+    pub commits: AtomicU64,
+    /// Writes run.
+    pub writes: AtomicU64,
+}
+
+/// The answer to one submitted write, filled after its group's commit.
+pub struct Ticket<R> {
+    slot: Arc<Slot<R>>,
+}
+
+pub(super) struct Slot<R> {
+    value: Mutex<Option<Result<R, StoreError>>>,
+    filled: Condvar,
+    notify: Notify,
+}
+
+impl<R> Slot<R> {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Slot {
+            value: Mutex::new(None),
+            filled: Condvar::new(),
+            notify: Notify::new(),
+        })
+    }
+
+    pub(super) fn fill(&self, value: Result<R, StoreError>) {
+        *self.value.lock_unpoisoned() = Some(value);
+        self.filled.notify_all();
+        // Stores a permit if nobody waits yet: no wake-up is lost.
+        self.notify.notify_one();
+    }
+}
+
+impl<R> Ticket<R> {
+    pub(super) fn new(slot: Arc<Slot<R>>) -> Self {
+        Ticket { slot }
+    }
+
+    /// Waits for the commit of the group holding this write.
+    pub async fn wait(self) -> Result<R, StoreError> {
+        loop {
+            if let Some(value) = self.slot.value.lock_unpoisoned().take() {
+                return value;
+            }
+            self.slot.notify.notified().await;
+        }
+    }
+
+    /// [`wait`](Self::wait), blocking the thread. Never call it from a
+    /// write's hook (the writer's own thread) or while holding a lock a
+    /// hook takes.
+    pub fn wait_blocking(self) -> Result<R, StoreError> {
+        let mut value = self.slot.value.lock_unpoisoned();
+        loop {
+            if let Some(value) = value.take() {
+                return value;
+            }
+            value = self
+                .slot
+                .filled
+                .wait(value)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// The writer thread and the queue to it.
+pub(super) struct Writer {
+    queue: Option<mpsc::Sender<Op>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    pub(super) fn start(conn: Arc<Mutex<Connection>>, stats: Arc<WriterStats>) -> Self {
+        let (queue, ops) = mpsc::channel::<Op>();
+        let thread = std::thread::Builder::new()
+            .name("offstage-store".into())
+            .spawn(move || run(&conn, &ops, &stats))
+            .expect("the store writer thread starts");
+        Writer {
+            queue: Some(queue),
+            thread: Some(thread),
+        }
+    }
+
+    /// Queues `op`. Returns it back if the writer is gone.
+    pub(super) fn send(&self, op: Op) -> Result<(), Op> {
+        match &self.queue {
+            Some(queue) => queue.send(op).map_err(|e| e.0),
+            None => Err(op),
+        }
+    }
+}
+
+impl Drop for Writer {
+    /// Lets the writer commit what is queued, then waits for it: the
+    /// connection closes (and the data dir's lock goes) only after.
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            // The last owner may be a hook running on the writer itself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+fn run(conn: &Mutex<Connection>, ops: &mpsc::Receiver<Op>, stats: &WriterStats) {
+    while let Ok(first) = ops.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match ops.try_recv() {
+                Ok(op) => group.push(op),
+                Err(_) => break,
+            }
+        }
+        let mut dones = Vec::with_capacity(group.len());
+        let outcome = {
+            let conn = conn.lock_unpoisoned();
+            commit_group(&conn, group, &mut dones)
+        };
+        stats.commits.fetch_add(1, Ordering::Relaxed);
+        stats
+            .writes
+            .fetch_add(dones.len() as u64, Ordering::Relaxed);
+        // The connection is let go: a hook may read the store.
+        for done in dones {
+            let outcome = outcome.as_ref().map(|_| ());
+            if std::panic::catch_unwind(AssertUnwindSafe(|| done(outcome))).is_err() {
+                tracing::error!("a store write's hook panicked");
+            }
+        }
+    }
+}
+
+/// Runs `group` in one transaction; `dones` gets each write's continuation.
+fn commit_group(
+    conn: &Connection,
+    group: Vec<Op>,
+    dones: &mut Vec<Done>,
+) -> Result<(), StoreError> {
+    let begun = conn.execute_batch("BEGIN IMMEDIATE");
+    if let Err(error) = begun {
+        // Nothing ran: each write still owes its caller an answer.
+        dones.extend(group.into_iter().map(|op| op.done));
+        return Err(StoreError::from(error));
+    }
+    let mut group = group.into_iter();
+    while let Some(Op { run, done }) = group.next() {
+        if let Err(error) = conn.execute_batch("SAVEPOINT write") {
+            // Unrun: its ticket says so.
+            dones.push(done);
+            tracing::error!(%error, "cannot start a savepoint");
+            continue;
+        }
+        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
+            tracing::error!("a store write panicked");
+            Err(StoreError::Unsaved("the write panicked".into()))
+        });
+        dones.push(done);
+        if let Err(error) = &ran {
+            if conn.is_autocommit() {
+                // SQLite rolled the whole transaction back itself (it may
+                // on a full disk or an I/O error): every write of the
+                // group so far is lost with it. They all fail with this
+                // error, and so do the ones not run yet: nothing of the
+                // group is kept, nothing of it is shown.
+                dones.extend(group.map(|op| op.done));
+                return Err(error.again());
+            }
+        }
+        let end = if ran.is_ok() {
+            conn.execute_batch("RELEASE write")
+        } else {
+            conn.execute_batch("ROLLBACK TO write; RELEASE write")
+        };
+        if let Err(error) = end {
+            tracing::error!(%error, "cannot end a savepoint");
+        }
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => Ok(()),
+        Err(error) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(StoreError::from(error))
+        }
+    }
+}
