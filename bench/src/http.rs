@@ -19,17 +19,21 @@ pub struct Conn {
 /// An answer: status and body.
 #[derive(Debug, Clone)]
 pub struct Answer {
+    /// The status code.
     pub status: u16,
+    /// The body, as text.
     pub body: String,
 }
 
 impl Answer {
+    /// The body parsed as JSON; panics if it is not.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
     }
 }
 
 impl Conn {
+    /// Opens a keep-alive connection to `addr`.
     pub fn open(addr: SocketAddr) -> Conn {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_nodelay(true).unwrap();

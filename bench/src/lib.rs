@@ -8,9 +8,13 @@ use std::time::Duration;
 /// Summary of a set of samples.
 #[derive(Debug, Clone, Copy)]
 pub struct Summary {
+    /// How many samples.
     pub count: usize,
+    /// The median sample.
     pub median: Duration,
+    /// The 99th percentile.
     pub p99: Duration,
+    /// The fastest sample.
     pub min: Duration,
 }
 

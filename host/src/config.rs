@@ -65,16 +65,24 @@ pub enum ConfigError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    /// `addr`: the address to listen on.
     pub addr: Option<String>,
+    /// `token`: the bearer token every route but health needs.
     pub token: Option<String>,
+    /// `data_dir`: where the store, output and plugin copies live.
     pub data_dir: Option<PathBuf>,
+    /// `plugin_dirs`: directories whose plugin files load at start.
     pub plugin_dirs: Option<Vec<PathBuf>>,
+    /// `allow_insecure_plugins`: load plugin files others can write.
     pub allow_insecure_plugins: Option<bool>,
     #[serde(default)]
+    /// `[plugin.NAME]` tables: grants, `enabled` and the plugin's options.
     pub plugin: BTreeMap<String, PluginTable>,
     #[serde(default)]
+    /// `[[permission]]` rules, checked in order, last match wins.
     pub permission: Vec<Rule>,
     #[serde(default)]
+    /// `[store]`: durability.
     pub store: StoreTable,
 }
 

@@ -10,14 +10,19 @@ pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ServiceError {
     #[error("{0}")]
+    /// No such session, job, tool or plugin.
     NotFound(String),
     #[error("{0}")]
+    /// The caller's input is malformed.
     InvalidInput(String),
     #[error("{0}")]
+    /// The request clashes with the current state (e.g. a duplicate id).
     Conflict(String),
     #[error("{0}")]
+    /// A permission rule or a missing grant refused it.
     PermissionDenied(String),
     #[error("{0}")]
+    /// This host or this context cannot do it.
     Unsupported(String),
     /// A plugin failed: an error it returned, bad data.
     #[error("{0}")]
@@ -31,10 +36,13 @@ pub enum ServiceError {
         None => format!("plugin {message}"),
     })]
     PluginPanic {
+        /// The plugin that panicked, where known.
         plugin: Option<String>,
+        /// The panic message.
         message: String,
     },
     #[error("{0}")]
+    /// A fault of the host itself.
     Internal(String),
     /// The store's disk is full: the change was not saved. Writes fail
     /// with this until space returns; removing a session still works.

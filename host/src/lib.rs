@@ -44,6 +44,7 @@ pub use crate::{
 /// job's output. Not a stable API.
 #[doc(hidden)]
 pub mod testing {
+    pub use crate::http::error::status_of;
     pub use crate::session::jobs::output::TAIL_BYTES;
     pub use crate::store::{Durability, NoticeReason, Store, StoreError, DB_FILE, SCHEMA_VERSION};
 }

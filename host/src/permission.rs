@@ -28,8 +28,11 @@ use crate::{
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
+    /// Run without asking.
     Allow,
+    /// Ask over the API and wait for the reply.
     Ask,
+    /// Refuse.
     Deny,
 }
 
@@ -37,9 +40,12 @@ pub enum Action {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
+    /// The tool name, or a wildcard pattern of names.
     pub tool: String,
     #[serde(default = "any")]
+    /// The pattern the call is matched against (for `shell`, the command).
     pub pattern: String,
+    /// What a match does.
     pub action: Action,
 }
 
@@ -58,19 +64,24 @@ pub enum Reply {
     Once,
     /// Allow this call and every later one with the same tool and pattern.
     Always,
+    /// Refuse this call.
     Reject,
 }
 
 /// A question to the user, asked because a permission rule says `ask`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PermissionRequest {
+    /// The question's id (`per_…`).
     pub id: String,
+    /// The session whose call waits.
     pub session_id: String,
+    /// The tool name, or a wildcard pattern of names.
     pub tool: String,
     /// What the call would do: a command line, a subagent's name.
     pub pattern: String,
     /// `pending`, `allowed` or `rejected`.
     pub status: String,
+    /// When it was asked (RFC 3339).
     pub created_at: String,
 }
 

@@ -59,6 +59,7 @@ pub struct HostCtx(pub *const c_void);
 // SAFETY: the host guarantees the pointee is `Send + Sync` and lives as long
 // as the plugin generation that received it.
 unsafe impl Send for HostCtx {}
+// SAFETY: as for `Send` above.
 unsafe impl Sync for HostCtx {}
 
 /// Opaque pointer to state owned by whichever side created a callback.
@@ -68,6 +69,7 @@ pub struct CallbackState(pub *const c_void);
 
 // SAFETY: both sides only ever put `Send + Sync` data behind it.
 unsafe impl Send for CallbackState {}
+// SAFETY: as for `Send` above.
 unsafe impl Sync for CallbackState {}
 
 /// How the plugin was compiled to handle panics. A plugin compiled with
@@ -105,6 +107,7 @@ pub struct HostHandle {
 
 // SAFETY: both pointers are to `'static` immutable host data.
 unsafe impl Send for HostHandle {}
+// SAFETY: as for `Send` above.
 unsafe impl Sync for HostHandle {}
 
 /// The instance a plugin's `init` returns. Frozen.

@@ -36,8 +36,8 @@ extern "C" fn call_handler(state: CallbackState, input: RString) -> FfiFuture<Ab
 }
 
 extern "C" fn drop_handler(state: CallbackState) {
-    // SAFETY: see `call_handler`; the host calls this exactly once.
     let _ = guard("dropping a hook", || {
+        // SAFETY: see `call_handler`; the host calls this exactly once.
         drop(unsafe { Box::from_raw(state.0 as *mut JsonHandler) });
         Ok(())
     });

@@ -17,7 +17,9 @@ pub use crate::{
 /// A service with its data in a temporary directory that lives as long as
 /// the value.
 pub struct Engine {
+    /// The service under test.
     pub service: SessionService,
+    /// Its data dir, removed on drop.
     pub dir: tempfile::TempDir,
 }
 
@@ -28,10 +30,12 @@ impl Default for Engine {
 }
 
 impl Engine {
+    /// A service that allows every call.
     pub fn new() -> Self {
         Self::with_rules(Vec::new())
     }
 
+    /// A service with these permission rules.
     pub fn with_rules(permissions: Vec<Rule>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let service = crate::host::service(dir.path().join("data"), permissions);
@@ -64,6 +68,7 @@ impl Engine {
         self.spawn_call(session, request)
     }
 
+    /// Starts a tool call on its own task; the handle yields its result.
     pub fn spawn_call(
         &self,
         session: &str,

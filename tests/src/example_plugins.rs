@@ -15,8 +15,11 @@ pub use crate::wait::{poll, PATIENCE};
 
 /// A host with some example plugins loaded, in its own temp dir.
 pub struct Host {
+    /// The service the plugins call.
     pub service: SessionService,
+    /// The plugin host.
     pub plugins: PluginHost,
+    /// Data and plugin dirs, removed on drop.
     pub dir: tempfile::TempDir,
     /// Subscribed before any plugin loaded, so no event is missed.
     pub events: broadcast::Receiver<Event>,
@@ -24,8 +27,11 @@ pub struct Host {
 
 /// One plugin to load: cargo package, manifest name, options.
 pub struct Load<'a> {
+    /// The cargo package to build.
     pub package: &'a str,
+    /// The plugin's name (its config table).
     pub name: &'a str,
+    /// Its options, as JSON.
     pub options: Value,
 }
 

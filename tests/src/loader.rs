@@ -21,19 +21,27 @@ pub use crate::{
 
 /// A temp dir holding `plugins/` (the plugin dir) and `data/`.
 pub struct Fixture {
+    /// The temp dir holding both dirs below.
     pub dir: tempfile::TempDir,
+    /// Where plugin files are installed.
     pub plugin_dir: PathBuf,
+    /// The host's data dir.
     pub data_dir: PathBuf,
+    /// Per-plugin settings by name.
     pub settings: BTreeMap<String, PluginSettings>,
+    /// Load files others can write (tests copy into temp dirs).
     pub allow_insecure_permissions: bool,
 }
 
 /// A loaded host.
 pub struct Host {
+    /// The service the plugins call.
     pub service: SessionService,
+    /// The plugin host.
     pub plugins: PluginHost,
     /// What `load_all` returned.
     pub loaded: Vec<PluginInfo>,
+    /// The dirs it runs in.
     pub fixture: Fixture,
 }
 
@@ -44,6 +52,7 @@ impl Default for Fixture {
 }
 
 impl Fixture {
+    /// Empty plugin and data dirs in a new temp dir.
     pub fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let plugin_dir = dir.path().join("plugins");
@@ -96,6 +105,7 @@ impl Fixture {
         self
     }
 
+    /// Sets plugin `name`'s settings.
     pub fn settings(mut self, name: &str, settings: PluginSettings) -> Fixture {
         self.settings.insert(name.to_string(), settings);
         self
@@ -148,6 +158,7 @@ impl Host {
         assert_eq!(info.error, None);
     }
 
+    /// Creates a session and returns its id.
     pub async fn session(&self) -> String {
         self.service.create(NewSession::default()).await.unwrap().id
     }

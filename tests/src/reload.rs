@@ -13,12 +13,15 @@ use serde_json::{json, Value};
 
 use crate::loader::{lib_name, set_mode, Fixture, Host, PATIENCE};
 
+/// The reloadable test plugin's package.
 pub const PACKAGE: &str = "offstage-test-reloadable";
 
 /// The builds of the `reloadable` test plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Variant {
+    /// The first build.
     A,
+    /// The second build, with different answers.
     B,
     /// `init` registers everything, then fails.
     Broken,
@@ -46,6 +49,7 @@ impl Variant {
 
 /// A host with variant `first` of the plugin loaded, logging to `log`.
 pub struct ReloadHost {
+    /// The host running the plugin.
     pub host: Host,
     /// The plugin file in the plugin dir.
     pub path: PathBuf,
@@ -54,6 +58,7 @@ pub struct ReloadHost {
 }
 
 impl ReloadHost {
+    /// A host with build `first` loaded.
     pub fn start(first: Variant) -> ReloadHost {
         Self::start_with(first, json!({}))
     }
@@ -98,6 +103,7 @@ impl ReloadHost {
         self.reload().await
     }
 
+    /// Reloads the plugin from its installed file.
     pub async fn reload(
         &self,
     ) -> Result<offstage::plugin::PluginInfo, offstage::plugin::LoadError> {

@@ -26,8 +26,11 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// dir. Killed when dropped; [`Server::stop`] asks it to shut down.
 pub struct Server {
     child: Option<Child>,
+    /// The address it listens on.
     pub addr: SocketAddr,
+    /// `http://ADDR`.
     pub url: String,
+    /// The token it was started with.
     pub token: Option<String>,
     _data: tempfile::TempDir,
     stdout: Option<std::thread::JoinHandle<String>>,
@@ -208,8 +211,11 @@ impl Drop for Server {
 /// An HTTP answer.
 #[derive(Debug)]
 pub struct Response {
+    /// The status code.
     pub status: u16,
+    /// The headers, names in lower case.
     pub headers: Vec<(String, String)>,
+    /// The body, as text.
     pub body: String,
 }
 
@@ -348,6 +354,7 @@ fn read_chunk(reader: &mut impl BufRead) -> Option<Vec<u8>> {
 pub struct EventStream {
     reader: BufReader<TcpStream>,
     buffer: String,
+    /// The status code the stream was answered with.
     pub status: u16,
 }
 

@@ -81,7 +81,7 @@ impl ApiError {
 ///   server for what is a client's choice.
 /// - `Plugin` is 424 (Failed Dependency): a plugin the request went through
 ///   failed. It is not the host's fault, and the host keeps serving.
-pub(crate) fn status_of(error: &ServiceError) -> StatusCode {
+pub fn status_of(error: &ServiceError) -> StatusCode {
     match error {
         ServiceError::NotFound(_) => StatusCode::NOT_FOUND,
         ServiceError::InvalidInput(_) => StatusCode::BAD_REQUEST,

@@ -13,7 +13,12 @@ use std::path::PathBuf;
 pub enum LoadError {
     /// The file could not be read or copied.
     #[error("{}: cannot read plugin file: {message}", path.display())]
-    Io { path: PathBuf, message: String },
+    Io {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        message: String,
+    },
 
     /// The file or its directory may be changed by other users, who could
     /// then run code inside the host. Refused as ssh refuses such keys.
@@ -23,24 +28,41 @@ pub enum LoadError {
         path.display()
     )]
     InsecurePermissions {
+        /// The file or directory concerned.
         path: PathBuf,
         /// `the plugin file` or `its directory <dir>`.
         what: String,
+        /// Its permission bits.
         mode: u32,
     },
 
     /// Not an ELF / Mach-O / PE file at all.
     #[error("{}: not a shared library ({detail})", path.display())]
-    NotSharedLibrary { path: PathBuf, detail: String },
+    NotSharedLibrary {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What the system said.
+        detail: String,
+    },
 
     /// A shared library whose headers point past the end of the file.
     #[error("{}: truncated file ({detail})", path.display())]
-    Truncated { path: PathBuf, detail: String },
+    Truncated {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What the system said.
+        detail: String,
+    },
 
     /// The dynamic loader refused the file for another reason (a missing
     /// dependency, a library for another platform).
     #[error("{}: cannot open library: {detail}", path.display())]
-    Open { path: PathBuf, detail: String },
+    Open {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What the system said.
+        detail: String,
+    },
 
     /// A shared library, but not an Offstage plugin: it does not export
     /// abi_stable's root module symbol.
@@ -48,7 +70,12 @@ pub enum LoadError {
         "{}: no root module: symbol `{symbol}` not found (is it built with offstage_plugin_api::export_plugin!?)",
         path.display()
     )]
-    NoRootModule { path: PathBuf, symbol: String },
+    NoRootModule {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The symbol looked for.
+        symbol: String,
+    },
 
     /// Built with an abi_stable whose ABI differs from the host's.
     #[error(
@@ -56,8 +83,11 @@ pub enum LoadError {
         path.display()
     )]
     IncompatibleAbiStable {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// What the file has.
         found: String,
+        /// What this host expects.
         expected: String,
     },
 
@@ -68,19 +98,32 @@ pub enum LoadError {
         path.display()
     )]
     IncompatibleApiVersion {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// The plugin's side.
         plugin: String,
+        /// The host's side.
         host: String,
     },
 
     /// A type the plugin and host share has a different layout: the final
     /// `Error:`/`Expected:`/`Found:` lines of abi_stable's report.
     #[error("{}: layout mismatch: {summary}", path.display())]
-    LayoutMismatch { path: PathBuf, summary: String },
+    LayoutMismatch {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The first difference, in words.
+        summary: String,
+    },
 
     /// `manifest()` failed; nothing is known about the plugin.
     #[error("{}: manifest failed: {message}", path.display())]
-    Manifest { path: PathBuf, message: String },
+    Manifest {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        message: String,
+    },
 
     /// Built with `panic = "abort"`: a panic in it would kill the host.
     #[error(
@@ -88,7 +131,12 @@ pub enum LoadError {
          rebuild it with panic = \"unwind\"",
         path.display()
     )]
-    PanicAbort { path: PathBuf, name: String },
+    PanicAbort {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The plugin's name.
+        name: String,
+    },
 
     /// Another file already provides a plugin of that name.
     #[error(
@@ -97,8 +145,11 @@ pub enum LoadError {
         other.display()
     )]
     DuplicateName {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// The plugin's name.
         name: String,
+        /// The other file with that name.
         other: PathBuf,
     },
 
@@ -106,22 +157,33 @@ pub enum LoadError {
     /// `message` says where: `panicked in init: ...`.
     #[error("{}: plugin `{name}` {message}", path.display())]
     InitPanic {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// The plugin's name.
         name: String,
+        /// What went wrong, in words.
         message: String,
     },
 
     /// The plugin's `init` returned an error.
     #[error("{}: plugin `{name}` failed in init: {message}", path.display())]
     InitError {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// The plugin's name.
         name: String,
+        /// What went wrong, in words.
         message: String,
     },
 
     /// The host itself could not load the plugin (no tokio runtime, ...).
     #[error("{}: host error: {message}", path.display())]
-    Host { path: PathBuf, message: String },
+    Host {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// What went wrong, in words.
+        message: String,
+    },
 
     /// A reload found another plugin in the file the plugin came from.
     #[error(
@@ -129,14 +191,20 @@ pub enum LoadError {
         path.display()
     )]
     NameChanged {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// What this host expects.
         expected: String,
+        /// What the file has.
         found: String,
     },
 
     /// A reload named a plugin the host has never seen.
     #[error("no plugin named `{name}`")]
-    Unknown { name: String },
+    Unknown {
+        /// The plugin's name.
+        name: String,
+    },
 }
 
 impl LoadError {

@@ -30,17 +30,20 @@ pub struct PluginInfo {
     /// The manifest's name; for a file refused before its manifest was read,
     /// the file's stem.
     pub name: String,
+    /// The version its manifest gives.
     pub version: String,
     /// The plugin file as found in the plugin dir (not the private copy).
     #[schema(value_type = String)]
     pub path: PathBuf,
     /// 1 for the first `init` of a name, 0 when `init` was never reached.
     pub generation: u64,
+    /// Loaded, failed or unloaded.
     pub status: PluginStatus,
     /// Why it failed: the one-line [`LoadError`] or the panic message.
     pub error: Option<String>,
     /// Capabilities granted (requested ∩ config's grant list).
     pub capabilities: Vec<String>,
+    /// Its manifest's one-line description.
     pub description: String,
     /// The `offstage-plugin-api` version it was built against.
     pub api_version: String,

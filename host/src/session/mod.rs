@@ -122,7 +122,9 @@ struct JobEntry {
 
 /// Everything the service needs at construction.
 pub struct ServiceConfig {
+    /// Where the store, job output and plugin copies live.
     pub data_dir: PathBuf,
+    /// Permission rules, checked in order; the last match wins.
     pub permissions: Vec<crate::permission::Rule>,
 }
 

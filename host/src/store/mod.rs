@@ -67,7 +67,7 @@ pub use open::DB_FILE;
 use open::LOCK_FILE;
 pub use schema::SCHEMA_VERSION;
 use writer::{Op, Slot, Writer};
-pub use writer::{Ticket, WriterStats};
+pub(crate) use writer::{Ticket, WriterStats};
 
 use crate::{permission::Rule, ServiceError};
 
@@ -80,8 +80,11 @@ pub enum StoreError {
          supports; it was left untouched. Run a newer offstage, or pass another --data-dir"
     )]
     NewerVersion {
+        /// What the file has.
         found: i64,
+        /// The newest version this build reads.
         supported: i64,
+        /// The file or directory concerned.
         path: PathBuf,
     },
     /// The file is not a readable SQLite database; it is left as it is.
@@ -89,25 +92,44 @@ pub enum StoreError {
         "{path} is not a readable offstage database ({cause}); it was left untouched. \
          Move it aside to start with an empty store, or pass another --data-dir"
     )]
-    Corrupt { path: PathBuf, cause: String },
+    Corrupt {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// SQLite's error.
+        cause: String,
+    },
     /// The file is another program's SQLite database.
     #[error(
         "{path} is an SQLite database of another application (application_id {application_id:#010x}); \
          it was left untouched. Pass another --data-dir"
     )]
-    NotOffstage { path: PathBuf, application_id: i32 },
+    NotOffstage {
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The id the file carries.
+        application_id: i32,
+    },
     /// Another process has the data dir open.
     #[error("the data dir is in use by another offstage process (lock held on {path})")]
-    Locked { path: PathBuf },
+    Locked {
+        /// The locked data dir.
+        path: PathBuf,
+    },
+    /// A file or directory of the store could not be used.
     #[error("cannot use {path}: {source}")]
     Io {
+        /// The file or directory concerned.
         path: PathBuf,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// SQLite could not open the database.
     #[error("cannot open the database {path}: {source}")]
     Open {
+        /// The database file.
         path: PathBuf,
+        /// SQLite's error.
         #[source]
         source: rusqlite::Error,
     },
@@ -116,19 +138,39 @@ pub enum StoreError {
         "cannot put {path} in WAL journal mode (it stays in {mode:?} mode); \
          use a data dir on a local file system"
     )]
-    NoWal { path: PathBuf, mode: String },
+    NoWal {
+        /// The database file.
+        path: PathBuf,
+        /// The journal mode it stays in.
+        mode: String,
+    },
+    /// A schema migration failed; the file keeps its old version.
     #[error("cannot migrate {path} to schema version {version}: {source}; the file keeps its old version")]
     Migration {
+        /// The database file.
         path: PathBuf,
+        /// The version it was being migrated to.
         version: i64,
+        /// SQLite's error.
         #[source]
         source: rusqlite::Error,
     },
     /// A record refers to a session or job the store does not have.
     #[error("{what} {id} not found in the store")]
-    NotFound { what: &'static str, id: String },
+    NotFound {
+        /// What kind of record.
+        what: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// A record with that id exists already.
     #[error("{what} {id} is already in the store")]
-    Duplicate { what: &'static str, id: String },
+    Duplicate {
+        /// What kind of record.
+        what: &'static str,
+        /// Its id.
+        id: String,
+    },
     /// The disk (or the database's size limit) is full: nothing of the
     /// write was kept.
     #[error("the disk holding the store is full; the change was not saved ({0})")]
@@ -138,6 +180,7 @@ pub enum StoreError {
     #[error("the store could not save the change: {0}")]
     Unsaved(String),
     #[error("store error: {0}")]
+    /// Any other SQLite error.
     Sqlite(rusqlite::Error),
 }
 

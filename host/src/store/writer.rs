@@ -52,7 +52,7 @@ const MAX_GROUP: usize = 4096;
 
 /// Counters, for benchmarks, tests and diagnostics.
 #[derive(Debug, Default)]
-pub struct WriterStats {
+pub(crate) struct WriterStats {
     /// Group commits made (successful or not).
     pub commits: AtomicU64,
     /// Writes run.

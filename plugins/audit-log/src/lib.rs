@@ -39,15 +39,25 @@ pub struct Options {
 /// One line of the audit log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
+    /// The job's id.
     pub job_id: String,
+    /// Its session.
     pub session_id: String,
+    /// The tool it ran.
     pub tool: String,
+    /// Its title (for `shell`, the command).
     pub title: String,
+    /// How it ended.
     pub status: JobStatus,
+    /// Its exit code, where there is one.
     pub exit_code: Option<i32>,
+    /// Whether it was moved to the background.
     pub backgrounded: bool,
+    /// When it started (RFC 3339).
     pub started_at: String,
+    /// When it ended (RFC 3339).
     pub completed_at: Option<String>,
+    /// Where its whole output is.
     pub output_path: Option<String>,
 }
 

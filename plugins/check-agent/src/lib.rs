@@ -39,9 +39,13 @@ pub struct Options {
 /// How one check came out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
+    /// The command exited 0.
     Pass,
+    /// It failed; why.
     Fail(String),
+    /// It was moved to the background; its job id.
     Pending(String),
+    /// It did not run.
     Skipped,
 }
 

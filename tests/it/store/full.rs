@@ -12,7 +12,8 @@
 //! - everything resumes once there is room again.
 
 use offstage::{
-    http::error::status_of, store::StoreError, ServiceConfig, ServiceError, SessionService,
+    testing::{status_of, StoreError},
+    ServiceConfig, ServiceError, SessionService,
 };
 use offstage_plugin_api::types::{NewSession, Role};
 use serde_json::json;

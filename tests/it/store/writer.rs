@@ -26,7 +26,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use offstage::{store::Store, ServiceConfig, SessionService};
+use offstage::{testing::Store, ServiceConfig, SessionService};
 use offstage_plugin_api::types::{
     BackgroundRequest, JobStatus, Message, NewSession, Role, ToolRequest,
 };
