@@ -15,7 +15,7 @@
 //! 2. [`HostVtable`] and [`SessionDomainVtable`] are prefix types that grow by
 //!    appending fields only. Every field after the first is read through an
 //!    accessor returning `Option`, so a method an older host lacks is `None`
-//!    and surfaces as [`Error::Unsupported`](crate::Error::Unsupported).
+//!    and surfaces as [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
 //!
 //! Records (sessions, messages, jobs, ...) cross the boundary as JSON in an
 //! `RString`. That keeps every signature fixed while records gain fields,

@@ -33,7 +33,7 @@ impl Default for PluginSettings {
 /// Where plugins come from and how they are treated.
 #[derive(Debug, Clone, Default)]
 pub struct PluginHostConfig {
-    /// Directories searched by [`PluginHost::load_all`].
+    /// Directories searched by [`PluginHost::load_all`](super::PluginHost::load_all).
     pub dirs: Vec<PathBuf>,
     /// The host's data dir; private copies of loaded libraries go to
     /// `<data_dir>/plugins/`.

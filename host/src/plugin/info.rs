@@ -39,7 +39,7 @@ pub struct PluginInfo {
     pub generation: u64,
     /// Loaded, failed or unloaded.
     pub status: PluginStatus,
-    /// Why it failed: the one-line [`LoadError`] or the panic message.
+    /// Why it failed: the one-line [`LoadError`](super::LoadError) or the panic message.
     pub error: Option<String>,
     /// Capabilities granted (requested ∩ config's grant list).
     pub capabilities: Vec<String>,

@@ -91,7 +91,7 @@ pub fn append_record(path: &Path, record: &Record) -> Result<()> {
 }
 
 /// The plugin. The host delivers a subscription's events one at a time;
-/// [`WRITE_LOCK`] keeps lines whole even if that ever changes.
+/// `WRITE_LOCK` keeps lines whole even if that ever changes.
 pub struct AuditLog {
     options: Options,
 }

@@ -1,5 +1,5 @@
 //! One build, many plugins: the manifest name is read (volatile, so the
-//! compiler cannot fold it) from [`NAME`], a fixed-size placeholder the
+//! compiler cannot fold it) from `NAME`, a fixed-size placeholder the
 //! load benchmark overwrites in each copy of the file with a unique name of
 //! the same length (`many-0000000000000042`, padding trimmed). Nothing else
 //! in the file changes; ELF carries no checksum over `.rodata`.
