@@ -96,6 +96,25 @@ impl State {
             .get_mut(id)
             .ok_or_else(|| ServiceError::not_found("session", id))
     }
+
+    /// `id` and its descendants (children, grandchildren, … by
+    /// `parent_id`), breadth first, without recursion: a chain thousands
+    /// deep is as cheap as a wide one.
+    fn descendants(&self, id: &str) -> Vec<String> {
+        let mut all = vec![id.to_string()];
+        let mut index = 0;
+        while index < all.len() {
+            let parent = all[index].clone();
+            all.extend(
+                self.sessions
+                    .values()
+                    .filter(|e| e.session.parent_id.as_deref() == Some(parent.as_str()))
+                    .map(|e| e.session.id.clone()),
+            );
+            index += 1;
+        }
+        all
+    }
 }
 
 struct SessionEntry {
@@ -443,21 +462,7 @@ impl SessionService {
 
     /// `id` and its descendants, by `parent_id`, as in memory now.
     fn descendants(&self, id: &str) -> Vec<String> {
-        let state = self.state();
-        let mut all = vec![id.to_string()];
-        let mut index = 0;
-        while index < all.len() {
-            let parent = all[index].clone();
-            all.extend(
-                state
-                    .sessions
-                    .values()
-                    .filter(|e| e.session.parent_id.as_deref() == Some(parent.as_str()))
-                    .map(|e| e.session.id.clone()),
-            );
-            index += 1;
-        }
-        all
+        self.state().descendants(id)
     }
 
     /// The memory half of [`remove`](Self::remove), after the delete has
@@ -465,44 +470,28 @@ impl SessionService {
     /// running jobs are told to cancel. Returns the ids gone and their
     /// turns, to abort.
     fn forget_session(&self, id: &str) -> (Vec<String>, Vec<turn::TurnHandle>) {
-        let mut doomed = vec![id.to_string()];
-        let turns = {
-            let mut state = self.state();
-            // Children, grandchildren, ... by parent_id.
-            let mut index = 0;
-            while index < doomed.len() {
-                let parent = doomed[index].clone();
-                doomed.extend(
-                    state
-                        .sessions
-                        .values()
-                        .filter(|e| e.session.parent_id.as_deref() == Some(parent.as_str()))
-                        .map(|e| e.session.id.clone()),
-                );
-                index += 1;
-            }
-            // Every job is told under the lock, before any can record its
-            // end (that takes this lock): a subagent job must not see its
-            // child's cancelled call and end as an error before its own
-            // cancel arrives.
-            for entry in state.jobs.values() {
-                if doomed.contains(&entry.job.session_id) && !entry.job.status.is_final() {
-                    if let Some(runtime) = &entry.runtime {
-                        runtime.cancel(CancelReason::SessionRemoved);
-                    }
+        let mut state = self.state();
+        let doomed = state.descendants(id);
+        // Every job is told under the lock, before any can record its
+        // end (that takes this lock): a subagent job must not see its
+        // child's cancelled call and end as an error before its own
+        // cancel arrives.
+        for entry in state.jobs.values() {
+            if doomed.contains(&entry.job.session_id) && !entry.job.status.is_final() {
+                if let Some(runtime) = &entry.runtime {
+                    runtime.cancel(CancelReason::SessionRemoved);
                 }
             }
-            let mut turns = Vec::new();
-            for session_id in &doomed {
-                if let Some(mut entry) = state.sessions.remove(session_id) {
-                    turns.extend(entry.turn.take());
-                }
+        }
+        let mut turns = Vec::new();
+        for session_id in &doomed {
+            if let Some(mut entry) = state.sessions.remove(session_id) {
+                turns.extend(entry.turn.take());
             }
-            state
-                .jobs
-                .retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
-            turns
-        };
+        }
+        state
+            .jobs
+            .retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
         (doomed, turns)
     }
 
