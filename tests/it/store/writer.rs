@@ -155,7 +155,7 @@ fn kill_at(acks_before_kill: usize) {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "writer_child_host",
+            "store::writer::writer_child_host",
             "--exact",
             "--nocapture",
             "--test-threads=1",

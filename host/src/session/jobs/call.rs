@@ -232,7 +232,17 @@ impl SessionService {
             move |conn| store::insert_job(conn, &record),
             move |service, ()| {
                 let job = entry.job.clone();
-                service.state().jobs.insert(job.id.clone(), entry);
+                let mut state = service.state();
+                state.jobs.insert(job.id.clone(), entry);
+                // The session turns busy in the same step the job appears:
+                // nobody may see a running foreground job in an idle session.
+                if !job.backgrounded {
+                    if let Some(session) = state.sessions.get_mut(&job.session_id) {
+                        session.blocking_calls += 1;
+                    }
+                    service.refresh_status(&mut state, &job.session_id);
+                }
+                drop(state);
                 service.inner.events.publish("job.started", json!(job));
             },
         );
@@ -257,7 +267,14 @@ impl SessionService {
                 let _ = started_tx.send(Err(error));
                 return;
             }
-            if started_tx.send(Ok(())).is_err() && !background {
+            // The commit's hook counted the caller as blocking the session;
+            // this guard uncounts it when the caller is done — or at once,
+            // dropped with the unsent message, if the caller is gone.
+            let blocking = (!background).then(|| BlockingCall {
+                service: service.clone(),
+                session_id: call.session_id.clone(),
+            });
+            if started_tx.send(Ok(blocking)).is_err() && !background {
                 // The caller went away before the job started: as if it
                 // had gone while waiting.
                 let job_id = call.job_id.clone();
@@ -267,8 +284,8 @@ impl SessionService {
                 .run_job(task_runtime, ctx, call, tool, wrappers)
                 .await;
         });
-        match started_rx.await {
-            Ok(Ok(())) => {}
+        let blocking = match started_rx.await {
+            Ok(Ok(blocking)) => blocking,
             Ok(Err(StoreError::Duplicate { .. })) => return Err(job_exists(&job.id)),
             Ok(Err(error)) => return Err(error.into()),
             Err(_) => {
@@ -276,18 +293,7 @@ impl SessionService {
                     "the job's task ended before it started".into(),
                 ))
             }
-        }
-        let blocking = (!job.backgrounded).then(|| {
-            let mut state = self.state();
-            if let Some(entry) = state.sessions.get_mut(&job.session_id) {
-                entry.blocking_calls += 1;
-            }
-            self.refresh_status(&mut state, &job.session_id);
-            BlockingCall {
-                service: self.clone(),
-                session_id: job.session_id.clone(),
-            }
-        });
+        };
         Ok(StartedJob {
             job,
             runtime,
