@@ -27,7 +27,12 @@
 //!                 let (session, job) = (call.session_id.clone(), call.job_id.clone());
 //!                 let mut run = std::pin::pin!(next.run(call));
 //!                 if ctx.timeout(Duration::from_secs(2), run.as_mut()).await.is_err() {
-//!                     ctx.session().background(BackgroundRequest::job(session, job)).await?;
+//!                     // No `?`: failing the wrapper would kill the command.
+//!                     // If the move fails, the call stays in the foreground.
+//!                     let request = BackgroundRequest::job(session, job);
+//!                     if let Err(error) = ctx.session().background(request).await {
+//!                         tracing::warn!(%error, "could not move the call to the background");
+//!                     }
 //!                 }
 //!                 run.await
 //!             }
