@@ -129,8 +129,8 @@ pub mod capability {
 pub mod prelude {
     pub use crate::capability;
     pub use crate::types::{
-        AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, Role, Session,
-        SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
+        AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, OutputChunk,
+        Role, Session, SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
     };
     pub use crate::{export_plugin, Context, Error, ErrorKind, Manifest, Next, Plugin, Result};
     pub use serde_json::{json, Value};
