@@ -526,4 +526,15 @@ async fn state_handed_over_counts_every_event_around_a_slow_init() {
     // 3 before, 4 during the slow init, 2 after: each counted once.
     assert_eq!(wait_for_count(9).await, 9);
     assert_eq!(host.output("reloadable_finished", json!({})).await, "9");
+
+    // A reload that fails hands the paused queues back: generation 2
+    // goes on counting.
+    host.reload_to(Variant::Broken).await.unwrap_err();
+    for n in 0..2 {
+        assert_eq!(
+            host.echo(&format!("after-failure-{n}")).await,
+            wrapped(&format!("after-failure-{n}\n"), Variant::B, 2)
+        );
+    }
+    assert_eq!(wait_for_count(11).await, 11);
 }
