@@ -44,6 +44,31 @@ pub struct PluginHostConfig {
     pub settings: BTreeMap<String, PluginSettings>,
 }
 
+impl PluginHostConfig {
+    /// The data dir of plugin `name`: `<data_dir>/plugin-data/<name>`
+    /// (`Context::data_dir`). Plugin names are checked by the SDK's
+    /// manifest; a name that could leave the dir (`..`, a separator) is
+    /// encoded so that it cannot.
+    pub fn plugin_data_dir(&self, name: &str) -> PathBuf {
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let safe = if safe.is_empty() || safe != name && safe.chars().all(|c| c == '_') {
+            format!("plugin_{}", safe.len())
+        } else {
+            safe
+        };
+        self.data_dir.join("plugin-data").join(safe)
+    }
+}
+
 /// Requested ∩ granted; everything requested when the config lists nothing.
 pub(super) fn granted(requested: &[String], grant: Option<&[String]>) -> BTreeSet<String> {
     requested
