@@ -83,6 +83,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn plugin_data_dirs_stay_under_the_data_dir() {
+        let config = PluginHostConfig {
+            data_dir: PathBuf::from("/data"),
+            ..Default::default()
+        };
+        let root = PathBuf::from("/data/plugin-data");
+        assert_eq!(config.plugin_data_dir("audit-log"), root.join("audit-log"));
+        assert_eq!(config.plugin_data_dir("a/../b"), root.join("a____b"));
+        assert_eq!(config.plugin_data_dir(".."), root.join("plugin_2"));
+        assert_eq!(config.plugin_data_dir(""), root.join("plugin_0"));
+    }
+
+    #[test]
     fn grants_are_the_intersection() {
         let requested = vec!["a".to_string(), "b".to_string()];
         assert_eq!(

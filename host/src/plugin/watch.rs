@@ -559,6 +559,48 @@ mod tests {
     }
 
     #[test]
+    fn a_file_is_being_written_until_closed_or_renamed_into_place() {
+        use notify::event::{DataChange, RenameMode};
+
+        let mut state = WatchState::default();
+        let (path, library) = (Path::new("/p/libx.so"), Path::new("here/p/libx.so"));
+        track_writer(
+            &mut state,
+            &EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            path,
+            library,
+        );
+        assert!(state.writing.contains(library));
+        track_writer(
+            &mut state,
+            &EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            path,
+            library,
+        );
+        assert!(state.writing.is_empty());
+        track_writer(
+            &mut state,
+            &EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            path,
+            library,
+        );
+        track_writer(
+            &mut state,
+            &EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            path,
+            library,
+        );
+        assert!(state.writing.is_empty());
+    }
+
+    #[test]
+    fn the_first_error_of_a_build_is_its_summary() {
+        let output = "   Compiling x v0.1.0\nerror: expected item, found `this`\n --> src/lib.rs:1:1\nerror: could not compile `x`\n";
+        assert_eq!(first_error(output), "error: expected item, found `this`");
+        assert_eq!(first_error(""), "cargo build failed");
+    }
+
+    #[test]
     fn cdylibs_come_from_compiler_artifacts() {
         let lib = format!("/t/debug/libx{}", std::env::consts::DLL_SUFFIX);
         let line = serde_json::json!({
