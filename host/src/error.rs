@@ -83,7 +83,7 @@ impl From<PluginError> for ServiceError {
             ErrorKind::HostFailure => ServiceError::Internal(message),
             ErrorKind::PluginPanic => ServiceError::PluginPanic {
                 plugin: None,
-                message,
+                message: explain_panic(message),
             },
             _ => ServiceError::Plugin(message),
         }
@@ -112,6 +112,25 @@ impl From<ServiceError> for PluginError {
             ServiceError::Internal(_) | ServiceError::StorageFull(_) => ErrorKind::HostFailure,
         };
         PluginError::new(kind, error.to_string())
+    }
+}
+
+/// A plugin's panic message, with a hint where the cause is a known
+/// mistake: tokio used inside a plugin finds no runtime, since the plugin
+/// links its own tokio (ARCHITECTURE.md §ABI-8).
+pub(crate) fn explain_panic(message: String) -> String {
+    const TOKIO_SIGNS: [&str; 3] = [
+        "no reactor running",
+        "Tokio 1.x runtime",
+        "must be called from the context of a Tokio",
+    ];
+    const HINT: &str = "tokio::spawn or tokio::time used inside a plugin finds no runtime \
+                        (the plugin has its own copy of tokio): use ctx.spawn, ctx.sleep \
+                        and ctx.timeout instead";
+    if TOKIO_SIGNS.iter().any(|sign| message.contains(sign)) && !message.contains(HINT) {
+        format!("{message} ({HINT})")
+    } else {
+        message
     }
 }
 

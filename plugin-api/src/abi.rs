@@ -271,6 +271,11 @@ pub struct HostVtable {
     /// `(ctx, JSON list of event types, empty for all, handler)`.
     pub subscribe: extern "C" fn(HostCtx, RString, CallbackAbi) -> RResult<(), AbiError>,
     pub register_agent: extern "C" fn(HostCtx, RString, CallbackAbi) -> RResult<(), AbiError>,
+    /// The plugin's own data directory (`<host data dir>/plugin-data/<name>`),
+    /// created if missing, as a path. Added after 1.1.0; `None` in older
+    /// hosts.
+    #[cfg(not(offstage_api_variant = "older"))]
+    pub data_dir: extern "C" fn(HostCtx) -> RResult<RString, AbiError>,
 }
 
 /// The layout the plugin expects of [`HostVtableRef`]. The host puts its own

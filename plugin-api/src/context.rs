@@ -108,6 +108,32 @@ impl Context {
         }
     }
 
+    /// A directory of the plugin's own to keep files in, under the host's
+    /// data dir (`<data dir>/plugin-data/<name>`): created on first use,
+    /// kept across restarts and reloads, mode 0700. Hosts older than this
+    /// method (added after 1.1.0) answer [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
+    pub fn data_dir(&self) -> Result<std::path::PathBuf> {
+        #[cfg(not(offstage_api_variant = "older"))]
+        {
+            let (ctx, vtable) = self.host();
+            let data_dir = vtable.data_dir().ok_or_else(|| {
+                Error::unsupported("this host is too old to give plugins a data dir")
+            })?;
+            match data_dir(ctx) {
+                abi_stable::std_types::RResult::ROk(path) => {
+                    Ok(std::path::PathBuf::from(path.into_string()))
+                }
+                abi_stable::std_types::RResult::RErr(error) => Err(Error::from_abi(error)),
+            }
+        }
+        #[cfg(offstage_api_variant = "older")]
+        {
+            Err(Error::unsupported(
+                "this host is too old to give plugins a data dir",
+            ))
+        }
+    }
+
     /// A future that completes after `duration`, driven by the host's timer.
     pub fn sleep(&self, duration: Duration) -> impl Future<Output = ()> + Send + 'static {
         let (ctx, vtable) = self.host();

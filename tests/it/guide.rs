@@ -2,7 +2,9 @@
 //! runs the guide's commands, writes the files it shows, builds the crate
 //! with cargo, loads the library with the real plugin host using the
 //! guide's config, and checks that the guide's request gets the guide's
-//! answer. The same for the plugin template in `templates/plugin`.
+//! answer. The same for the plugin template in `templates/plugin`. And
+//! what the documentation may point at: comments cite only files in the
+//! repository, crate metadata has no placeholder URLs.
 //!
 //! The blocks are found by the HTML comments before them in the guide
 //! (`<!-- guide:run -->`, `<!-- guide:file PATH -->`, ...), so editing the
@@ -309,4 +311,96 @@ fn the_guide_wrapper_keeps_the_command_running_when_it_cannot_background() {
     assert_eq!(kept.status, ToolStatus::Completed, "{kept:?}");
     assert_eq!(kept.output.trim(), "done", "{kept:?}");
     assert_eq!(kept.exit_code, Some(0), "{kept:?}");
+/// The workspace's source files (`.rs`) and manifests (`Cargo.toml`),
+/// outside build output.
+fn workspace_files(extension: &str) -> Vec<std::path::PathBuf> {
+    let root = workspace_root();
+    let mut pending = vec![root.clone()];
+    let mut files = Vec::new();
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
+            if path.is_dir() {
+                pending.push(path);
+            } else if name.ends_with(extension) {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn comments_cite_only_files_in_the_repository() {
+    let root = workspace_root();
+    let mut missing = Vec::new();
+    for file in workspace_files(".rs") {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let crate_dir = file
+            .ancestors()
+            .find(|dir| dir.join("Cargo.toml").is_file())
+            .unwrap_or(&root)
+            .to_path_buf();
+        for (number, line) in text.lines().enumerate() {
+            if !line.trim_start().starts_with("//") {
+                continue;
+            }
+            let words = line.split(|c: char| {
+                !(c.is_ascii_alphanumeric() || matches!(c, '.' | '/' | '_' | '-'))
+            });
+            for word in words.filter(|w| w.ends_with(".md") && w.len() > 3) {
+                let cited = Path::new(word);
+                let found = [&root, &crate_dir, &file.parent().unwrap().to_path_buf()]
+                    .iter()
+                    .any(|base| base.join(cited).is_file());
+                if !found {
+                    missing.push(format!(
+                        "{}:{}: {word}",
+                        file.strip_prefix(&root).unwrap().display(),
+                        number + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "comments cite files that are not in the repository:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn crate_metadata_has_no_placeholder_urls() {
+    let mut found = Vec::new();
+    for manifest in workspace_files("Cargo.toml") {
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        // `key = "value"` lines are all this needs of TOML.
+        let pairs = text.lines().filter_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            Some((key.trim(), value.trim().trim_matches('"')))
+        });
+        for (key, value) in pairs {
+            let is_url_key = matches!(key, "repository" | "homepage" | "documentation");
+            let placeholder = [
+                "example.com",
+                "example.org",
+                "your-",
+                "todo",
+                "xxx",
+                "changeme",
+            ]
+            .iter()
+            .any(|p| value.to_ascii_lowercase().contains(p));
+            if is_url_key && (placeholder || !value.contains("://")) {
+                found.push(format!("{}: {key} = {value}", manifest.display()));
+            }
+        }
+    }
+    assert!(found.is_empty(), "placeholder URLs:\n{}", found.join("\n"));
 }

@@ -73,6 +73,7 @@ mod store {
 /// processes that try to outlive their job.
 mod hardening {
     mod ids;
+    mod plugin_files;
     mod procs;
 }
 

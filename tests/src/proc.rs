@@ -1,7 +1,7 @@
 //! Reading `/proc` (Linux): whether a process lives, resident memory, and
 //! the processes a test (or a benchmark) left behind.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, process::Command};
 
 /// Whether `pid` is a live process: present in `/proc` and not a zombie
 /// (an exited process nobody has reaped yet counts as gone).
@@ -88,4 +88,34 @@ pub fn processes_of(root: u32, marker: &str) -> Vec<(u32, String)> {
         .collect();
     found.sort();
     found
+}
+
+/// Runs `command` to its end and returns its exit code and its peak
+/// resident memory (`ru_maxrss` of wait4(2) for that one child, in bytes).
+/// Stdout and stderr are discarded.
+pub fn run_measured(command: &mut Command) -> (i32, u64) {
+    use std::process::Stdio;
+
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the measured command");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of the plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our unreaped child; both pointers are valid for the
+    // call. `child` is not waited on by std afterwards (it is forgotten).
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4: {}", std::io::Error::last_os_error());
+    std::mem::forget(child);
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -1
+    };
+    // Linux reports kilobytes.
+    (code, usage.ru_maxrss as u64 * 1024)
 }

@@ -300,41 +300,85 @@ pub(super) fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
     })
 }
 
-pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
-    // The answer is the one line below; the loader's own log of the same
+pub(super) fn plugin_check(
+    file: &Path,
+    config: Option<&Path>,
+    allow_insecure: bool,
+    json: bool,
+) -> ExitCode {
+    // The answer is the report below; the loader's own log of the same
     // failure would only repeat it.
     super::init_logging("error");
-    match crate::plugin::check_file_with(
-        file,
-        crate::plugin::CheckOptions {
-            allow_insecure_permissions: allow_insecure,
-        },
-    ) {
-        Ok(info) => {
-            if json {
-                print_json(&info);
-            } else {
-                println!("name:         {}", info.name);
-                println!("version:      {}", info.version);
-                println!("api version:  {}", info.api_version);
-                let capabilities = if info.capabilities.is_empty() {
-                    "(none)".to_string()
+    let mut options = crate::plugin::CheckOptions {
+        allow_insecure_permissions: allow_insecure,
+        settings: Default::default(),
+    };
+    if let Some(config) = config {
+        match crate::config::FileConfig::load(config) {
+            Ok(loaded) => {
+                options.allow_insecure_permissions |=
+                    loaded.allow_insecure_plugins.unwrap_or(false);
+                options.settings = super::serve::plugin_settings(&loaded.plugin);
+            }
+            Err(error) => {
+                if json {
+                    print_json(&json!({ "stage": "config", "error": error.to_string() }));
                 } else {
-                    info.capabilities.join(", ")
-                };
-                println!("capabilities: {capabilities}");
-                println!("description:  {}", info.description);
-                println!("file:         {}", file.display());
+                    eprintln!("{error}");
+                }
+                return ExitCode::FAILURE;
             }
-            ExitCode::SUCCESS
         }
-        Err(error) => {
-            if json {
-                print_json(&json!({ "error": error.to_string() }));
+    }
+    let report = crate::plugin::check_file_with(file, options);
+    let stage = match report.failed_stage() {
+        None => None,
+        Some(crate::plugin::LoadStage::File) => Some("file"),
+        Some(crate::plugin::LoadStage::Start) => Some("start"),
+    };
+    if json {
+        match (&report.error, &report.plugin) {
+            (None, Some(info)) => print_json(info),
+            (error, plugin) => print_json(&json!({
+                "stage": stage,
+                "error": error.as_ref().map(|e| e.to_string()),
+                "plugin": plugin,
+            })),
+        }
+    } else {
+        // The manifest when it was read: a start problem still names the
+        // plugin; a file problem shows only the error.
+        if let Some(info) = report.plugin.as_ref().filter(|_| stage != Some("file")) {
+            println!("name:         {}", info.name);
+            println!("version:      {}", info.version);
+            println!("api version:  {}", info.api_version);
+            let capabilities = if info.capabilities.is_empty() {
+                "(none)".to_string()
             } else {
-                eprintln!("{error}");
-            }
-            ExitCode::FAILURE
+                info.capabilities.join(", ")
+            };
+            println!("capabilities: {capabilities}");
+            println!("description:  {}", info.description);
+            println!("file:         {}", file.display());
+            println!("file and ABI: ok");
+            println!(
+                "start:        {}",
+                if stage.is_none() { "ok" } else { "failed" }
+            );
         }
+        match (&report.error, stage) {
+            (Some(error), Some("file")) => {
+                eprintln!("file or ABI problem (needs another build): {error}")
+            }
+            (Some(error), _) => {
+                eprintln!("start-up problem (config, options or init): {error}")
+            }
+            (None, _) => {}
+        }
+    }
+    if report.error.is_some() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }

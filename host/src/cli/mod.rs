@@ -118,9 +118,14 @@ pub(crate) struct ServeArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum PluginCommand {
     /// Load one plugin file in isolation and print its manifest, or why it
-    /// cannot be loaded (exit status 1).
+    /// cannot be loaded (exit status 1): a problem of the file (format,
+    /// ABI, manifest) or of its start (grants, options, `init`).
     Check {
         file: PathBuf,
+        /// Take the plugin's `[plugin.NAME]` table (grants, options) and
+        /// `allow_insecure_plugins` from this host config file.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// Accept a file that other users can write.
         #[arg(long)]
         allow_insecure: bool,
@@ -231,10 +236,11 @@ pub fn main() -> ExitCode {
             command:
                 PluginCommand::Check {
                     file,
+                    config,
                     allow_insecure,
                     json,
                 },
-        } => commands::plugin_check(&file, allow_insecure, json),
+        } => commands::plugin_check(&file, config.as_deref(), allow_insecure, json),
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),

@@ -21,7 +21,7 @@ use super::{init_logging, ServeArgs};
 use crate::{
     config::{Overrides, ServeConfig},
     http::{self, AppState},
-    plugin::{PluginHost, PluginHostConfig, PluginSettings},
+    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
     ServiceConfig, SessionService,
 };
 
@@ -101,18 +101,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // Before any job starts: orphans of jobs are re-parented to the host.
     // (After the store opened, so a refused start stays one line.)
     crate::session::jobs::tree::init();
-    let settings: BTreeMap<String, PluginSettings> = config
-        .plugins
-        .iter()
-        .map(|(name, table)| {
-            let settings = PluginSettings {
-                enabled: table.enabled,
-                grant: table.grant.clone(),
-                options: table.options.clone(),
-            };
-            (name.clone(), settings)
-        })
-        .collect();
+    let settings = plugin_settings(&config.plugins);
     let plugins = PluginHost::new(
         service.clone(),
         PluginHostConfig {
@@ -122,16 +111,10 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             settings,
         },
     );
-    // Loading is synchronous work (file checks, dlopen, `init`).
+    // Loading is synchronous work (file checks, dlopen, `init`). The
+    // loader logs each outcome once; here they are only counted.
     let loaded = tokio::task::block_in_place(|| plugins.load_all());
-    for info in &loaded {
-        match &info.error {
-            None => {
-                tracing::info!(plugin = %info.name, version = %info.version, status = ?info.status, "plugin")
-            }
-            Some(error) => tracing::warn!(plugin = %info.name, "plugin not loaded: {error}"),
-        }
-    }
+    let count = |status: PluginStatus| loaded.iter().filter(|i| i.status == status).count();
 
     // Sessions owed a turn (restart notices) are woken once the agents the
     // plugins register exist.
@@ -170,7 +153,9 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     tracing::info!(
         data_dir = %config.data_dir.display(),
         token = config.token.is_some(),
-        plugins = loaded.len(),
+        plugins_loaded = count(PluginStatus::Loaded),
+        plugins_failed = count(PluginStatus::Failed),
+        plugins_disabled = count(PluginStatus::Unloaded),
         "host ready"
     );
     {
@@ -251,4 +236,21 @@ impl Signals {
             "interrupt"
         }
     }
+}
+
+/// The plugin host's settings from a config's `[plugin.NAME]` tables.
+pub(super) fn plugin_settings(
+    tables: &BTreeMap<String, crate::config::PluginTable>,
+) -> BTreeMap<String, PluginSettings> {
+    tables
+        .iter()
+        .map(|(name, table)| {
+            let settings = PluginSettings {
+                enabled: table.enabled,
+                grant: table.grant.clone(),
+                options: table.options.clone(),
+            };
+            (name.clone(), settings)
+        })
+        .collect()
 }

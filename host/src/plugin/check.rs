@@ -1,21 +1,46 @@
-//! `offstage plugin check FILE`: one file loaded in isolation — the full
-//! load, `init` included — against a throwaway session service, then shut
-//! down. Why the full load: most plugin faults show in `init` (a grant it
-//! lacks, a name it cannot register, a panic), not in the file's headers.
+//! `offstage plugin check FILE [--config FILE]`: one file loaded in
+//! isolation — the full load, `init` included — against a throwaway
+//! session service, then shut down. Why the full load: most plugin faults
+//! show in `init` (a grant it lacks, a name it cannot register, a panic),
+//! not in the file's headers. The report tells the two kinds apart
+//! ([`LoadStage`]): a problem of the file (format, ABI, manifest) needs a
+//! new build; a problem of its start (options, grants, `init`) may need
+//! only another config.
 
 use std::{collections::BTreeMap, path::Path};
 
 use tokio::runtime::Handle;
 
-use super::{LoadError, PluginHost, PluginHostConfig, PluginInfo};
+use super::{LoadError, LoadStage, PluginHost, PluginHostConfig, PluginInfo, PluginSettings};
 use crate::session::SessionService;
 
 /// How [`check_file_with`] treats a file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CheckOptions {
     /// Load the file even if it (or its directory) is writable by other
     /// users. For development.
     pub allow_insecure_permissions: bool,
+    /// Per-plugin settings (grants, options) by plugin name, as a host
+    /// config's `[plugin.NAME]` tables give them; none by default.
+    pub settings: BTreeMap<String, PluginSettings>,
+}
+
+/// What [`check_file_with`] found.
+#[derive(Debug)]
+pub struct CheckReport {
+    /// The plugin as the throwaway host listed it (a failed load
+    /// included); `None` only if the host itself could not start.
+    pub plugin: Option<PluginInfo>,
+    /// Why it did not load, if it did not.
+    pub error: Option<LoadError>,
+}
+
+impl CheckReport {
+    /// Which part failed, if any: the file (format, ABI, manifest) or
+    /// its start (config, options, `init`).
+    pub fn failed_stage(&self) -> Option<LoadStage> {
+        self.error.as_ref().map(LoadError::stage)
+    }
 }
 
 /// Loads one plugin file in isolation, as `offstage plugin check FILE` does:
@@ -23,11 +48,30 @@ pub struct CheckOptions {
 /// temporary data dir, then shuts it down. Uses the current tokio runtime if
 /// there is one, else starts its own. Insecure permissions are refused.
 pub fn check_file(path: &Path) -> Result<PluginInfo, LoadError> {
-    check_file_with(path, CheckOptions::default())
+    let report = check_file_with(path, CheckOptions::default());
+    match (report.error, report.plugin) {
+        (Some(error), _) => Err(error),
+        (None, Some(info)) => Ok(info),
+        (None, None) => Err(LoadError::Host {
+            path: path.to_path_buf(),
+            message: "the check produced no result".into(),
+        }),
+    }
 }
 
-/// [`check_file`] with [`CheckOptions`].
-pub fn check_file_with(path: &Path, options: CheckOptions) -> Result<PluginInfo, LoadError> {
+/// [`check_file`] with [`CheckOptions`], reporting the plugin's info
+/// even when it failed.
+pub fn check_file_with(path: &Path, options: CheckOptions) -> CheckReport {
+    match check_inner(path, options) {
+        Ok(report) => report,
+        Err(error) => CheckReport {
+            plugin: None,
+            error: Some(error),
+        },
+    }
+}
+
+fn check_inner(path: &Path, options: CheckOptions) -> Result<CheckReport, LoadError> {
     let host_error = |message: String| LoadError::Host {
         path: path.to_path_buf(),
         message,
@@ -45,15 +89,18 @@ pub fn check_file_with(path: &Path, options: CheckOptions) -> Result<PluginInfo,
                 dirs: Vec::new(),
                 data_dir: temp.path().to_path_buf(),
                 allow_insecure_permissions: options.allow_insecure_permissions,
-                settings: BTreeMap::new(),
+                settings: options.settings.clone(),
             },
         );
-        let result = host.load_file(path);
+        let (plugin, error) = host.load_recorded(path);
         host.shutdown();
-        result
+        CheckReport {
+            plugin: Some(plugin),
+            error: error.err(),
+        }
     };
     if Handle::try_current().is_ok() {
-        return check();
+        return Ok(check());
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -65,5 +112,5 @@ pub fn check_file_with(path: &Path, options: CheckOptions) -> Result<PluginInfo,
         check()
     };
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    result
+    Ok(result)
 }

@@ -44,6 +44,31 @@ pub struct PluginHostConfig {
     pub settings: BTreeMap<String, PluginSettings>,
 }
 
+impl PluginHostConfig {
+    /// The data dir of plugin `name`: `<data_dir>/plugin-data/<name>`
+    /// (`Context::data_dir`). Plugin names are checked by the SDK's
+    /// manifest; a name that could leave the dir (`..`, a separator) is
+    /// encoded so that it cannot.
+    pub fn plugin_data_dir(&self, name: &str) -> PathBuf {
+        let safe: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let safe = if safe.is_empty() || safe != name && safe.chars().all(|c| c == '_') {
+            format!("plugin_{}", safe.len())
+        } else {
+            safe
+        };
+        self.data_dir.join("plugin-data").join(safe)
+    }
+}
+
 /// Requested ∩ granted; everything requested when the config lists nothing.
 pub(super) fn granted(requested: &[String], grant: Option<&[String]>) -> BTreeSet<String> {
     requested
@@ -56,6 +81,19 @@ pub(super) fn granted(requested: &[String], grant: Option<&[String]>) -> BTreeSe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plugin_data_dirs_stay_under_the_data_dir() {
+        let config = PluginHostConfig {
+            data_dir: PathBuf::from("/data"),
+            ..Default::default()
+        };
+        let root = PathBuf::from("/data/plugin-data");
+        assert_eq!(config.plugin_data_dir("audit-log"), root.join("audit-log"));
+        assert_eq!(config.plugin_data_dir("a/../b"), root.join("a____b"));
+        assert_eq!(config.plugin_data_dir(".."), root.join("plugin_2"));
+        assert_eq!(config.plugin_data_dir(""), root.join("plugin_0"));
+    }
 
     #[test]
     fn grants_are_the_intersection() {

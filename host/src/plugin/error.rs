@@ -24,7 +24,7 @@ pub enum LoadError {
     /// then run code inside the host. Refused as ssh refuses such keys.
     #[error(
         "{}: refused: {what} is writable by group or other users (mode {mode:03o}); \
-         run `chmod go-w` on it, or allow insecure permissions for development",
+         run `chmod go-w` on it or move the plugin, or allow insecure permissions for development",
         path.display()
     )]
     InsecurePermissions {
@@ -34,6 +34,53 @@ pub enum LoadError {
         what: String,
         /// Its permission bits.
         mode: u32,
+    },
+
+    /// The file, a directory above it, or the file a symlink leads to
+    /// belongs to another user (not root), who could change it.
+    #[error(
+        "{}: refused: {what} belongs to another user (uid {uid}); plugins must be owned \
+         by the host's user or root",
+        path.display()
+    )]
+    ForeignOwner {
+        /// The plugin file.
+        path: PathBuf,
+        /// What belongs to someone else: the file or a directory.
+        what: String,
+        /// Its owner.
+        uid: u32,
+    },
+
+    /// The manifest requests, or the host config grants, a capability
+    /// this host does not know: a typo would otherwise pass silently.
+    #[error(
+        "{}: plugin `{name}`: unknown capability {unknown:?} in {}; valid names are: {}",
+        path.display(),
+        if *in_config { format!("the host config ([plugin.{name}] grant)") } else { "its manifest".into() },
+        valid.join(", ")
+    )]
+    UnknownCapability {
+        /// The plugin file.
+        path: PathBuf,
+        /// The plugin's name.
+        name: String,
+        /// The names not known, as written.
+        unknown: Vec<String>,
+        /// Whether the host config (not the manifest) has the names.
+        in_config: bool,
+        /// Every capability this host knows.
+        valid: &'static [&'static str],
+    },
+
+    /// `offstage dev` could not build the plugin from its sources; the
+    /// generation loaded before (if any) keeps serving.
+    #[error("{}: build failed: {message}", path.display())]
+    Build {
+        /// The library the build would have installed.
+        path: PathBuf,
+        /// cargo's first error, in one line.
+        message: String,
     },
 
     /// Not an ELF / Mach-O / PE file at all.
@@ -207,12 +254,46 @@ pub enum LoadError {
     },
 }
 
+/// Which part of a plugin a [`LoadError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadStage {
+    /// The file itself: its permissions, format, ABI, manifest, or host
+    /// vtable layout. Needs another file or build.
+    File,
+    /// Its start: the config's grants and options, `init`, what `init`
+    /// registers. May need only another config.
+    Start,
+}
+
 impl LoadError {
+    /// Which part of the plugin the error is about (`offstage plugin
+    /// check` reports the two apart).
+    pub fn stage(&self) -> LoadStage {
+        match self {
+            LoadError::UnknownCapability { in_config, .. } => {
+                if *in_config {
+                    LoadStage::Start
+                } else {
+                    LoadStage::File
+                }
+            }
+            LoadError::InitPanic { .. }
+            | LoadError::InitError { .. }
+            | LoadError::Host { .. }
+            | LoadError::DuplicateName { .. }
+            | LoadError::Unknown { .. } => LoadStage::Start,
+            _ => LoadStage::File,
+        }
+    }
+
     /// The plugin file the error is about (empty for [`LoadError::Unknown`]).
     pub fn path(&self) -> &std::path::Path {
         match self {
             LoadError::Io { path, .. }
             | LoadError::InsecurePermissions { path, .. }
+            | LoadError::ForeignOwner { path, .. }
+            | LoadError::UnknownCapability { path, .. }
+            | LoadError::Build { path, .. }
             | LoadError::NotSharedLibrary { path, .. }
             | LoadError::Truncated { path, .. }
             | LoadError::Open { path, .. }
@@ -238,6 +319,7 @@ impl LoadError {
             | LoadError::DuplicateName { name, .. }
             | LoadError::InitPanic { name, .. }
             | LoadError::InitError { name, .. }
+            | LoadError::UnknownCapability { name, .. }
             | LoadError::Unknown { name } => Some(name),
             LoadError::NameChanged { expected, .. } => Some(expected),
             _ => None,

@@ -67,6 +67,8 @@ pub(crate) struct GenerationState {
     pub(super) grants: BTreeSet<String>,
     pub(super) options: String,
     pub(super) previous_state: Option<String>,
+    /// The plugin's own data dir (`Context::data_dir`), made on first use.
+    pub(super) data_dir: std::path::PathBuf,
     on_failure: Arc<dyn Fn(String) + Send + Sync>,
     failed: AtomicBool,
     subscriptions: Mutex<Vec<Subscription>>,
@@ -86,6 +88,10 @@ pub(crate) struct GenerationState {
     hooks: AtomicUsize,
     /// Woken when `hooks` drops to zero.
     drained: Notify,
+    /// Tasks the plugin spawned (`ctx.spawn`) during `init`, until
+    /// [`commit`]; aborted if `init` fails ([`abandon`](Self::abandon)).
+    /// After the commit, tasks are the plugin's to end in `shutdown`.
+    init_tasks: Mutex<Option<Vec<tokio::task::AbortHandle>>>,
 }
 
 /// An event queue, shared by a subscription and its successor in the next
@@ -110,16 +116,35 @@ pub(super) enum Staged {
     Subscription(Vec<String>, Callback, EventQueue),
 }
 
+/// What a generation is given at its start, besides its service and
+/// runtime.
+pub(super) struct Start {
+    pub(super) owner: Owner,
+    pub(super) grants: BTreeSet<String>,
+    /// Its options, a JSON object (or null).
+    pub(super) options: Value,
+    /// What the generation it replaces exported.
+    pub(super) previous_state: Option<String>,
+    /// Its data dir (`<host data dir>/plugin-data/<name>`).
+    pub(super) data_dir: std::path::PathBuf,
+    /// Called once if a hook or future of it panics.
+    pub(super) on_failure: Arc<dyn Fn(String) + Send + Sync>,
+}
+
 /// Creates the host state for one plugin generation.
 pub(super) fn new_state(
     service: SessionService,
     runtime: Handle,
-    owner: Owner,
-    grants: BTreeSet<String>,
-    options: Value,
-    previous_state: Option<String>,
-    on_failure: Arc<dyn Fn(String) + Send + Sync>,
+    start: Start,
 ) -> Arc<GenerationState> {
+    let Start {
+        owner,
+        grants,
+        options,
+        previous_state,
+        data_dir,
+        on_failure,
+    } = start;
     let name = match &owner {
         Owner::Plugin { name, .. } => name.clone(),
         Owner::Host => "host".to_string(),
@@ -136,6 +161,7 @@ pub(super) fn new_state(
         grants,
         options,
         previous_state,
+        data_dir,
         on_failure,
         failed: AtomicBool::new(false),
         subscriptions: Mutex::new(Vec::new()),
@@ -145,6 +171,7 @@ pub(super) fn new_state(
         pause: watch::Sender::new(false),
         hooks: AtomicUsize::new(0),
         drained: Notify::new(),
+        init_tasks: Mutex::new(Some(Vec::new())),
     })
 }
 
@@ -227,6 +254,7 @@ pub(super) fn commit(ctx: &GenerationState, previous: Option<&GenerationState>) 
         ctx.start_subscription(types, callback, events);
     }
     drop(staged);
+    ctx.init_tasks.lock_unpoisoned().take();
     // The previous generation's adapters are freed here, outside every
     // lock (the last one of a generation lets its drain finish).
     drop(replaced_tools);
@@ -285,7 +313,16 @@ impl GenerationState {
             return;
         }
         tracing::error!(plugin = %self.name, "{message}; plugin disabled");
+        let tools = self.service.tools().names_of(&self.owner);
         retire(self, Subscriptions::Abort);
+        self.service.tools().mark_unavailable(
+            &tools,
+            &format!(
+                "its plugin {} has failed: {}",
+                self.name,
+                one_line(&message)
+            ),
+        );
         (self.on_failure)(message);
     }
 
@@ -366,6 +403,40 @@ impl GenerationState {
             Owner::Plugin { generation, .. } => format!("generation {generation}"),
             Owner::Host => "host".into(),
         }
+    }
+
+    /// Keeps `task`, spawned by the plugin, to abort if its `init` fails.
+    pub(super) fn track_task(&self, task: tokio::task::AbortHandle) {
+        if let Some(tasks) = self.init_tasks.lock_unpoisoned().as_mut() {
+            tasks.retain(|t| !t.is_finished());
+            tasks.push(task);
+        }
+    }
+
+    /// A generation whose `init` failed: every call it makes from now on
+    /// (from a thread it started, say) is refused as from a failed plugin,
+    /// nothing it spawns runs, and the tasks it spawned during `init` are
+    /// aborted. Threads cannot be stopped from outside; they see the
+    /// refusals.
+    pub(super) fn abandon(&self) {
+        self.failed.store(true, Ordering::Release);
+        let tasks = self.init_tasks.lock_unpoisoned().take();
+        for task in tasks.into_iter().flatten() {
+            task.abort();
+        }
+    }
+
+    /// The names of the tools staged by `init` so far (before [`commit`]).
+    pub(super) fn staged_tool_names(&self) -> Vec<String> {
+        self.staged
+            .lock_unpoisoned()
+            .iter()
+            .flatten()
+            .filter_map(|item| match item {
+                Staged::Tool(name, _) => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A queue of the events published from now on.
@@ -529,6 +600,9 @@ pub(super) struct Generation {
     pub(super) instance: Instance,
     pub(super) owner: Owner,
     pub(super) ctx: Arc<GenerationState>,
+    /// The bytes it was loaded from (length and hash), to tell an
+    /// unchanged file from a new build.
+    pub(super) content: super::file::Content,
 }
 
 impl Generation {

@@ -23,8 +23,9 @@ use tokio::runtime::Handle;
 use super::{
     abi::{self, ManifestInfo},
     config::{granted, PluginSettings},
+    error::one_line,
     file,
-    generation::{commit, new_state, retire, Generation, GenerationState, Subscriptions},
+    generation::{commit, new_state, retire, Generation, GenerationState, Start, Subscriptions},
     info::{failed_info, info_from},
     LoadError, PluginHost, PluginInfo, PluginStatus,
 };
@@ -36,6 +37,8 @@ pub(super) struct CheckedLibrary {
     pub(super) module: PluginModuleRef,
     pub(super) manifest: ManifestInfo,
     pub(super) settings: PluginSettings,
+    /// Length and hash of the bytes loaded.
+    pub(super) content: file::Content,
 }
 
 /// Distinguishes private copies made by this process.
@@ -154,9 +157,41 @@ impl PluginHost {
             path: path.to_path_buf(),
             message: e.to_string(),
         };
-        let bytes = std::fs::read(path).map_err(io)?;
-        file::check_format(path, &bytes)?;
-        let copy = private_copy(&config.data_dir, path, &bytes).map_err(io)?;
+        // One open file for every step, so what is checked is what is
+        // copied even if the path is replaced meanwhile.
+        let mut file = std::fs::File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        file::check_format(path, &mut file, len)?;
+        let content = file::content_of(&mut file).map_err(io)?;
+        if let Some(other) = self.loaded_with_content(path, content) {
+            // The same bytes as a plugin loaded from another file: its
+            // name is known without mapping this copy, which would stay
+            // mapped for good (§ABI-11).
+            return Err(LoadFailure {
+                error: LoadError::DuplicateName {
+                    path: path.to_path_buf(),
+                    name: other.name.clone(),
+                    other: other.path.clone(),
+                },
+                manifest: Some(Box::new(ManifestInfo {
+                    name: other.name,
+                    version: other.version,
+                    api_version: other.api_version,
+                    description: other.description,
+                    capabilities: Vec::new(),
+                    panic_abort: false,
+                })),
+                generation: 0,
+            });
+        }
+        let (copy, copied) = private_copy(&config.data_dir, path, &mut file).map_err(io)?;
+        if copied != content {
+            return Err(LoadError::Io {
+                path: path.to_path_buf(),
+                message: "the file changed while it was being loaded; try again".into(),
+            }
+            .into());
+        }
         let opened = abi::open(path, &copy);
         // The mapping stays valid after the copy is gone; removing it keeps
         // the data dir from growing with every start. (Windows cannot remove
@@ -181,11 +216,13 @@ impl PluginHost {
             .get(&manifest.name)
             .cloned()
             .unwrap_or_default();
+        check_capabilities(path, &manifest, &settings)?;
         Ok(CheckedLibrary {
             runtime,
             module,
             manifest,
             settings,
+            content,
         })
     }
 
@@ -204,6 +241,7 @@ impl PluginHost {
             module,
             manifest,
             settings,
+            content,
         } = opened;
         let grants = granted(&manifest.capabilities, settings.grant.as_deref());
         let options = match settings.options {
@@ -228,11 +266,14 @@ impl PluginHost {
         let ctx = new_state(
             self.inner.service.clone(),
             runtime.clone(),
-            owner.clone(),
-            grants.clone(),
-            options,
-            previous_state,
-            self.failure_callback(&manifest.name, generation),
+            Start {
+                owner: owner.clone(),
+                grants: grants.clone(),
+                options,
+                previous_state,
+                data_dir: self.inner.config.plugin_data_dir(&manifest.name),
+                on_failure: self.failure_callback(&manifest.name, generation),
+            },
         );
         let handle = abi::host_handle(&ctx);
         let initialised = {
@@ -243,7 +284,21 @@ impl PluginHost {
             Ok(instance) => instance,
             Err(error) => {
                 // Whatever it staged is dropped; nothing was registered.
+                let tools = ctx.staged_tool_names();
                 retire(&ctx, Subscriptions::Abort);
+                ctx.abandon();
+                if previous.is_none() {
+                    // A first load: calls of its tools say why they fail.
+                    // (A failed reload leaves the old generation's tools.)
+                    self.inner.service.tools().mark_unavailable(
+                        &tools,
+                        &format!(
+                            "its plugin {} failed to start: {}",
+                            manifest.name,
+                            one_line(&error.to_string())
+                        ),
+                    );
+                }
                 return Err(failure(error));
             }
         };
@@ -251,6 +306,7 @@ impl PluginHost {
             instance,
             owner,
             ctx,
+            content,
         };
         if let Err(error) = commit(&live.ctx, previous.map(|p| &**p)) {
             live.finish(&manifest.name, Subscriptions::Abort);
@@ -314,14 +370,17 @@ pub(super) fn plugin_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Writes `bytes` to `<data_dir>/plugins/<stem>-<n>-<pid>.<ext>`, a path no
-/// earlier load in any process has used (`create_new` makes sure).
-fn private_copy(data_dir: &Path, source: &Path, bytes: &[u8]) -> std::io::Result<PathBuf> {
-    use std::io::Write;
-
+/// Streams `source` to `<data_dir>/plugins/<stem>-<n>-<pid>.<ext>`, a
+/// path no earlier load in any process has used (`create_new` makes
+/// sure), and returns the copy's path with what was copied.
+fn private_copy(
+    data_dir: &Path,
+    source_path: &Path,
+    source: &mut std::fs::File,
+) -> std::io::Result<(PathBuf, file::Content)> {
     let dir = data_dir.join("plugins");
     std::fs::create_dir_all(&dir)?;
-    let stem = file_stem(source);
+    let stem = file_stem(source_path);
     loop {
         let n = COPY_SEQUENCE.fetch_add(1, Ordering::Relaxed) + 1;
         let copy = dir.join(format!(
@@ -338,13 +397,52 @@ fn private_copy(data_dir: &Path, source: &Path, bytes: &[u8]) -> std::io::Result
                 // No fsync: the copy is scratch, opened at once through the
                 // page cache and remade on every load, so a crash loses
                 // nothing it holds. Syncing cost a third of load time.
-                file.write_all(bytes)?;
-                return Ok(copy);
+                let copied = file::copy_streaming(source, &mut file).inspect_err(|_| {
+                    let _ = std::fs::remove_file(&copy);
+                })?;
+                return Ok((copy, copied));
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Refuses capability names this host does not know, in the manifest's
+/// request or the config's grant list, naming the valid ones.
+fn check_capabilities(
+    path: &Path,
+    manifest: &ManifestInfo,
+    settings: &PluginSettings,
+) -> Result<(), LoadFailure> {
+    let known = offstage_plugin_api::capability::ALL;
+    let unknown = |names: &[String]| -> Vec<String> {
+        names
+            .iter()
+            .filter(|name| !known.contains(&name.as_str()))
+            .cloned()
+            .collect()
+    };
+    let places = [
+        (unknown(&manifest.capabilities), false),
+        (unknown(settings.grant.as_deref().unwrap_or_default()), true),
+    ];
+    for (unknown, in_config) in places {
+        if !unknown.is_empty() {
+            return Err(LoadFailure {
+                error: LoadError::UnknownCapability {
+                    path: path.to_path_buf(),
+                    name: manifest.name.clone(),
+                    unknown,
+                    in_config,
+                    valid: known,
+                },
+                manifest: Some(Box::new(manifest.clone())),
+                generation: 0,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `libfoo_bar.so` → `foo_bar`.
@@ -369,6 +467,50 @@ pub(super) fn file_stem(path: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn manifest(capabilities: &[&str]) -> ManifestInfo {
+        ManifestInfo {
+            name: "typo".into(),
+            version: "0.1.0".into(),
+            api_version: "1.1.0".into(),
+            description: String::new(),
+            capabilities: capabilities.iter().map(|c| c.to_string()).collect(),
+            panic_abort: false,
+        }
+    }
+
+    #[test]
+    fn unknown_capabilities_are_refused_in_the_manifest_and_the_config() {
+        let path = Path::new("libtypo.so");
+        let fine = PluginSettings::default();
+        assert!(check_capabilities(path, &manifest(&["session.read", "events"]), &fine).is_ok());
+
+        let Err(failure) = check_capabilities(path, &manifest(&["session.read", "evnets"]), &fine)
+        else {
+            panic!("a typo in the manifest passed");
+        };
+        let message = failure.error.to_string();
+        assert!(
+            message.contains("unknown capability [\"evnets\"] in its manifest"),
+            "{message}"
+        );
+        assert!(message.contains("valid names are: session.read, session.write"));
+        assert_eq!(failure.error.stage(), super::super::LoadStage::File);
+
+        let typo = PluginSettings {
+            grant: Some(vec!["sesion.read".into()]),
+            ..PluginSettings::default()
+        };
+        let Err(failure) = check_capabilities(path, &manifest(&["session.read"]), &typo) else {
+            panic!("a typo in the grant passed");
+        };
+        let message = failure.error.to_string();
+        assert!(
+            message.contains("in the host config ([plugin.typo] grant)"),
+            "{message}"
+        );
+        assert_eq!(failure.error.stage(), super::super::LoadStage::Start);
+    }
 
     #[test]
     fn stems_drop_prefix_and_suffix() {

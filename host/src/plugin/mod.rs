@@ -5,21 +5,29 @@
 //! configured plugin directory ([`PluginHost::load_all`]). Loading one file
 //! (`load.rs`; `abi/library.rs` does the abi_stable part) goes:
 //!
-//! 1. **Permissions.** The file and its directory must not be writable by
-//!    group or other users: a plugin runs with the host's privileges, so such
-//!    a file lets other users run code as us. Refused like ssh refuses keys,
+//! 1. **Permissions.** The file a path resolves to (symlinks followed),
+//!    every directory above it and above the link must belong to us or
+//!    root and not be writable by group or other users (sticky dirs
+//!    excepted): a plugin runs with the host's privileges, so such a file
+//!    lets other users run code as us. Refused like ssh refuses keys,
 //!    unless [`PluginHostConfig::allow_insecure_permissions`] is set.
-//! 2. **Format.** The bytes must be a complete shared library (`file.rs`):
-//!    clear causes for text files and truncated builds, and no `SIGBUS` from
-//!    mapping a segment past the end of a file.
-//! 3. **Private copy.** The bytes are written to a unique path under
-//!    `<data_dir>/plugins/` and that copy is opened: abi_stable never unloads
-//!    a library and reopening a path can return the image already mapped,
-//!    so every load needs a path of its own (hot reload relies on it).
+//! 2. **Format.** The headers must describe a complete shared library
+//!    (`file.rs`, which reads only the headers): clear causes for text
+//!    files and truncated builds, and no `SIGBUS` from mapping a segment
+//!    past the end of a file.
+//! 3. **Private copy.** The file is streamed (never held in memory) to a
+//!    unique path under `<data_dir>/plugins/` and that copy is opened:
+//!    abi_stable never unloads a library and reopening a path can return
+//!    the image already mapped, so every load needs a path of its own (hot
+//!    reload relies on it). A file with the same bytes as a plugin loaded
+//!    from another file is refused as a duplicate here, before it is
+//!    mapped for good.
 //! 4. **Root module and manifest**, checked by abi_stable: its ABI header,
 //!    the API's major version, the frozen root module's layout.
 //! 5. **Refusals by policy**: `panic = "abort"` builds (their panics cannot be
-//!    contained), disabled plugins (listed as `unloaded`), duplicate names.
+//!    contained), capability names the host does not know (in the manifest
+//!    or the config's `grant`), disabled plugins (listed as `unloaded`),
+//!    duplicate names.
 //! 6. **`init`** with a host handle for the new generation (from
 //!    `abi/`), its granted capabilities and its options. The plugin
 //!    checks the host vtable's layout itself; a mismatch comes back as a
@@ -27,10 +35,11 @@
 //!
 //! 7. **Commit.** What `init` registered was staged in the generation's
 //!    context; only now does it reach the tool and agent registries and
-//!    start its subscriptions, so a failed `init` leaves nothing behind.
+//!    start its subscriptions, so a failed `init` leaves nothing behind:
+//!    tasks it spawned are aborted and calls it makes later refused.
 //!
 //! Every failure is one [`LoadError`] — one line naming the file and the
-//! cause — logged at `warn`, published as a `plugin.failed` event and kept
+//! cause — logged once at `warn`, published as a `plugin.failed` event and kept
 //! in [`PluginHost::list`] with status `failed`. One plugin's failure never
 //! stops the others, and a plugin that panics later (in a hook or a future)
 //! is marked failed by the adapter's failure callback while the host goes on.
@@ -89,9 +98,9 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-pub use check::{check_file, check_file_with, CheckOptions};
+pub use check::{check_file, check_file_with, CheckOptions, CheckReport};
 pub use config::{PluginHostConfig, PluginSettings};
-pub use error::LoadError;
+pub use error::{LoadError, LoadStage};
 pub use info::{PluginInfo, PluginStatus};
 
 use crate::{session::SessionService, util::LockExt};

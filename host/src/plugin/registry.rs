@@ -6,11 +6,11 @@
 //! loaded generation and failed attempts at other files at once, and
 //! `list` shows them all in load order.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, path::Path};
 
 use serde_json::json;
 
-use super::{error, generation::Generation, PluginHost, PluginInfo, PluginStatus};
+use super::{error, file, generation::Generation, PluginHost, PluginInfo, PluginStatus};
 use crate::util::LockExt;
 
 #[derive(Default)]
@@ -63,6 +63,37 @@ impl PluginHost {
             .map(|e| e.info.clone())
     }
 
+    /// The loaded plugin whose file had exactly `content`, if it came from
+    /// another file than `path`.
+    pub(super) fn loaded_with_content(
+        &self,
+        path: &Path,
+        content: file::Content,
+    ) -> Option<PluginInfo> {
+        self.inner
+            .state
+            .lock_unpoisoned()
+            .entries
+            .iter()
+            .find(|e| {
+                e.info.path != path && e.live.as_ref().is_some_and(|live| live.content == content)
+            })
+            .map(|e| e.info.clone())
+    }
+
+    /// Clears the error shown for the loaded generation of `name` (a failed
+    /// build or reload that a later success superseded) and returns its
+    /// info; `None` if `name` has no loaded generation.
+    pub(super) fn clear_error(&self, name: &str) -> Option<PluginInfo> {
+        let mut state = self.inner.state.lock_unpoisoned();
+        let entry = state
+            .entries
+            .iter_mut()
+            .find(|e| e.info.name == name && e.live.is_some())?;
+        entry.info.error = None;
+        Some(entry.info.clone())
+    }
+
     /// Adds an entry, replacing an earlier failed or unloaded attempt at the
     /// same file so that repeated loads do not pile up.
     pub(super) fn record(&self, info: PluginInfo, live: Option<Generation>) {
@@ -90,7 +121,7 @@ impl PluginHost {
             entry.info.error = Some(error::one_line(message));
             entry.info.clone()
         };
-        tracing::warn!(plugin = %name, generation, "plugin failed: {}", error::one_line(message));
+        // Logged once, where it was detected (`GenerationState::fail`).
         self.inner
             .service
             .events()

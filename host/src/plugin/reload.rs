@@ -25,7 +25,7 @@ use serde_json::json;
 
 use super::{
     abi::{Exporter, InstanceError},
-    error,
+    error, file,
     generation::{retire, Generation, GenerationState, Subscriptions},
     load::{loader_panicked, LoadFailure},
     registry::PluginEntry,
@@ -259,26 +259,92 @@ impl PluginHost {
         }
     }
 
+    /// A build of the plugin that would be installed at `path` failed
+    /// (`offstage dev --watch-src`): shown like a failed reload. A
+    /// generation loaded from `path` keeps serving and shows the error
+    /// until a build loads; with none, `path` is listed as failed. Either
+    /// way `plugin.failed` is published. `message` is cargo's first error.
+    pub fn record_build_failure(&self, path: &Path, message: &str) {
+        let error = LoadError::Build {
+            path: path.to_path_buf(),
+            message: error::one_line(message),
+        };
+        // Logged by the watcher (cargo's output and its status) already.
+        let loaded = {
+            let mut state = self.inner.state.lock_unpoisoned();
+            state
+                .entries
+                .iter_mut()
+                .find(|e| e.live.is_some() && e.info.path == path)
+                .map(|entry| {
+                    entry.info.error = Some(error.to_string());
+                    entry.info.clone()
+                })
+        };
+        let info = match loaded {
+            Some(info) => info,
+            None => {
+                // Named as an earlier attempt at the same file was, if any.
+                let earlier = self
+                    .inner
+                    .state
+                    .lock_unpoisoned()
+                    .entries
+                    .iter()
+                    .rev()
+                    .find(|e| e.info.path == path)
+                    .map(|e| e.info.clone());
+                let mut info = super::info::failed_info(path, &LoadFailure::from(error));
+                if let Some(earlier) = earlier {
+                    info = PluginInfo {
+                        generation: 0,
+                        status: super::PluginStatus::Failed,
+                        error: info.error,
+                        capabilities: Vec::new(),
+                        ..earlier
+                    };
+                }
+                self.record(info.clone(), None);
+                info
+            }
+        };
+        self.inner
+            .service
+            .events()
+            .publish("plugin.failed", json!(info));
+    }
+
     /// Loads `path` if no plugin came from it yet, else reloads the plugin
     /// that did: what `offstage dev` does when a file in a plugin dir
-    /// changes.
+    /// changes. A file whose bytes are those the loaded generation came
+    /// from (a rebuild that produced the same library) is not reloaded:
+    /// the loaded plugin is returned as it is, with any build error it
+    /// showed cleared.
     pub fn load_or_reload(&self, path: &Path) -> Result<PluginInfo, LoadError> {
         let canonical = std::fs::canonicalize(path).ok();
         let same_file = |known: &Path| {
             known == path || canonical.is_some() && std::fs::canonicalize(known).ok() == canonical
         };
-        let name = self
-            .inner
-            .state
-            .lock_unpoisoned()
-            .entries
-            .iter()
-            .find(|e| e.live.is_some() && same_file(&e.info.path))
-            .map(|e| e.info.name.clone());
-        match name {
-            Some(name) => self.reload(&name),
-            None => self.load_file(path),
+        let loaded = {
+            let state = self.inner.state.lock_unpoisoned();
+            state.entries.iter().find_map(|e| {
+                let live = e.live.as_ref()?;
+                same_file(&e.info.path).then(|| (e.info.name.clone(), live.content))
+            })
+        };
+        let Some((name, content)) = loaded else {
+            return self.load_file(path);
+        };
+        let unchanged = std::fs::File::open(path)
+            .and_then(|mut file| file::content_of(&mut file))
+            .is_ok_and(|now| now == content);
+        if unchanged {
+            tracing::info!(plugin = %name, path = %path.display(), "plugin file unchanged; not reloaded");
+            if let Some(info) = self.clear_error(&name) {
+                return Ok(info);
+            }
         }
+        self.reload(&name)
     }
 
     /// Waits (on the runtime, not here) until the replaced generation

@@ -2,24 +2,31 @@
 //!
 //! - **Plugin dirs.** A library file that appears or changes in a plugin
 //!   dir is loaded, or reloaded if a plugin came from it
-//!   ([`PluginHost::load_or_reload`]). Changes are debounced: the watcher
+//!   ([`PluginHost::load_or_reload`]; a file with the same bytes as the
+//!   loaded generation is not reloaded). Changes are debounced: the watcher
 //!   acts once the dir has been quiet for [`DEBOUNCE`], so a build or a
-//!   copy that writes a file in many steps causes one reload.
+//!   copy that writes a file in many steps causes one reload. On Linux it
+//!   also waits for the writer to close the file (or for a rename into
+//!   place): a slow writer that pauses longer than the debounce never gets
+//!   half its file loaded.
 //! - **Source dirs** (`--watch-src DIR`, a plugin crate). A change to a
 //!   `.rs` file or a `Cargo.toml` under it (not under `target/`) runs
-//!   `cargo build` there, its output streamed to the host's log. On
+//!   `cargo build` there, its output streamed to the host's log; so does
+//!   starting the watcher, so the plugin is there without a first save. On
 //!   success, the cdylibs it built are copied into the first plugin dir
 //!   (written beside it and renamed, so the watcher never sees half a
-//!   file), which reloads them as above. On failure the errors are logged
-//!   and the old generation keeps serving. Either way a `plugin.build`
-//!   event says how it went: `{"dir", "status": "ok" | "failed",
-//!   "installed": [paths], "errors": text}`.
+//!   file), which reloads them as above. On failure the errors are logged,
+//!   the old generation keeps serving, and the plugin shows the failure
+//!   like a failed reload: a `plugin.failed` event and the plugin's
+//!   `error` (cargo's first error), until a build loads. Either way a
+//!   `plugin.build` event says how it went: `{"dir", "status": "ok" |
+//!   "failed", "installed": [paths], "errors": text}`.
 //!
 //! A failed load or reload is reported by the plugin host itself (log line,
 //! `plugin.failed` event, the plugin's `error`).
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead, BufReader},
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -27,7 +34,7 @@ use std::{
 };
 
 use notify::{
-    event::{AccessKind, AccessMode},
+    event::{AccessKind, AccessMode, CreateKind, ModifyKind},
     EventKind, RecommendedWatcher, RecursiveMode, Watcher,
 };
 use serde_json::json;
@@ -126,49 +133,52 @@ struct Changes {
     sources: BTreeSet<PathBuf>,
 }
 
+/// Whether the platform's watcher reports a writer closing a file
+/// (inotify's `IN_CLOSE_WRITE`). Where it does, a file being written is
+/// left alone until then; elsewhere the debounce alone decides.
+const SEES_CLOSE: bool = cfg!(target_os = "linux");
+
+/// What the watcher remembers between quiet periods.
+#[derive(Debug, Default)]
+struct WatchState {
+    /// Library files some writer has open (created or written, not yet
+    /// closed): not loaded until closed or replaced by a rename.
+    writing: BTreeSet<PathBuf>,
+    /// Per source dir, the library files its last good build installed,
+    /// as the plugin host knows them (under the configured plugin dir).
+    installed: BTreeMap<PathBuf, Vec<PathBuf>>,
+}
+
 async fn run(
     host: PluginHost,
     plugin_dirs: Vec<PluginDir>,
     source_dirs: Vec<PathBuf>,
     mut events: mpsc::UnboundedReceiver<notify::Result<notify::Event>>,
 ) {
+    let mut state = WatchState::default();
+    // Built once at start, so a watched crate's plugin is there without a
+    // first save; installing it is seen below like any other change.
+    let all_sources: BTreeSet<PathBuf> = source_dirs.iter().cloned().collect();
+    build_sources(&host, &all_sources, &plugin_dirs[..], &mut state).await;
     while let Some(first) = events.recv().await {
         let mut changes = Changes::default();
-        classify(&mut changes, first, &plugin_dirs, &source_dirs);
+        classify(&mut changes, &mut state, first, &plugin_dirs, &source_dirs);
         // Debounce: go on collecting until nothing happens for DEBOUNCE.
         loop {
             match tokio::time::timeout(DEBOUNCE, events.recv()).await {
-                Ok(Some(event)) => classify(&mut changes, event, &plugin_dirs, &source_dirs),
+                Ok(Some(event)) => {
+                    classify(&mut changes, &mut state, event, &plugin_dirs, &source_dirs)
+                }
                 Ok(None) => return,
                 Err(_) => break,
             }
         }
-        for source in &changes.sources {
-            let (source, install) = (source.clone(), plugin_dirs[0].watched.clone());
-            // Installing writes into a plugin dir; the watcher sees that
-            // and reloads in a later round.
-            let built = tokio::task::spawn_blocking(move || {
-                let outcome = build_and_install(&source, &install);
-                (source, outcome)
-            })
-            .await;
-            if let Ok((source, outcome)) = built {
-                let event = match outcome {
-                    Ok(installed) => json!({
-                        "dir": source,
-                        "status": "ok",
-                        "installed": installed,
-                    }),
-                    Err(errors) => json!({
-                        "dir": source,
-                        "status": "failed",
-                        "errors": errors,
-                    }),
-                };
-                host.inner.service.events().publish("plugin.build", event);
-            }
-        }
+        build_sources(&host, &changes.sources, &plugin_dirs, &mut state).await;
         for library in changes.libraries {
+            if state.writing.contains(&library) {
+                tracing::debug!(path = %library.display(), "plugin file still being written; waiting for it to be closed");
+                continue;
+            }
             if !library.is_file() {
                 tracing::info!(path = %library.display(), "plugin file removed; the loaded generation keeps serving");
                 continue;
@@ -183,8 +193,132 @@ async fn run(
     }
 }
 
+/// Builds each of `sources` and installs what it built into the first
+/// plugin dir (the watcher then sees the files land); reports each build
+/// as a `plugin.build` event, and a failed one also as the plugin's own
+/// failure.
+async fn build_sources(
+    host: &PluginHost,
+    sources: &BTreeSet<PathBuf>,
+    plugin_dirs: &[PluginDir],
+    state: &mut WatchState,
+) {
+    let Some(install_dir) = plugin_dirs.first() else {
+        return;
+    };
+    for source in sources {
+        let (source, install) = (source.clone(), install_dir.watched.clone());
+        let built = tokio::task::spawn_blocking(move || {
+            let outcome = build_and_install(&source, &install);
+            (source, outcome)
+        })
+        .await;
+        let Ok((source, outcome)) = built else {
+            continue;
+        };
+        let event = match outcome {
+            Ok(installed) => {
+                let known = installed
+                    .iter()
+                    .filter_map(|path| Some(install_dir.configured.join(path.file_name()?)))
+                    .collect();
+                state.installed.insert(source.clone(), known);
+                json!({
+                    "dir": source,
+                    "status": "ok",
+                    "installed": installed,
+                })
+            }
+            Err(errors) => {
+                let libraries = match state.installed.get(&source) {
+                    Some(known) => known.clone(),
+                    None => {
+                        let dir = source.clone();
+                        tokio::task::spawn_blocking(move || expected_libraries(&dir))
+                            .await
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|name| install_dir.configured.join(name))
+                            .collect()
+                    }
+                };
+                let message = first_error(&errors);
+                host.inner.service.events().publish(
+                    "plugin.build",
+                    json!({
+                        "dir": source,
+                        "status": "failed",
+                        "errors": errors,
+                    }),
+                );
+                // After the build's own event: the plugin's failure.
+                for library in libraries {
+                    host.record_build_failure(&library, &message);
+                }
+                continue;
+            }
+        };
+        host.inner.service.events().publish("plugin.build", event);
+    }
+}
+
+/// cargo's first error line (`error[E0425]: cannot find ...`), the one a
+/// plugin's `error` shows; the whole output is in the log and the
+/// `plugin.build` event.
+fn first_error(output: &str) -> String {
+    output
+        .lines()
+        .map(str::trim)
+        .find(|line| line.starts_with("error"))
+        .or_else(|| output.lines().map(str::trim).find(|l| !l.is_empty()))
+        .map(super::error::one_line)
+        .unwrap_or_else(|| "cargo build failed".into())
+}
+
+/// The library file names the crate in `source` builds, from `cargo
+/// metadata` (for a build that failed before anything was installed).
+fn expected_libraries(source: &Path) -> Vec<String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .current_dir(source)
+        .args([
+            "metadata",
+            "--no-deps",
+            "--format-version",
+            "1",
+            "--offline",
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output();
+    let Ok(output) = output else {
+        return Vec::new();
+    };
+    let Ok(metadata) = serde_json::from_slice::<serde_json::Value>(&output.stdout) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        for target in package["targets"].as_array().into_iter().flatten() {
+            let is_cdylib = target["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"));
+            if let (true, Some(name)) = (is_cdylib, target["name"].as_str()) {
+                names.push(format!(
+                    "{}{}{}",
+                    std::env::consts::DLL_PREFIX,
+                    name.replace('-', "_"),
+                    std::env::consts::DLL_SUFFIX
+                ));
+            }
+        }
+    }
+    names
+}
+
 fn classify(
     changes: &mut Changes,
+    state: &mut WatchState,
     event: notify::Result<notify::Event>,
     plugin_dirs: &[PluginDir],
     source_dirs: &[PathBuf],
@@ -206,10 +340,36 @@ fn classify(
     }
     for path in event.paths {
         if let Some(library) = plugin_library(&path, plugin_dirs) {
+            if SEES_CLOSE {
+                track_writer(state, &event.kind, &path, &library);
+            }
             changes.libraries.insert(library);
         } else if let Some(source) = source_of(&path, source_dirs) {
             changes.sources.insert(source);
         }
+    }
+}
+
+/// Keeps [`WatchState::writing`]: a file is being written from its
+/// creation or first write until its writer closes it, or until a rename
+/// puts a (complete) file in its place. A symlink is complete when made.
+fn track_writer(state: &mut WatchState, kind: &EventKind, path: &Path, library: &Path) {
+    match kind {
+        EventKind::Create(CreateKind::File | CreateKind::Any) => {
+            let is_link = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+            if !is_link {
+                state.writing.insert(library.to_path_buf());
+            }
+        }
+        EventKind::Modify(ModifyKind::Data(_)) => {
+            state.writing.insert(library.to_path_buf());
+        }
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | EventKind::Modify(ModifyKind::Name(_))
+        | EventKind::Remove(_) => {
+            state.writing.remove(library);
+        }
+        _ => {}
     }
 }
 
@@ -396,6 +556,48 @@ mod tests {
         );
         assert_eq!(source_of(Path::new("/src/crate/README.md"), &sources), None);
         assert_eq!(source_of(Path::new("/elsewhere/lib.rs"), &sources), None);
+    }
+
+    #[test]
+    fn a_file_is_being_written_until_closed_or_renamed_into_place() {
+        use notify::event::{DataChange, RenameMode};
+
+        let mut state = WatchState::default();
+        let (path, library) = (Path::new("/p/libx.so"), Path::new("here/p/libx.so"));
+        track_writer(
+            &mut state,
+            &EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            path,
+            library,
+        );
+        assert!(state.writing.contains(library));
+        track_writer(
+            &mut state,
+            &EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            path,
+            library,
+        );
+        assert!(state.writing.is_empty());
+        track_writer(
+            &mut state,
+            &EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            path,
+            library,
+        );
+        track_writer(
+            &mut state,
+            &EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            path,
+            library,
+        );
+        assert!(state.writing.is_empty());
+    }
+
+    #[test]
+    fn the_first_error_of_a_build_is_its_summary() {
+        let output = "   Compiling x v0.1.0\nerror: expected item, found `this`\n --> src/lib.rs:1:1\nerror: could not compile `x`\n";
+        assert_eq!(first_error(output), "error: expected item, found `this`");
+        assert_eq!(first_error(""), "cargo build failed");
     }
 
     #[test]

@@ -149,6 +149,10 @@ impl<T: ?Sized> Clone for Registered<T> {
 struct Registry {
     tools: HashMap<String, Registered<dyn Tool>>,
     wrappers: HashMap<String, Vec<Registered<dyn ToolWrapper>>>,
+    /// Tools gone because the plugin that provided them failed, with why:
+    /// a call names the failure instead of "not found". Cleared for a name
+    /// when a tool of that name is added again.
+    unavailable: HashMap<String, String>,
 }
 
 impl Registry {
@@ -213,6 +217,7 @@ impl ToolRegistry {
     pub fn add(&self, name: &str, owner: Owner, tool: Arc<dyn Tool>) -> Result<()> {
         let mut registry = self.inner.write_unpoisoned();
         registry.check_add(name, &owner)?;
+        registry.unavailable.remove(name);
         registry
             .tools
             .insert(name.to_string(), Registered { owner, item: tool });
@@ -244,6 +249,7 @@ impl ToolRegistry {
         }
         let mut replaced: Vec<Box<dyn Send + Sync>> = Vec::new();
         for (name, tool) in tools {
+            registry.unavailable.remove(&name);
             let entry = Registered {
                 owner: owner.clone(),
                 item: tool,
@@ -291,6 +297,48 @@ impl ToolRegistry {
         registry.tools.retain(|_, t| &t.owner != owner);
         for wrappers in registry.wrappers.values_mut() {
             wrappers.retain(|w| &w.owner != owner);
+        }
+    }
+
+    /// The names of the tools `owner` registered.
+    pub fn names_of(&self, owner: &Owner) -> Vec<String> {
+        let registry = self.inner.read_unpoisoned();
+        let mut names: Vec<_> = registry
+            .tools
+            .iter()
+            .filter(|(_, t)| &t.owner == owner)
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Records that the tools `names` (no longer registered) are gone
+    /// because their plugin failed; `why` says so, e.g. ``plugin `x` has
+    /// failed: ...``. A call of one of them then fails with that reason
+    /// ([`chain_for_call`](Self::chain_for_call)) until a tool of that name
+    /// is added again. Names that are registered (by a generation still
+    /// serving) are left alone.
+    pub fn mark_unavailable(&self, names: &[String], why: &str) {
+        let mut registry = self.inner.write_unpoisoned();
+        for name in names {
+            if !registry.tools.contains_key(name) {
+                registry.unavailable.insert(name.clone(), why.to_string());
+            }
+        }
+    }
+
+    /// [`chain`](Self::chain) for a call: a tool that does not exist is
+    /// `NotFound`, one whose plugin failed is a plugin failure saying so.
+    pub fn chain_for_call(&self, name: &str) -> Result<Chain> {
+        if let Some(chain) = self.chain(name) {
+            return Ok(chain);
+        }
+        match self.inner.read_unpoisoned().unavailable.get(name) {
+            Some(why) => Err(ServiceError::Plugin(format!(
+                "tool {name} is unavailable: {why}"
+            ))),
+            None => Err(ServiceError::not_found("tool", name)),
         }
     }
 

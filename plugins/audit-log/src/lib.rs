@@ -4,9 +4,12 @@
 //! plugin tools — to a file, for a record of what the sessions on a host
 //! actually ran. It uses nothing but an event subscription.
 //!
+//! It needs no config: by default it appends to `jobs.jsonl` in its own
+//! data dir, `<host data dir>/plugin-data/audit-log/` (`Context::data_dir`).
+//!
 //! ```toml
 //! [plugin.audit-log]
-//! path = "/var/log/offstage/jobs.jsonl"   # required
+//! path = "/var/log/offstage/jobs.jsonl"   # optional: another file
 //! tools = ["shell"]                        # optional: only these job types
 //! ```
 //!
@@ -29,8 +32,10 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct Options {
     /// The file to append to; created (with its folder) when missing. A
-    /// relative path is relative to the host's working directory.
-    pub path: PathBuf,
+    /// relative path is relative to the host's working directory. By
+    /// default `jobs.jsonl` in the plugin's data dir.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
     /// Job types (tool names) to record; every type when empty.
     #[serde(default)]
     pub tools: Vec<String>,
@@ -94,6 +99,7 @@ pub fn append_record(path: &Path, record: &Record) -> Result<()> {
 /// `WRITE_LOCK` keeps lines whole even if that ever changes.
 pub struct AuditLog {
     options: Options,
+    path: PathBuf,
 }
 
 impl AuditLog {
@@ -101,7 +107,15 @@ impl AuditLog {
     pub fn options(&self) -> &Options {
         &self.options
     }
+
+    /// The file it appends to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
 }
+
+/// The file name used in the plugin's data dir when no `path` is given.
+pub const DEFAULT_FILE: &str = "jobs.jsonl";
 
 /// Serialises appends.
 static WRITE_LOCK: Mutex<()> = Mutex::new(());
@@ -115,44 +129,45 @@ impl Plugin for AuditLog {
 
     fn init(ctx: Context) -> Result<Self> {
         let options: Options = ctx.options()?;
-        if options.path.as_os_str().is_empty() {
-            return Err(Error::invalid_input(
-                "audit-log: option `path` must not be empty",
-            ));
-        }
-        if let Some(dir) = options.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        let path = match &options.path {
+            Some(path) if path.as_os_str().is_empty() => {
+                return Err(Error::invalid_input(
+                    "audit-log: option `path` must not be empty (leave it out for the default)",
+                ))
+            }
+            Some(path) => path.clone(),
+            None => ctx.data_dir()?.join(DEFAULT_FILE),
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir)?;
         }
         // Fail at load, with the reason, rather than at the first job.
         OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&options.path)
+            .open(&path)
             .map_err(|e| {
-                Error::invalid_input(format!(
-                    "audit-log: cannot open {}: {e}",
-                    options.path.display()
-                ))
+                Error::invalid_input(format!("audit-log: cannot open {}: {e}", path.display()))
             })?;
 
-        let handler_options = options.clone();
+        let (handler_options, handler_path) = (options.clone(), path.clone());
         ctx.events().subscribe(&["job.finished"], move |event: Event| {
-            let options = handler_options.clone();
+            let (options, path) = (handler_options.clone(), handler_path.clone());
             async move {
                 let job: Job = serde_json::from_value(event.properties)?;
                 if !options.tools.is_empty() && !options.tools.contains(&job.kind) {
                     return Ok(());
                 }
                 let _lock = WRITE_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                if let Err(error) = append_record(&options.path, &Record::from(job)) {
-                    tracing::warn!(path = %options.path.display(), %error, "cannot append to the audit log");
+                if let Err(error) = append_record(&path, &Record::from(job)) {
+                    tracing::warn!(path = %path.display(), %error, "cannot append to the audit log");
                     return Err(error);
                 }
                 Ok(())
             }
         })?;
-        tracing::info!(path = %options.path.display(), "audit-log ready");
-        Ok(AuditLog { options })
+        tracing::info!(path = %path.display(), "audit-log ready");
+        Ok(AuditLog { options, path })
     }
 }
 
@@ -163,9 +178,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn options_need_a_path() {
-        assert!(serde_json::from_value::<Options>(json!({})).is_err());
+    fn options_are_all_optional() {
+        let options: Options = serde_json::from_value(json!({})).unwrap();
+        assert_eq!(options.path, None);
         let options: Options = serde_json::from_value(json!({"path": "a.jsonl"})).unwrap();
+        assert_eq!(options.path, Some(PathBuf::from("a.jsonl")));
         assert!(options.tools.is_empty());
     }
 

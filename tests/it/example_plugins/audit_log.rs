@@ -1,6 +1,6 @@
 //! The audit-log example plugin, loaded by the real host: one JSON line per
-//! finished job, filtered by tool when asked, and a clear load error when
-//! its `path` option is missing.
+//! finished job, filtered by tool when asked, and with no options at all
+//! into its own data dir (`Context::data_dir`).
 
 use offstage_plugin_api::types::ToolRequest;
 use offstage_tests::example_plugins::*;
@@ -136,17 +136,51 @@ async fn tools_option_filters_by_job_type() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_path_fails_the_load() {
-    let host = Host::start_unchecked(&[Load {
-        package: PACKAGE,
-        name: "audit-log",
-        options: json!({}),
-    }]);
-    let plugins = host.plugins.list();
-    let info = plugins
-        .iter()
-        .find(|p| p.name == "audit-log")
-        .expect("listed");
-    let error = info.error.as_deref().expect("a load error");
-    assert!(error.contains("path"), "{error}");
+async fn with_no_options_it_writes_into_its_data_dir() {
+    // Every example plugin, none configured: all load.
+    let mut host = Host::start(&[
+        Load {
+            package: PACKAGE,
+            name: "audit-log",
+            options: json!({}),
+        },
+        Load {
+            package: "offstage-auto-background",
+            name: "auto-background",
+            options: json!({}),
+        },
+        Load {
+            package: "offstage-check-agent",
+            name: "check-agent",
+            options: json!({}),
+        },
+    ]);
+    let log = host
+        .path("data")
+        .join("plugin-data")
+        .join("audit-log")
+        .join("jobs.jsonl");
+    let session = host.session().await;
+    let result = host
+        .service
+        .call_tool(
+            &session,
+            ToolRequest::new("shell", json!({ "command": "echo default" })),
+        )
+        .await
+        .unwrap();
+    let _ = host
+        .wait_event("the job to finish", |e| e.kind == "job.finished")
+        .await;
+    let lines = wait_lines(&log, 1).await;
+    assert_eq!(lines[0]["job_id"], result.job_id.as_str());
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(log.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "the data dir is the plugin's alone");
+    }
 }

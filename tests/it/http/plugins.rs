@@ -106,14 +106,28 @@ fn dev_loads_and_reloads_what_changes_in_the_plugin_dir() {
     server.plugins_until("hello to load", |list| {
         list[0]["name"] == "hello" && list[0]["status"] == "loaded"
     });
-    // A new copy of the file is a new generation.
+    // A new copy with the same bytes is not reloaded; a plugin file that
+    // lands after it shows the watcher got past it.
     install_plugin("offstage-test-hello", &plugins);
-    server.plugins_until("hello to reload", |list| {
+    install_plugin("offstage-test-faulty", &plugins);
+    let list = server.plugins_until("faulty to load", |list| {
         list.as_array()
             .unwrap()
             .iter()
-            .any(|p| p["name"] == "hello" && p["generation"] == 2)
+            .any(|p| p["name"] == "faulty")
     });
+    let hello = |list: &serde_json::Value| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "hello")
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(hello(&list)["generation"], 1, "{list}");
+    // Asked for, a reload of the same file is a new generation.
+    let reloaded = server.expect("POST", "/api/plugin/hello/reload", None, 200);
+    assert_eq!(reloaded["generation"], 2);
     let (status, stderr) = server.stop();
     assert!(status.success(), "{stderr}");
 }
@@ -180,4 +194,78 @@ fn a_plugin_panic_is_logged_with_its_file_and_line_above_debug() {
         .unwrap_or_else(|| panic!("no panic line in the log:\n{log}"));
     assert!(line.contains("src/lib.rs:"), "{line}");
     assert!(line.contains("WARN") || line.contains("ERROR"), "{line}");
+}
+
+#[test]
+fn failures_are_logged_once_counted_apart_and_named_when_a_tool_is_called() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hello", &plugins);
+    install_plugin("offstage-test-faulty", &plugins);
+    write_file(
+        &plugins,
+        &format!("libnotes{}", std::env::consts::DLL_SUFFIX),
+        "notes, not code\n",
+    );
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "plugin_dirs = [\"plugins\"]\n\n[plugin.faulty]\nmode = \"panic-hook\"\n",
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let session = server.expect("POST", "/api/session", None, 201);
+    let tool = format!("/api/session/{}/tool", session["id"].as_str().unwrap());
+    let call = json!({ "tool": "faulty_panic", "input": {} });
+
+    // The panic ends the call in error and disables the plugin.
+    let result = server.expect("POST", &tool, Some(&call), 200);
+    assert_eq!(result["status"], "error", "{result}");
+    let faulty = server.plugins_until("faulty to fail", |list| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "faulty" && p["status"] == "failed")
+    });
+    let error = faulty
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "faulty")
+        .unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("plugin `faulty` panicked"), "{error}");
+    assert!(!error.contains("``"), "doubled backtick: {error}");
+
+    // Calling its tool again names the failure, not "tool not found".
+    let response = server.request("POST", &tool, Some(&call));
+    response.assert_error(424, "plugin_failure");
+    let message = response.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("tool faulty_panic is unavailable: its plugin faulty has failed"),
+        "{message}"
+    );
+
+    let (status, stderr) = server.stop();
+    assert!(status.success(), "{stderr}");
+    // Each failure is one log line.
+    let lines = |needle: &str| stderr.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(lines("deliberate panic in a future"), 1, "{stderr}");
+    assert_eq!(lines("not a shared library"), 1, "{stderr}");
+    assert!(
+        !stderr.contains("``"),
+        "doubled backtick in the log: {stderr}"
+    );
+    // The start-up line counts loaded and failed plugins apart.
+    let ready = stderr
+        .lines()
+        .find(|l| l.contains("host ready"))
+        .unwrap_or_else(|| panic!("no start-up line: {stderr}"));
+    for part in ["plugins_loaded=2", "plugins_failed=1", "plugins_disabled=0"] {
+        assert!(ready.contains(part), "{ready:?} lacks {part}");
+    }
 }

@@ -121,11 +121,55 @@ async fn an_error_from_init_is_reported_and_its_registrations_dropped() {
             "faulty: deliberately refusing to start",
         ],
     );
-    // The tool it added before failing is gone again.
-    assert!(matches!(
-        host.call("faulty_leftover", json!({})).await,
-        Err(ServiceError::NotFound(_))
-    ));
+    // The tool it added before failing is gone again, and a call of it
+    // says why rather than "not found".
+    match host.call("faulty_leftover", json!({})).await {
+        Err(ServiceError::Plugin(message)) => assert!(
+            message.contains("its plugin faulty failed to start")
+                && message.contains("deliberately refusing to start"),
+            "{message}"
+        ),
+        other => panic!("expected a plugin failure, got {other:?}"),
+    }
+    host.assert_hello_works().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokio_used_inside_a_plugin_is_explained() {
+    let fixture = with_hello().options("faulty", json!({ "mode": "tokio-init" }));
+    let path = fixture.install("offstage-test-faulty");
+    let host = fixture.start();
+    assert_one_line(
+        &host.error(&lib_name("offstage-test-faulty")),
+        &path,
+        &[
+            "plugin `faulty` panicked in init",
+            "use ctx.spawn, ctx.sleep and ctx.timeout instead",
+        ],
+    );
+    host.assert_hello_works().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_failed_init_started_is_stopped() {
+    let markers = tempfile::tempdir().unwrap();
+    let fixture = with_hello().options(
+        "faulty",
+        json!({ "mode": "start-then-error", "marker_dir": markers.path() }),
+    );
+    fixture.install("offstage-test-faulty");
+    let host = fixture.start();
+    assert!(host
+        .error(&lib_name("offstage-test-faulty"))
+        .contains("started work, then failed"));
+    // The task it spawned is aborted (its future dropped) ...
+    let task = markers.path().join("task-stopped");
+    offstage_tests::wait::until("the task to be stopped", || async { task.exists() }).await;
+    // ... and its thread, which cannot be killed, is refused from then on.
+    let thread = markers.path().join("thread-stopped");
+    offstage_tests::wait::until("the thread to be refused", || async { thread.exists() }).await;
+    let refusal = std::fs::read_to_string(&thread).unwrap();
+    assert!(refusal.contains("plugin faulty has failed"), "{refusal}");
     host.assert_hello_works().await;
 }
 
@@ -259,11 +303,18 @@ async fn a_panic_inside_a_future_marks_the_plugin_failed_and_the_host_goes_on() 
     };
     assert_eq!(failed.properties["name"], "faulty");
 
-    // Its tool is gone; the other plugin and the service keep serving.
-    assert!(matches!(
-        host.call("faulty_panic", json!({})).await,
-        Err(ServiceError::NotFound(_))
-    ));
+    // Its tool is gone, and a call says the plugin failed (not "tool not
+    // found"); the other plugin and the service keep serving.
+    match host.call("faulty_panic", json!({})).await {
+        Err(ServiceError::Plugin(message)) => {
+            assert!(
+                message.contains("its plugin faulty has failed"),
+                "{message}"
+            );
+            assert!(!message.contains("``"), "doubled backtick: {message}");
+        }
+        other => panic!("expected a plugin failure, got {other:?}"),
+    }
     host.assert_hello_works().await;
     let shell = host
         .call("shell", json!({ "command": "echo still serving" }))

@@ -64,7 +64,7 @@ async fn grants_limit_what_a_plugin_may_call() {
                 "tool.add".into(),
                 "agents".into(),
                 "session.read".into(),
-                "not.requested".into(),
+                "events".into(),
             ]),
             ..Default::default()
         },
@@ -73,8 +73,8 @@ async fn grants_limit_what_a_plugin_may_call() {
     let host = fixture.start();
     let info = host.plugins.get("domain").unwrap();
     assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
-    // Requested ∩ granted: `not.requested` is not given, `session.write`
-    // and the others it asks for were not granted.
+    // Requested ∩ granted: `events` (not requested) is not given,
+    // `session.write` and the others it asks for were not granted.
     assert_eq!(info.capabilities, ["agents", "session.read", "tool.add"]);
 
     // Its first call, `create`, needs `session.write`.
@@ -84,6 +84,35 @@ async fn grants_limit_what_a_plugin_may_call() {
         result.output.contains("lacks the grant \"session.write\""),
         "{result:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_capability_in_a_grant_fails_the_load_naming_the_valid_ones() {
+    let fixture = Fixture::new().settings(
+        "domain",
+        PluginSettings {
+            grant: Some(vec!["tool.add".into(), "sesion.read".into()]),
+            ..Default::default()
+        },
+    );
+    let path = fixture.install("offstage-test-domain");
+    fixture.install("offstage-test-hello");
+    let host = fixture.start();
+    let error = host.error(&lib_name("offstage-test-domain"));
+    assert_one_line(
+        &error,
+        &path,
+        &[
+            "plugin `domain`: unknown capability [\"sesion.read\"] in the host config ([plugin.domain] grant)",
+            &format!(
+                "valid names are: {}",
+                offstage_plugin_api::capability::ALL.join(", ")
+            ),
+        ],
+    );
+    // Refused before `init`: it never ran.
+    assert_eq!(host.plugins.get("domain").unwrap().generation, 0);
+    host.assert_hello_works().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -377,7 +377,7 @@ async fn a_plugin_that_failed_to_start_is_loaded_afresh() {
     assert_eq!(info.status, PluginStatus::Failed);
     assert!(matches!(
         host.call("reloadable_whoami", json!({})).await,
-        Err(ServiceError::NotFound(_))
+        Err(ServiceError::Plugin(message)) if message.contains("its plugin reloadable failed to start")
     ));
     std::fs::copy(Variant::A.library(), &path).unwrap();
     let plugins = host.plugins.clone();

@@ -71,6 +71,62 @@ async fn files_landing_in_a_plugin_dir_are_loaded_and_reloaded() {
     assert_eq!(host.plugins.get("reloadable").unwrap().generation, 3);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_writer_is_waited_for_and_an_unchanged_file_not_reloaded() {
+    use std::io::Write;
+
+    let reload = ReloadHost::start(Variant::A);
+    let host = &reload.host;
+    let _watcher = watch::watch(
+        host.plugins.clone(),
+        vec![host.fixture.plugin_dir.clone()],
+        vec![],
+    )
+    .unwrap();
+    let mut events = host.service.events().subscribe();
+
+    // Build B written in place, in two halves with a pause far longer
+    // than the watcher's debounce between them, as a slow copy would.
+    let bytes = std::fs::read(Variant::B.library()).unwrap();
+    let (first, rest) = bytes.split_at(bytes.len() / 2);
+    {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&reload.path)
+            .unwrap();
+        file.write_all(first).unwrap();
+        file.flush().unwrap();
+        tokio::time::sleep(watch::DEBOUNCE * 4).await;
+        file.write_all(rest).unwrap();
+    }
+    let event = next_event(&mut events, "plugin.reloaded").await;
+    assert_eq!(event.properties["generation"], 2);
+    assert_eq!(reload.whoami().await, stamp(Variant::B, 2));
+
+    // The same bytes again (a rebuild with nothing changed): no reload.
+    // A new plugin file after it marks when the watcher got that far.
+    reload.install(Variant::B);
+    host.fixture.install("offstage-test-hello");
+    let event = next_event(&mut events, "plugin.loaded").await;
+    assert_eq!(event.properties["name"], "hello");
+    // Then a real change: generation 3, had the same bytes not reloaded.
+    reload.install(Variant::A);
+    until("build A to serve", || async {
+        let generation = host.plugins.get("reloadable").unwrap().generation;
+        reload.whoami().await == stamp(Variant::A, generation)
+    })
+    .await;
+    assert_eq!(host.plugins.get("reloadable").unwrap().generation, 3);
+
+    // Nothing half-written was ever tried.
+    let mut seen = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        seen.push(event);
+    }
+    assert!(seen.iter().all(|e| e.kind != "plugin.failed"), "{seen:#?}");
+}
+
 const DEV_PLUGIN: &str = r#"
 use offstage_plugin_api::prelude::*;
 
@@ -171,23 +227,34 @@ async fn watched_sources_are_rebuilt_and_a_failed_build_keeps_the_old_generation
     )
     .unwrap();
 
-    // A change to the sources: built, installed into the plugin dir, loaded.
-    write_source(&crate_dir, "one");
+    // Built and installed at start, before any save.
     let event = next_event(&mut events, "plugin.loaded").await;
     assert_eq!(event.properties["name"], "devsrc");
-    assert_eq!(output(&host, "devsrc_says").await.as_deref(), Some("one"));
+    assert_eq!(output(&host, "devsrc_says").await.as_deref(), Some("zero"));
     let installed = host
         .fixture
         .plugin_dir
         .join(lib_name("offstage-test-devsrc"));
     assert!(installed.is_file());
 
-    write_source(&crate_dir, "two");
+    // A change to the sources: built, installed into the plugin dir, reloaded.
+    write_source(&crate_dir, "one");
     let event = next_event(&mut events, "plugin.reloaded").await;
     assert_eq!(event.properties["generation"], 2);
+    assert_eq!(output(&host, "devsrc_says").await.as_deref(), Some("one"));
+
+    // Saved again unchanged: cargo builds the same library, installed
+    // again, and it is not reloaded (the next change is generation 3).
+    write_source(&crate_dir, "one");
+    let event = next_event(&mut events, "plugin.build").await;
+    assert_eq!(event.properties["status"], "ok", "{event:?}");
+    write_source(&crate_dir, "two");
+    let event = next_event(&mut events, "plugin.reloaded").await;
+    assert_eq!(event.properties["generation"], 3, "{event:?}");
     assert_eq!(output(&host, "devsrc_says").await.as_deref(), Some("two"));
 
-    // A change that does not compile: cargo's errors are reported and the
+    // A change that does not compile: cargo's errors are reported, the
+    // plugin shows the failure (`plugin.failed`, its `error`), and the
     // loaded generation keeps serving.
     std::fs::write(crate_dir.join("src/lib.rs"), "this is not rust\n").unwrap();
     let event = next_event(&mut events, "plugin.build").await;
@@ -199,9 +266,14 @@ async fn watched_sources_are_rebuilt_and_a_failed_build_keeps_the_old_generation
             .contains("error"),
         "{event:?}"
     );
+    let failed = next_event(&mut events, "plugin.failed").await;
+    assert_eq!(failed.properties["name"], "devsrc", "{failed:?}");
     assert_eq!(output(&host, "devsrc_says").await.as_deref(), Some("two"));
     let info = host.plugins.get("devsrc").unwrap();
-    assert_eq!((info.status, info.generation), (PluginStatus::Loaded, 2));
+    assert_eq!((info.status, info.generation), (PluginStatus::Loaded, 3));
+    let error = info.error.expect("the failed build is the plugin's error");
+    assert!(error.contains("build failed: error"), "{error}");
+    assert!(!error.contains('\n'), "{error}");
 
     write_source(&crate_dir, "three");
     until("the fixed build to load", || async {
@@ -214,11 +286,9 @@ async fn watched_sources_are_rebuilt_and_a_failed_build_keeps_the_old_generation
             seen.push(event);
         }
     }
-    assert_eq!(
-        host.plugins.get("devsrc").unwrap().generation,
-        3,
-        "{seen:#?}"
-    );
+    let info = host.plugins.get("devsrc").unwrap();
+    assert_eq!(info.generation, 4, "{seen:#?}");
+    assert_eq!(info.error, None, "a good build clears the error");
 }
 
 #[test]
@@ -246,11 +316,11 @@ fn offstage_dev_rebuilds_watched_sources_and_serves_the_new_generation() {
             .clone()
     };
 
-    write_source(&crate_dir, "one");
+    // Built at start: there before the first save.
     server.plugins_until("devsrc to load", |list| {
         list[0]["name"] == "devsrc" && list[0]["generation"] == 1
     });
-    assert_eq!(says(), "one");
+    assert_eq!(says(), "zero");
 
     write_source(&crate_dir, "two");
     let list = server.plugins_until("devsrc to reload", |list| list[0]["generation"] == 2);
@@ -261,6 +331,16 @@ fn offstage_dev_rebuilds_watched_sources_and_serves_the_new_generation() {
     // And on request, over the API: the same file, one more generation.
     let reloaded = server.expect("POST", "/api/plugin/devsrc/reload", None, 200);
     assert_eq!(reloaded["generation"], 3);
+    assert_eq!(says(), "two");
+
+    // A build that fails shows in the plugin list as the plugin's error.
+    std::fs::write(crate_dir.join("src/lib.rs"), "this is not rust\n").unwrap();
+    let list = server.plugins_until("the failed build to show", |list| {
+        list[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("build failed"))
+    });
+    assert_eq!(list[0]["status"], "loaded", "the old generation serves");
     assert_eq!(says(), "two");
     let (status, stderr) = server.stop();
     assert!(status.success(), "{stderr}");

@@ -106,7 +106,7 @@ fn classify_init_error(path: &Path, name: &str, error: AbiError) -> LoadError {
         ErrorKind::PluginPanic => LoadError::InitPanic {
             path: path.to_path_buf(),
             name: name.to_string(),
-            message: one_line(message),
+            message: one_line(&crate::error::explain_panic(message.to_string())),
         },
         _ => LoadError::InitError {
             path: path.to_path_buf(),

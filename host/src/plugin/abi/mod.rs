@@ -13,7 +13,8 @@
 //! - `library.rs`: opening a library and calling its frozen root module.
 //! - `instance.rs`: the plugin instance `init` returns, made safe.
 //! - `session.rs`: the session domain, expanded from the method table.
-//! - `services.rs`: logging, timers, spawn, options, previous state.
+//! - `services.rs`: logging, timers, spawn, options, previous state, the
+//!   plugin's data dir.
 //! - `hooks.rs`: tools, wrappers, agents and subscriptions a plugin adds.
 //! - `convert.rs`: results, JSON and futures across the boundary.
 
@@ -78,6 +79,7 @@ static HOST_VTABLE: LazyLock<HostVtableRef> = LazyLock::new(|| {
         add_tool: hooks::add_tool,
         subscribe: hooks::subscribe,
         register_agent: hooks::register_agent,
+        data_dir: services::data_dir,
     }
     .leak_into_prefix()
 });

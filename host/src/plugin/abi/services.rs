@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use abi_stable::std_types::{ROption, RResult, RStr, RString};
 use async_ffi::{FfiFuture, FutureExt as _};
-use offstage_plugin_api::abi::HostCtx;
+use offstage_plugin_api::{
+    abi::{AbiError, HostCtx},
+    Error as PluginError, ErrorKind,
+};
 
 use super::{
     convert::{FromPlugin, InRuntime},
@@ -151,8 +154,13 @@ pub(super) extern "C" fn sleep(ctx: HostCtx, millis: u64) -> FfiFuture<()> {
 
 pub(super) extern "C" fn spawn(ctx: HostCtx, task: FfiFuture<()>) {
     let plugin = state_from(ctx);
+    if plugin.has_failed() {
+        // A failed plugin runs nothing more; the task is dropped unpolled.
+        tracing::debug!(plugin = %plugin.name, "task of a failed plugin not started");
+        return;
+    }
     let name = plugin.name.clone();
-    plugin.runtime.spawn(async move {
+    let task = plugin.runtime.spawn(async move {
         let guarded = FromPlugin {
             inner: async move {
                 task.await;
@@ -164,10 +172,36 @@ pub(super) extern "C" fn spawn(ctx: HostCtx, task: FfiFuture<()>) {
             tracing::error!(plugin = %name, %error, "a task the plugin spawned failed");
         }
     });
+    plugin.track_task(task.abort_handle());
 }
 
 pub(super) extern "C" fn options(ctx: HostCtx) -> RString {
     RString::from(state_from(ctx).options.as_str())
+}
+
+pub(super) extern "C" fn data_dir(ctx: HostCtx) -> RResult<RString, AbiError> {
+    let plugin = state_from(ctx);
+    let dir = &plugin.data_dir;
+    let created = {
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(dir)
+    };
+    match created {
+        Ok(()) => RResult::ROk(RString::from(dir.to_string_lossy().as_ref())),
+        Err(error) => RResult::RErr(
+            PluginError::new(
+                ErrorKind::HostFailure,
+                format!(
+                    "cannot create the plugin's data dir {}: {error}",
+                    dir.display()
+                ),
+            )
+            .to_abi(),
+        ),
+    }
 }
 
 pub(super) extern "C" fn previous_state(ctx: HostCtx) -> ROption<RString> {

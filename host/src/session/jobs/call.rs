@@ -138,11 +138,7 @@ impl SessionService {
     /// (an `ask` waits here for its reply).
     async fn check_call(&self, session_id: &str, request: ToolRequest) -> Result<CheckedCall> {
         self.get(session_id).await?;
-        let (tool, wrappers) = self
-            .inner
-            .tools
-            .chain(&request.tool)
-            .ok_or_else(|| ServiceError::not_found("tool", &request.tool))?;
+        let (tool, wrappers) = self.inner.tools.chain_for_call(&request.tool)?;
         let policy = tool.policy(&request.input)?;
         // A caller's id is checked here, in the service, so HTTP and
         // plugins share the rule; it never names a file (`file_id`).
