@@ -15,9 +15,13 @@
 //! - `error.rs`: the `{"error": {"code", "message"}}` shape, status map and
 //!   the answers for unknown paths and methods;
 //! - `auth.rs`: bearer token, cross-origin and Host checks;
-//! - `openapi.rs`: the document's frame (info, security, tags).
+//! - `openapi.rs`: the document's frame (info, security, tags);
+//! - `server.rs`: the accept loop with its connection cap, and the
+//!   open-file limit; `connection.rs`: one connection's timeouts, and
+//!   request bodies settled so that a refusal never breaks keep-alive.
 
 pub(crate) mod auth;
+mod connection;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod extract;
@@ -26,6 +30,7 @@ pub(crate) mod jobs;
 pub(crate) mod openapi;
 pub(crate) mod permissions;
 pub(crate) mod plugins;
+pub(crate) mod server;
 pub(crate) mod sessions;
 
 use std::{
@@ -40,9 +45,11 @@ use axum::{
     response::Response,
     Router,
 };
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
+
+pub(crate) use self::server::{raise_open_file_limit_and_log, serve, Limits};
 
 use self::error::{ApiError, ApiResult};
 use crate::{plugin::PluginHost, SessionService};
@@ -118,17 +125,4 @@ async fn log_request(request: Request, next: Next) -> Response {
         "request"
     );
     response
-}
-
-/// Serves `router` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for open requests to finish. Event streams end
-/// by themselves when the state's shutdown flag is raised.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }
