@@ -58,7 +58,8 @@ pub(crate) const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 pub(crate) struct OutputQuery {
     /// Byte offset to start at; 0 when absent.
     pub offset: Option<u64>,
-    /// Most bytes to return; 1 MiB when absent, at most 4 MiB.
+    /// Most bytes to return, at least 1 (0 is refused: such a page would
+    /// never get to the end); 1 MiB when absent, at most 4 MiB.
     pub limit: Option<u64>,
 }
 

@@ -15,7 +15,8 @@
 //! - `error.rs`: the `{"error": {"code", "message"}}` shape, status map and
 //!   the answers for unknown paths and methods;
 //! - `auth.rs`: bearer token, cross-origin and Host checks;
-//! - `openapi.rs`: the document's frame (info, security, tags);
+//! - `openapi.rs`: the document's frame (info, security, tags), and the
+//!   refusals the checks around the handlers add to every route;
 //! - `server.rs`: the accept loop with its connection cap, and the
 //!   open-file limit; `connection.rs`: one connection's timeouts, and
 //!   request bodies settled so that a refusal never breaks keep-alive.
@@ -79,9 +80,11 @@ fn api() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document served at `GET /api/openapi.json`: every route
 /// [`router`] serves, with its schemas.
-pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
-    static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOCUMENT.get_or_init(|| api().into_openapi()).clone()
+pub(crate) fn openapi() -> serde_json::Value {
+    static DOCUMENT: OnceLock<serde_json::Value> = OnceLock::new();
+    DOCUMENT
+        .get_or_init(|| openapi::finish(api().into_openapi()))
+        .clone()
 }
 
 /// The API's router with its state, checks and limits.
