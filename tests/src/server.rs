@@ -53,7 +53,23 @@ impl Server {
         Self::start_with("dev", args, None)
     }
 
+    /// As [`Server::start`], in a process whose open-file limit (soft and
+    /// hard) is `open_files`: a host near its descriptor limit.
+    #[cfg(unix)]
+    pub fn start_with_open_files(args: &[&str], open_files: u64) -> Server {
+        Self::spawn("serve", args, None, Some(open_files))
+    }
+
     fn start_with(command_name: &str, args: &[&str], token: Option<&str>) -> Server {
+        Self::spawn(command_name, args, token, None)
+    }
+
+    fn spawn(
+        command_name: &str,
+        args: &[&str],
+        token: Option<&str>,
+        open_files: Option<u64>,
+    ) -> Server {
         let data = tempfile::tempdir().unwrap();
         let mut command = Command::new(offstage_binary());
         command
@@ -68,6 +84,27 @@ impl Server {
         if let Some(token) = token {
             command.args(["--token", token]);
         }
+        #[cfg(unix)]
+        if let Some(open_files) = open_files {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: open_files as libc::rlim_t,
+                rlim_max: open_files as libc::rlim_t,
+            };
+            // SAFETY: between fork and exec only `setrlimit`, which is
+            // async-signal-safe, runs; `limit` is a valid `rlimit`.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = open_files;
         let mut child = command.spawn().expect("start offstage serve");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut stderr = child.stderr.take().unwrap();

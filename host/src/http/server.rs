@@ -80,8 +80,10 @@ impl Limits {
     }
 }
 
-/// Refusals (503 past the cap) being written at once; past this, a
-/// connection over the cap is closed without an answer.
+/// Refusals (503 past the cap) being written at once, at most; past
+/// this, a connection over the cap is closed without an answer. Also at
+/// most a quarter of the cap, so that refusals fit in the descriptors the
+/// cap leaves free.
 const REFUSALS_AT_ONCE: usize = 64;
 
 /// How long a refusal waits for its client, writing and then reading what
@@ -108,7 +110,9 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
+    let refusals = Arc::new(Semaphore::new(
+        REFUSALS_AT_ONCE.min(limits.max_connections / 4).max(1),
+    ));
     let (stop, stopping) = watch::channel(false);
     let mut cap_warned = Warned::default();
     let mut accept_warned = Warned::default();

@@ -151,3 +151,54 @@ fn past_the_connection_cap_clients_get_503_until_a_slot_frees() {
     assert!(log.contains("open-file limit"), "{log}");
     assert!(log.contains("connection cap reached"), "{log}");
 }
+
+#[test]
+fn near_its_open_file_limit_the_host_keeps_answering() {
+    // 128 descriptors in all: the cap comes down to 64 connections, and
+    // what is left serves the store, the runtime and the refusals.
+    let dir = tempfile::tempdir().unwrap();
+    // Timeouts far longer than the test: the held clients stay.
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[http]\nheader_timeout = \"10m\"\nidle_timeout = \"10m\"\n",
+    );
+    let server = Server::start_with_open_files(&["--config", config.to_str().unwrap()], 128);
+    let host = server.addr.to_string();
+    let held: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            connect(
+                &server,
+                &format!("GET /api/health HTTP/1.1\r\nHost: {host}\r\n"),
+            )
+        })
+        .collect();
+    // Far more clients than descriptors: each is answered, none hangs.
+    for _ in 0..200 {
+        let response = http(server.addr, "GET", "/api/health", &[], b"");
+        assert!(
+            response.status == 503 || response.status == 200,
+            "{}: {}",
+            response.status,
+            response.body
+        );
+    }
+    let refused = http(server.addr, "GET", "/api/health", &[], b"");
+    refused.assert_error(503, "too_many_connections");
+    // The held ones were served all along: each completes its request.
+    for mut stream in held {
+        stream.write_all(b"Connection: close\r\n\r\n").unwrap();
+        let answer = read_until_closed(&mut stream, "a held connection");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    eventually("a slot to free up", || {
+        (http(server.addr, "GET", "/api/health", &[], b"").status == 200).then_some(())
+    });
+    server.expect("POST", "/api/session", Some(&serde_json::json!({})), 201);
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("max_connections lowered from 1024 to 64"),
+        "{log}"
+    );
+}
