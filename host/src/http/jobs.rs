@@ -60,6 +60,7 @@ pub(crate) struct OutputQuery {
     pub offset: Option<u64>,
     /// Most bytes to return, at least 1 (0 is refused: such a page would
     /// never get to the end); 1 MiB when absent, at most 4 MiB.
+    #[param(minimum = 1)]
     pub limit: Option<u64>,
 }
 

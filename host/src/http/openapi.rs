@@ -288,6 +288,16 @@ mod tests {
     }
 
     #[test]
+    fn an_output_page_is_at_least_one_byte() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let parameters = doc["paths"]["/api/job/{id}/output"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let limit = parameters.iter().find(|p| p["name"] == "limit").unwrap();
+        assert_eq!(limit["schema"]["minimum"], 1, "{limit}");
+    }
+
+    #[test]
     fn every_route_is_described() {
         let doc = serde_json::to_value(super::super::openapi()).unwrap();
         let paths = doc["paths"].as_object().unwrap();
