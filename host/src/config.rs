@@ -11,6 +11,12 @@
 //! [store]
 //! durability = "normal"         # normal (default) | full, see below
 //!
+//! [http]                        # limits on clients; these are the defaults
+//! header_timeout = "10s"        # a request's head, from its first byte
+//! body_timeout = "30s"          # a request's body, from its head
+//! idle_timeout = "60s"          # a keep-alive connection with no request
+//! max_connections = 1024        # open connections; more get a 503
+//!
 //! [plugin.auto-background]      # keys but `enabled` and `grant` are options
 //! grant = ["session.background"]
 //! after_ms = 5000
@@ -36,6 +42,7 @@ use std::{
     collections::BTreeMap,
     net::{SocketAddr, ToSocketAddrs},
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use serde::{de, Deserialize, Deserializer};
@@ -84,6 +91,44 @@ pub struct FileConfig {
     #[serde(default)]
     /// `[store]`: durability.
     pub store: StoreTable,
+    #[serde(default)]
+    /// `[http]`: timeouts and the connection cap.
+    pub http: HttpTable,
+}
+
+/// The `[http]` table: how long a client may take, and how many may be
+/// connected at once (docs/contract.md, "Config file").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpTable {
+    /// `header_timeout = "10s"`: time to send a request's head, from its
+    /// first byte.
+    #[serde(default, deserialize_with = "duration")]
+    pub header_timeout: Option<Duration>,
+    /// `body_timeout = "30s"`: time to send a request's body, from the end
+    /// of its head.
+    #[serde(default, deserialize_with = "duration")]
+    pub body_timeout: Option<Duration>,
+    /// `idle_timeout = "60s"`: how long a keep-alive connection may wait
+    /// for its next request (and a client may leave an answer unread).
+    #[serde(default, deserialize_with = "duration")]
+    pub idle_timeout: Option<Duration>,
+    /// `max_connections = 1024`: open connections; one more gets a 503.
+    pub max_connections: Option<usize>,
+}
+
+/// A duration written as `"10s"`, `"1m 30s"`, `"500ms"`; zero is refused.
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    let value = humantime::parse_duration(&text).map_err(|error| {
+        de::Error::custom(format!(
+            "{text:?} is not a duration ({error}); write e.g. \"10s\" or \"500ms\""
+        ))
+    })?;
+    if value.is_zero() {
+        return Err(de::Error::custom("a timeout must be longer than zero"));
+    }
+    Ok(Some(value))
 }
 
 /// The `[store]` table.
@@ -230,6 +275,9 @@ pub(crate) struct ServeConfig {
     pub permissions: Vec<Rule>,
     /// `[store] durability`.
     pub durability: Durability,
+    /// `[http]`: client timeouts and the connection cap, as written
+    /// (defaults are applied by `http::Limits`).
+    pub http: HttpTable,
     /// Things worth a warning in the log, e.g. a token in a file that
     /// other users can read.
     pub warnings: Vec<String>,
@@ -276,6 +324,11 @@ impl ServeConfig {
                  address such as {DEFAULT_ADDR}"
             )));
         }
+        if file.http.max_connections == Some(0) {
+            return Err(ConfigError::Invalid(
+                "[http] max_connections must be at least 1".into(),
+            ));
+        }
         let data_dir = match overrides.data_dir.or(file.data_dir) {
             Some(dir) => dir,
             None => default_data_dir()?,
@@ -298,6 +351,7 @@ impl ServeConfig {
             plugins: file.plugin,
             permissions: file.permission,
             durability: file.store.durability.unwrap_or_default(),
+            http: file.http,
             warnings,
         })
     }
@@ -368,6 +422,43 @@ mod store_table_tests {
         std::fs::write(&path, "[store]\ndurability = \"sometimes\"\n").unwrap();
         let error = resolve().unwrap_err().to_string();
         assert!(error.contains("durability"), "{error}");
+    }
+}
+
+#[cfg(test)]
+mod http_table_tests {
+    use super::*;
+
+    #[test]
+    fn http_limits_are_durations_and_a_positive_cap() {
+        let config = FileConfig::parse(
+            "[http]\nheader_timeout = \"2s\"\nbody_timeout = \"1m 30s\"\nidle_timeout = \"500ms\"\nmax_connections = 8\n",
+        )
+        .unwrap();
+        assert_eq!(config.http.header_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(config.http.body_timeout, Some(Duration::from_secs(90)));
+        assert_eq!(config.http.idle_timeout, Some(Duration::from_millis(500)));
+        assert_eq!(config.http.max_connections, Some(8));
+        assert!(FileConfig::parse("").unwrap().http.header_timeout.is_none());
+        for bad in [
+            "[http]\nheader_timeout = 10\n",
+            "[http]\nheader_timeout = \"soon\"\n",
+            "[http]\nidle_timeout = \"0s\"\n",
+            "[http]\nheader_timeot = \"1s\"\n",
+        ] {
+            assert!(FileConfig::parse(bad).is_err(), "{bad}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("offstage.toml");
+        std::fs::write(&path, "[http]\nmax_connections = 0\n").unwrap();
+        let error = ServeConfig::resolve(Overrides {
+            config: Some(path),
+            data_dir: Some(dir.path().into()),
+            ..Overrides::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("max_connections"), "{error}");
     }
 }
 

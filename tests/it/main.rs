@@ -17,10 +17,12 @@ mod engine {
 }
 
 /// A real `offstage serve` over HTTP: the API, clients that hang up,
-/// plugins through the API.
+/// plugins through the API, keep-alive after refusals, connection limits.
 mod http {
     mod api;
     mod disconnect;
+    mod keepalive;
+    mod limits;
     mod plugins;
 }
 

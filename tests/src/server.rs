@@ -55,14 +55,27 @@ impl Server {
 
     /// As [`Server::start`], with `OFFSTAGE_LOG=filter` instead of `info`.
     pub fn start_with_log(args: &[&str], filter: &str) -> Server {
-        Self::start_full("serve", args, None, filter)
+        Self::spawn("serve", args, None, filter, None)
+    }
+
+    /// As [`Server::start`], in a process whose open-file limit (soft and
+    /// hard) is `open_files`: a host near its descriptor limit.
+    #[cfg(unix)]
+    pub fn start_with_open_files(args: &[&str], open_files: u64) -> Server {
+        Self::spawn("serve", args, None, "info", Some(open_files))
     }
 
     fn start_with(command_name: &str, args: &[&str], token: Option<&str>) -> Server {
-        Self::start_full(command_name, args, token, "info")
+        Self::spawn(command_name, args, token, "info", None)
     }
 
-    fn start_full(command_name: &str, args: &[&str], token: Option<&str>, log: &str) -> Server {
+    fn spawn(
+        command_name: &str,
+        args: &[&str],
+        token: Option<&str>,
+        log: &str,
+        open_files: Option<u64>,
+    ) -> Server {
         let data = tempfile::tempdir().unwrap();
         let mut command = Command::new(offstage_binary());
         command
@@ -77,6 +90,27 @@ impl Server {
         if let Some(token) = token {
             command.args(["--token", token]);
         }
+        #[cfg(unix)]
+        if let Some(open_files) = open_files {
+            use std::os::unix::process::CommandExt;
+            let limit = libc::rlimit {
+                rlim_cur: open_files as libc::rlim_t,
+                rlim_max: open_files as libc::rlim_t,
+            };
+            // SAFETY: between fork and exec only `setrlimit`, which is
+            // async-signal-safe, runs; `limit` is a valid `rlimit`.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = open_files;
         let mut child = command.spawn().expect("start offstage serve");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut stderr = child.stderr.take().unwrap();
@@ -339,6 +373,94 @@ pub fn http(
         status,
         headers,
         body: String::from_utf8_lossy(&raw).into_owned(),
+    }
+}
+
+/// One keep-alive connection for many requests in a row, as HTTP client
+/// libraries use them: each request is written in full, each answer read to
+/// the end of its body (by `Content-Length` or chunks), and the connection
+/// stays open unless the server said `Connection: close`.
+pub struct KeepAlive {
+    addr: SocketAddr,
+    reader: BufReader<TcpStream>,
+}
+
+impl KeepAlive {
+    /// Connects to `addr`.
+    pub fn connect(addr: SocketAddr) -> KeepAlive {
+        KeepAlive {
+            addr,
+            reader: BufReader::new(connect(addr)),
+        }
+    }
+
+    /// Sends one request with `headers` and `body` (a `Content-Length` is
+    /// added) and reads its answer. An I/O failure — the server closed the
+    /// connection — is an `Err` naming it, for the test to report.
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<Response, String> {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+        let stream = self.reader.get_mut();
+        stream
+            .write_all(head.as_bytes())
+            .and_then(|()| stream.write_all(body))
+            .map_err(|e| format!("writing the request: {e}"))?;
+        let mut line = String::new();
+        match self.reader.read_line(&mut line) {
+            Ok(0) => return Err("the server closed the connection".into()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("reading the answer: {e}")),
+        }
+        let status = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("bad status line {line:?}"))?;
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            self.reader
+                .read_line(&mut line)
+                .map_err(|e| format!("reading the head: {e}"))?;
+            let trimmed = line.trim_end();
+            if trimmed.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = trimmed.split_once(':') {
+                headers.push((name.trim().to_string(), value.trim().to_string()));
+            }
+        }
+        let mut response = Response {
+            status,
+            headers,
+            body: String::new(),
+        };
+        let mut raw = Vec::new();
+        if let Some(length) = response.header("content-length") {
+            let length: usize = length.parse().map_err(|_| "bad content-length")?;
+            raw.resize(length, 0);
+            self.reader
+                .read_exact(&mut raw)
+                .map_err(|e| format!("reading the body: {e}"))?;
+        } else if response
+            .header("transfer-encoding")
+            .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+        {
+            while let Some(chunk) = read_chunk(&mut self.reader) {
+                raw.extend(chunk);
+            }
+        }
+        response.body = String::from_utf8_lossy(&raw).into_owned();
+        Ok(response)
     }
 }
 

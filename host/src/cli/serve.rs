@@ -70,6 +70,11 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
+    let open_files = http::raise_open_file_limit_and_log();
+    let (limits, lowered) = http::Limits::resolve(&config.http, open_files);
+    if let Some(lowered) = lowered {
+        tracing::warn!("{lowered}");
+    }
     // Bind first: a busy port fails before any plugin is loaded. Clients
     // that connect early wait in the backlog until the server runs.
     let listener = TcpListener::bind(config.addr)
@@ -147,9 +152,14 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         shutdown: stopped.clone(),
     };
     let mut until_stop = stopped;
-    let mut server = tokio::spawn(http::serve(listener, http::router(state), async move {
-        let _ = until_stop.wait_for(|stop| *stop).await;
-    }));
+    let mut server = tokio::spawn(http::serve(
+        listener,
+        http::router(state),
+        limits,
+        async move {
+            let _ = until_stop.wait_for(|stop| *stop).await;
+        },
+    ));
     tracing::info!(
         data_dir = %config.data_dir.display(),
         token = config.token.is_some(),

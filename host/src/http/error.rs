@@ -39,7 +39,8 @@ pub(crate) struct ErrorBody {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(crate) struct ErrorDetail {
     /// Stable, lower-case: `not_found`, `bad_request`, `conflict`,
-    /// `forbidden`, `unauthorized`, `unsupported`, `payload_too_large`, ...
+    /// `forbidden`, `unauthorized`, `unsupported`, `payload_too_large`,
+    /// `request_timeout`, `too_many_connections`, ...
     pub code: String,
     pub message: String,
 }

@@ -12,12 +12,12 @@
 
 use axum::{
     body::Bytes,
-    extract::{FromRequest, FromRequestParts, Path, Query, Request},
+    extract::{rejection::BytesRejection, FromRequest, FromRequestParts, Path, Query, Request},
     http::{header, request::Parts, StatusCode},
 };
 use serde::de::DeserializeOwned;
 
-use super::error::ApiError;
+use super::{connection::RequestBodyError, error::ApiError};
 
 /// Largest request body accepted, in bytes.
 pub(crate) const BODY_LIMIT: usize = 1024 * 1024;
@@ -38,14 +38,21 @@ where
             .headers()
             .get(header::CONTENT_TYPE)
             .map(|value| value.to_str().is_ok_and(is_json_type));
+        // A body announced as too large is refused before any of it is
+        // read (the connection then closes: see `connection.rs`).
+        if http_body::Body::size_hint(request.body()).lower() > BODY_LIMIT as u64 {
+            return Err(too_large());
+        }
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|rejection| {
                 if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    too_large()
+                } else if let Some(timeout) = body_timeout(&rejection) {
                     ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "payload_too_large",
-                        format!("request body is larger than {BODY_LIMIT} bytes"),
+                        StatusCode::REQUEST_TIMEOUT,
+                        "request_timeout",
+                        timeout.to_string(),
                     )
                 } else {
                     ApiError::bad_request(format!(
@@ -66,6 +73,27 @@ where
         }
         parse(&bytes).map(JsonBody)
     }
+}
+
+fn too_large() -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("request body is larger than {BODY_LIMIT} bytes"),
+    )
+}
+
+/// The body timeout (`connection.rs`) behind a failed body read, if that
+/// is why it failed.
+fn body_timeout(rejection: &BytesRejection) -> Option<&RequestBodyError> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = source {
+        if let Some(found @ RequestBodyError::TimedOut(_)) = error.downcast_ref() {
+            return Some(found);
+        }
+        source = error.source();
+    }
+    None
 }
 
 fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {

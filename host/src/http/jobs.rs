@@ -55,7 +55,9 @@ pub(crate) async fn get_job(
 pub(crate) struct OutputQuery {
     /// Byte offset to start at; 0 when absent.
     pub offset: Option<u64>,
-    /// Most bytes to return; 1 MiB when absent, at most 4 MiB.
+    /// Most bytes to return, at least 1 (0 is refused: such a page would
+    /// never get to the end); 1 MiB when absent, at most 4 MiB.
+    #[param(minimum = 1)]
     pub limit: Option<u64>,
 }
 

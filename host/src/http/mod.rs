@@ -15,9 +15,14 @@
 //! - `error.rs`: the `{"error": {"code", "message"}}` shape, status map and
 //!   the answers for unknown paths and methods;
 //! - `auth.rs`: bearer token, cross-origin and Host checks;
-//! - `openapi.rs`: the document's frame (info, security, tags).
+//! - `openapi.rs`: the document's frame (info, security, tags), and the
+//!   refusals the checks around the handlers add to every route;
+//! - `server.rs`: the accept loop with its connection cap, and the
+//!   open-file limit; `connection.rs`: one connection's timeouts, and
+//!   request bodies settled so that a refusal never breaks keep-alive.
 
 pub(crate) mod auth;
+mod connection;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod extract;
@@ -26,6 +31,7 @@ pub(crate) mod jobs;
 pub(crate) mod openapi;
 pub(crate) mod permissions;
 pub(crate) mod plugins;
+pub(crate) mod server;
 pub(crate) mod sessions;
 
 use std::{
@@ -40,9 +46,11 @@ use axum::{
     response::Response,
     Router,
 };
-use tokio::{net::TcpListener, sync::watch};
+use tokio::sync::watch;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
+
+pub(crate) use self::server::{raise_open_file_limit_and_log, serve, Limits};
 
 use self::error::{ApiError, ApiResult};
 use crate::{plugin::PluginHost, SessionService};
@@ -72,9 +80,11 @@ fn api() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI document served at `GET /api/openapi.json`: every route
 /// [`router`] serves, with its schemas.
-pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
-    static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOCUMENT.get_or_init(|| api().into_openapi()).clone()
+pub(crate) fn openapi() -> serde_json::Value {
+    static DOCUMENT: OnceLock<serde_json::Value> = OnceLock::new();
+    DOCUMENT
+        .get_or_init(|| openapi::finish(api().into_openapi()))
+        .clone()
 }
 
 /// The API's router with its state, checks and limits.
@@ -118,17 +128,4 @@ async fn log_request(request: Request, next: Next) -> Response {
         "request"
     );
     response
-}
-
-/// Serves `router` on `listener` until `shutdown` resolves, then stops
-/// accepting and waits for open requests to finish. Event streams end
-/// by themselves when the state's shutdown flag is raised.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
 }

@@ -1,5 +1,6 @@
 //! The frame of the OpenAPI 3 description served at `GET /api/openapi.json`:
-//! info, security and tags. Its paths are added by the routes themselves as
+//! info, security and tags, and ([`finish`]) the refusals every route may
+//! answer and which request bodies are optional. Its paths are added by the routes themselves as
 //! they are registered (see [`super::openapi`]), from the handlers'
 //! annotations and the record types, so it cannot drift from what the
 //! server does.
@@ -43,6 +44,106 @@ use super::error;
     ),
 )]
 pub(crate) struct ApiDoc;
+
+/// The refusals every route may answer, added to each operation where they
+/// apply, so that a generated client knows them (they come from the checks
+/// around the handlers, not from the handlers' own annotations):
+///
+/// - 403 on every route: a foreign `Origin`, or a non-loopback `Host`
+///   without a token (`auth.rs`);
+/// - 401 on every route but `GET /api/health`, which is marked open
+///   (`security: [{}]`);
+/// - 400 where there is a path or query parameter or a body to parse;
+/// - 408, 413, 415 where there is a body (`connection.rs`, `extract.rs`).
+///
+/// And request bodies say whether they are required. An optional body
+/// (`POST /api/session`, `.../background`) is described as its object with
+/// `required: false`, not as "the object or null": generated clients then
+/// offer a call without a body. The server takes no body, `null` and `{}`
+/// alike.
+pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
+    let mut doc = serde_json::to_value(&document).expect("the OpenAPI document is JSON");
+    let error = |description: &str| {
+        serde_json::json!({
+            "description": description,
+            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } },
+        })
+    };
+    doc["components"]["responses"] = serde_json::json!({
+        "BadRequest": error("`bad_request`: a malformed path or query parameter, or a body that is not the JSON described"),
+        "Unauthorized": error("`unauthorized`: the host has a token and the request did not carry it as `Authorization: Bearer TOKEN`"),
+        "Forbidden": error("`forbidden`: a cross-origin browser request, a non-loopback `Host` on a host without a token, or a tool call a permission rule denies"),
+        "RequestTimeout": error("`request_timeout`: the body did not arrive within `[http] body_timeout`"),
+        "PayloadTooLarge": error("`payload_too_large`: a body over 1 MiB"),
+        "UnsupportedMediaType": error("`unsupported_media_type`: a non-empty body without `Content-Type: application/json`"),
+    });
+    let refer =
+        |name: &str| serde_json::json!({ "$ref": format!("#/components/responses/{name}") });
+    let paths = doc["paths"].as_object_mut().expect("paths");
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, operation) in item.iter_mut() {
+            if !matches!(method.as_str(), "get" | "post" | "put" | "patch" | "delete") {
+                continue;
+            }
+            let has_parameters = operation
+                .get("parameters")
+                .and_then(|p| p.as_array())
+                .is_some_and(|p| !p.is_empty());
+            let body = operation
+                .get_mut("requestBody")
+                .map(make_optional_body_explicit);
+            let open = path == "/api/health";
+            if open {
+                operation["security"] = serde_json::json!([{}]);
+            }
+            let responses = operation["responses"]
+                .as_object_mut()
+                .expect("every operation has responses");
+            let mut add = |status: &str, name: &str| {
+                responses.entry(status).or_insert_with(|| refer(name));
+            };
+            add("403", "Forbidden");
+            if !open {
+                add("401", "Unauthorized");
+            }
+            if has_parameters || body.is_some() {
+                add("400", "BadRequest");
+            }
+            if body.is_some() {
+                add("408", "RequestTimeout");
+                add("413", "PayloadTooLarge");
+                add("415", "UnsupportedMediaType");
+            }
+        }
+    }
+    doc
+}
+
+/// Sets `required` on a request body: `false`, with the schema made the
+/// object alone, when it was written as "the object or null"
+/// (`Option<T>` in the annotation); `true` otherwise.
+fn make_optional_body_explicit(body: &mut serde_json::Value) {
+    let mut optional = false;
+    if let Some(content) = body.get_mut("content").and_then(|c| c.as_object_mut()) {
+        for media in content.values_mut() {
+            let Some(items) = media["schema"].get("oneOf").and_then(|o| o.as_array()) else {
+                continue;
+            };
+            let not_null: Vec<&serde_json::Value> =
+                items.iter().filter(|s| s["type"] != "null").collect();
+            if let [only] = not_null[..] {
+                if not_null.len() < items.len() {
+                    media["schema"] = only.clone();
+                    optional = true;
+                }
+            }
+        }
+    }
+    body["required"] = serde_json::Value::Bool(!optional);
+}
 
 /// Declares the bearer token scheme (needed only when the host has one).
 struct BearerAuth;
@@ -102,6 +203,98 @@ mod tests {
             json_fields(json!(chunk))
         );
         assert!(schema_fields(&doc, "Plugin").contains("generation"));
+    }
+
+    /// Each operation of the document: (path, method, operation).
+    fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+        let mut found = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                found.push((path.clone(), method.clone(), operation.clone()));
+            }
+        }
+        assert!(found.len() > 15, "{found:?}");
+        found
+    }
+
+    #[test]
+    fn every_refusal_is_described_where_it_can_happen() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        for (path, method, operation) in operations(&doc) {
+            let responses = &operation["responses"];
+            let has = |status: &str| responses.get(status).is_some();
+            let what = format!("{method} {path}");
+            assert!(has("403"), "{what}: no 403");
+            if path == "/api/health" {
+                assert!(!has("401"), "{what}: health is open");
+                assert_eq!(operation["security"], json!([{}]), "{what}");
+            } else {
+                assert!(has("401"), "{what}: no 401");
+                assert!(operation.get("security").is_none(), "{what}");
+            }
+            let parameters = operation["parameters"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty());
+            let body = operation.get("requestBody").is_some();
+            if parameters || body {
+                assert!(has("400"), "{what}: no 400");
+            }
+            if body {
+                for status in ["408", "413", "415"] {
+                    assert!(has(status), "{what}: no {status}");
+                }
+            }
+            // Every reference to a shared answer resolves.
+            for answer in responses.as_object().unwrap().values() {
+                if let Some(reference) = answer["$ref"].as_str() {
+                    let name = reference.rsplit('/').next().unwrap();
+                    assert!(
+                        doc["components"]["responses"][name].is_object(),
+                        "{what}: {reference} missing"
+                    );
+                }
+            }
+        }
+        // The whole document's default stays "a bearer token".
+        assert_eq!(doc["security"], json!([{ "bearer": [] }]));
+    }
+
+    #[test]
+    fn optional_bodies_are_not_required_and_others_are() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let optional = [
+            ("/api/session", "post", "CreateSession"),
+            ("/api/session/{id}/background", "post", "BackgroundBody"),
+        ];
+        for (path, method, operation) in operations(&doc) {
+            let Some(body) = operation.get("requestBody") else {
+                continue;
+            };
+            let schema = &body["content"]["application/json"]["schema"];
+            match optional.iter().find(|(p, m, _)| *p == path && *m == method) {
+                Some((_, _, name)) => {
+                    assert_eq!(body["required"], false, "{method} {path}");
+                    // The object itself, not "the object or null", so
+                    // that generated clients make the argument optional.
+                    assert_eq!(
+                        schema["$ref"],
+                        format!("#/components/schemas/{name}"),
+                        "{method} {path}: {schema}"
+                    );
+                }
+                None => assert_eq!(body["required"], true, "{method} {path}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_output_page_is_at_least_one_byte() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let parameters = doc["paths"]["/api/job/{id}/output"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let limit = parameters.iter().find(|p| p["name"] == "limit").unwrap();
+        assert_eq!(limit["schema"]["minimum"], 1, "{limit}");
     }
 
     #[test]

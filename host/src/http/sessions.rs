@@ -53,7 +53,7 @@ pub(crate) struct CreateSession {
 }
 
 #[utoipa::path(post, path = "/api/session", tag = "session",
-    request_body(content = Option<CreateSession>, description = "May be empty"),
+    request_body(content = Option<CreateSession>, description = "Optional: no body, `null` and `{}` all mean a session with the defaults"),
     responses((status = 201, description = "The new session", body = Session),
         (status = "4XX", description = "Bad body, unknown agent or parent", body = ErrorBody)))]
 pub(crate) async fn create_session(
@@ -211,8 +211,10 @@ pub(crate) struct BackgroundAnswer {
 
 #[utoipa::path(post, path = "/api/session/{id}/background", tag = "session",
     params(("id" = String, Path, description = "Session id")),
-    request_body(content = Option<BackgroundBody>, description = "May be empty: every blocking job"),
-    responses((status = 200, description = "The jobs moved", body = BackgroundAnswer), (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
+    request_body(content = Option<BackgroundBody>, description = "Optional: no body, `null` and `{}` all mean every blocking job"),
+    responses((status = 200, description = "The jobs moved; empty when nothing blocks (a `job_id` of a job that ended or is already in the background moves nothing)", body = BackgroundAnswer),
+        (status = 404, description = "No such session, or `job_id` names no job of it", body = ErrorBody),
+        (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
 pub(crate) async fn background(
     State(state): State<AppState>,
     PathId(id): PathId,

@@ -53,10 +53,18 @@ async fn background_by_type_leaves_other_types_blocking() {
         SessionStatus::Busy
     );
 
-    // Unmatched filters move nothing.
+    // A job id that names no job of the session is not found; unmatched
+    // filters move nothing.
+    let unknown = service
+        .background(BackgroundRequest::job(&session, "job_nope"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(unknown, offstage::ServiceError::NotFound(_)),
+        "{unknown:?}"
+    );
     for request in [
         BackgroundRequest::of_type(&session, "no-such-tool"),
-        BackgroundRequest::job(&session, "job_nope"),
         BackgroundRequest {
             session_id: session.clone(),
             kind: Some("subagent".into()),

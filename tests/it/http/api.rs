@@ -726,3 +726,55 @@ fn refuses_a_public_address_without_a_token() {
     assert!(stdout.is_empty(), "{stdout}");
     assert!(stderr.contains("without a token"), "{stderr}");
 }
+
+#[test]
+fn output_pages_always_advance_and_background_names_unknown_jobs() {
+    let server = Server::start(&[]);
+    let session = create_session(&server);
+    let other = create_session(&server);
+    let done = server.expect(
+        "POST",
+        &format!("/api/session/{session}/tool"),
+        Some(&json!({ "tool": "shell", "input": { "command": "printf 'abc'" }, "call_id": "job_paged" })),
+        200,
+    );
+    assert_eq!(done["status"], "completed", "{done}");
+
+    // A page of 0 bytes would neither advance nor end: refused.
+    server
+        .request("GET", "/api/job/job_paged/output?limit=0", None)
+        .assert_error(400, "bad_request");
+    // Pages of one byte get to the end.
+    let (mut offset, mut data) = (0, String::new());
+    for _ in 0..10 {
+        let page = server.expect(
+            "GET",
+            &format!("/api/job/job_paged/output?offset={offset}&limit=1"),
+            None,
+            200,
+        );
+        data.push_str(page["data"].as_str().unwrap());
+        assert!(page["next_offset"].as_u64().unwrap() > offset || page["eof"] == true);
+        offset = page["next_offset"].as_u64().unwrap();
+        if page["eof"] == true {
+            break;
+        }
+    }
+    assert_eq!(data, "abc");
+
+    // Backgrounding a job id that does not exist (or is another
+    // session's) is a 404; a job that exists but is not blocking moves
+    // nothing.
+    let background = |session: &str, job: &str| {
+        server.request(
+            "POST",
+            &format!("/api/session/{session}/background"),
+            Some(&json!({ "job_id": job })),
+        )
+    };
+    background(&session, "job_unknown").assert_error(404, "not_found");
+    background(&other, "job_paged").assert_error(404, "not_found");
+    let response = background(&session, "job_paged");
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(response.json(), json!({ "backgrounded": [] }));
+}

@@ -143,10 +143,15 @@ async fn worker(
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let moved = service
+            // A job that has not started yet is not found: nothing moved.
+            let moved = match service
                 .background(BackgroundRequest::job(&session, &call_id))
                 .await
-                .unwrap();
+            {
+                Ok(moved) => moved,
+                Err(offstage::ServiceError::NotFound(_)) => Vec::new(),
+                Err(error) => panic!("{call_id}: background failed: {error}"),
+            };
             if !moved.is_empty() {
                 ledger.explicit_moves.fetch_add(1, Ordering::Relaxed);
             }

@@ -14,7 +14,7 @@ use offstage_plugin_api::types::{BackgroundRequest, Job, JobStatus, Message, Rol
 use serde_json::json;
 
 use crate::{
-    error::Result,
+    error::{Result, ServiceError},
     session::{new_message, SessionService},
     store::{self, StoreError, Ticket},
 };
@@ -33,9 +33,24 @@ pub(super) enum MoveReason {
 impl SessionService {
     /// Moves a session's blocking jobs — all, one type, or one job — to
     /// the background, releasing their callers once the move is
-    /// committed.
+    /// committed. A `job_id` that names no job of the session is
+    /// `NotFound`; one that names a job not blocking (ended, or already in
+    /// the background) moves nothing.
     pub async fn background(&self, request: BackgroundRequest) -> Result<Vec<Job>> {
         self.get(&request.session_id).await?;
+        if let Some(job_id) = &request.job_id {
+            let known = self
+                .state()
+                .jobs
+                .get(job_id)
+                .is_some_and(|e| e.job.session_id == request.session_id);
+            if !known {
+                return Err(ServiceError::NotFound(format!(
+                    "job {job_id} not found in session {}",
+                    request.session_id
+                )));
+            }
+        }
         let moved = self
             .move_jobs(MoveReason::Request, |job| {
                 job.session_id == request.session_id

@@ -163,8 +163,15 @@ impl SessionService {
             .ok_or_else(|| ServiceError::not_found("job", id))
     }
 
-    /// A byte range of a job's output file.
+    /// A byte range of a job's output file. `limit` must be at least 1:
+    /// a page of zero bytes would neither advance nor end, and a pager
+    /// would loop on it forever.
     pub async fn job_output(&self, id: &str, offset: u64, limit: u64) -> Result<OutputChunk> {
+        if limit == 0 {
+            return Err(ServiceError::InvalidInput(
+                "limit must be at least 1 byte: a page of 0 bytes never gets to the end".into(),
+            ));
+        }
         let job = self.job(id).await?;
         let path = job
             .output_path

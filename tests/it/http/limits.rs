@@ -1,0 +1,204 @@
+//! Clients that stall cannot hold the host: a request head, a request body
+//! and an idle keep-alive connection each have a timeout, open connections
+//! are capped, and past the cap a client is told so (503) instead of
+//! waiting unanswered (docs/contract.md, "Connections"; README,
+//! "Operations"). Against a real `offstage serve`.
+
+use std::{
+    io::{ErrorKind, Read, Write},
+    net::TcpStream,
+    thread,
+    time::Duration,
+};
+
+use offstage_tests::{
+    server::{http, write_file, Server, READ_TIMEOUT},
+    wait::{eventually, PATIENCE},
+};
+
+/// Reads until the server closes `stream`; returns what it sent. Fails
+/// the test if the server keeps it open for [`READ_TIMEOUT`].
+fn read_until_closed(stream: &mut TcpStream, what: &str) -> String {
+    stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => received.extend_from_slice(&buffer[..n]),
+            // Closed with our unread bytes in its buffer: a reset.
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("{what}: the server kept the connection open ({e})"),
+        }
+    }
+    String::from_utf8_lossy(&received).into_owned()
+}
+
+fn connect(server: &Server, first_bytes: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    if !first_bytes.is_empty() {
+        stream.write_all(first_bytes.as_bytes()).unwrap();
+    }
+    stream
+}
+
+#[test]
+fn stalled_clients_are_closed_and_others_still_get_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[http]\nheader_timeout = \"1s\"\nbody_timeout = \"1s\"\nidle_timeout = \"2s\"\n",
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let host = server.addr.to_string();
+
+    let half_heads: Vec<TcpStream> = (0..300)
+        .map(|_| {
+            connect(
+                &server,
+                &format!("GET /api/health HTTP/1.1\r\nHost: {host}\r\nX-Slow: "),
+            )
+        })
+        .collect();
+    let half_bodies: Vec<TcpStream> = (0..50)
+        .map(|_| {
+            connect(
+                &server,
+                &format!(
+                    "POST /api/session HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"title\": "
+                ),
+            )
+        })
+        .collect();
+    let idle: Vec<TcpStream> = (0..50).map(|_| connect(&server, "")).collect();
+    // A head trickled a byte at a time never goes quiet, so only a bound
+    // from its first byte ends it.
+    let mut trickle = connect(
+        &server,
+        &format!("GET /api/health HTTP/1.1\r\nHost: {host}\r\nX-Trickle: "),
+    );
+    let mut trickling = trickle.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while std::time::Instant::now() < deadline {
+            if trickling.write_all(b"a").is_err() {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        false
+    });
+
+    // Meanwhile the host answers everyone else.
+    server.expect("GET", "/api/session", None, 200);
+
+    for mut stream in half_heads {
+        let sent = read_until_closed(&mut stream, "a half-sent head");
+        assert!(sent.is_empty() || sent.starts_with("HTTP/1.1 4"), "{sent}");
+    }
+    for mut stream in half_bodies {
+        let sent = read_until_closed(&mut stream, "a half-sent body");
+        assert!(sent.starts_with("HTTP/1.1 408"), "{sent}");
+        assert!(sent.contains("request_timeout"), "{sent}");
+        assert!(
+            sent.to_ascii_lowercase().contains("connection: close"),
+            "{sent}"
+        );
+    }
+    for mut stream in idle {
+        read_until_closed(&mut stream, "an idle connection");
+    }
+    read_until_closed(&mut trickle, "a trickled head");
+    assert!(
+        writer.join().unwrap(),
+        "the trickled head was never cut off"
+    );
+
+    // And after all of that, a new client is served.
+    server.expect("GET", "/api/health", None, 200);
+    server.expect("POST", "/api/session", Some(&serde_json::json!({})), 201);
+}
+
+#[test]
+fn past_the_connection_cap_clients_get_503_until_a_slot_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    // Timeouts far longer than the test: only the cap is at work here.
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[http]\nmax_connections = 8\nheader_timeout = \"10m\"\nidle_timeout = \"10m\"\n",
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let held: Vec<TcpStream> = (0..8)
+        .map(|_| connect(&server, "GET /api/health HTTP/1.1\r\n"))
+        .collect();
+
+    let refused = http(server.addr, "GET", "/api/health", &[], b"");
+    refused.assert_error(503, "too_many_connections");
+    assert_eq!(refused.header("connection"), Some("close"));
+    assert!(refused.header("retry-after").is_some());
+
+    // A held client leaves: its slot serves the next one.
+    drop(held);
+    eventually("a connection slot to free up", || {
+        let response = http(server.addr, "GET", "/api/health", &[], b"");
+        (response.status == 200).then_some(())
+    });
+
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("open-file limit"), "{log}");
+    assert!(log.contains("connection cap reached"), "{log}");
+}
+
+#[test]
+fn near_its_open_file_limit_the_host_keeps_answering() {
+    // 128 descriptors in all: the cap comes down to 64 connections, and
+    // what is left serves the store, the runtime and the refusals.
+    let dir = tempfile::tempdir().unwrap();
+    // Timeouts far longer than the test: the held clients stay.
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[http]\nheader_timeout = \"10m\"\nidle_timeout = \"10m\"\n",
+    );
+    let server = Server::start_with_open_files(&["--config", config.to_str().unwrap()], 128);
+    let host = server.addr.to_string();
+    let held: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            connect(
+                &server,
+                &format!("GET /api/health HTTP/1.1\r\nHost: {host}\r\n"),
+            )
+        })
+        .collect();
+    // Far more clients than descriptors: each is answered, none hangs.
+    for _ in 0..200 {
+        let response = http(server.addr, "GET", "/api/health", &[], b"");
+        assert!(
+            response.status == 503 || response.status == 200,
+            "{}: {}",
+            response.status,
+            response.body
+        );
+    }
+    let refused = http(server.addr, "GET", "/api/health", &[], b"");
+    refused.assert_error(503, "too_many_connections");
+    // The held ones were served all along: each completes its request.
+    for mut stream in held {
+        stream.write_all(b"Connection: close\r\n\r\n").unwrap();
+        let answer = read_until_closed(&mut stream, "a held connection");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+    eventually("a slot to free up", || {
+        (http(server.addr, "GET", "/api/health", &[], b"").status == 200).then_some(())
+    });
+    server.expect("POST", "/api/session", Some(&serde_json::json!({})), 201);
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("max_connections lowered from 1024 to 64"),
+        "{log}"
+    );
+}
