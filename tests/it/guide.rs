@@ -311,6 +311,8 @@ fn the_guide_wrapper_keeps_the_command_running_when_it_cannot_background() {
     assert_eq!(kept.status, ToolStatus::Completed, "{kept:?}");
     assert_eq!(kept.output.trim(), "done", "{kept:?}");
     assert_eq!(kept.exit_code, Some(0), "{kept:?}");
+}
+
 /// The workspace's source files (`.rs`) and manifests (`Cargo.toml`),
 /// outside build output.
 fn workspace_files(extension: &str) -> Vec<std::path::PathBuf> {
