@@ -2,8 +2,11 @@
 //!
 //! 1. [`check_call`](SessionService::check_call): the session, the tool,
 //!    its input, the job id and the permission rules — nothing exists yet;
+//!    a `deny` refuses here;
 //! 2. [`start_job`](SessionService::start_job): the output file, the job's
-//!    record (committed first), and its task on the runtime;
+//!    record (committed first), and its task on the runtime (which asks
+//!    first when a rule says `ask`, so a call waiting on a question is a
+//!    job like any other);
 //! 3. [`await_caller`](SessionService::await_caller): wait for the end, a
 //!    background move or the foreground timeout;
 //! 4. [`record_result`](SessionService::record_result): the tool message
@@ -15,11 +18,13 @@ use offstage_plugin_api::types::{
     Job, JobStatus, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
 };
 use serde_json::json;
+use tokio::sync::watch;
 
 use super::{background::MoveReason, output::OutputSink, CancelReason, JobRuntime};
 use crate::{
     error::Result,
     ids::{check_caller_id, new_id, now},
+    permission::{Action, Permissions},
     session::{JobEntry, SessionService},
     store::{self, StoreError},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
@@ -36,6 +41,9 @@ struct CheckedCall {
     /// The name of the job's output file, without `.log`: always an id the
     /// host generated, never the caller's `call_id`.
     file_id: String,
+    /// What to ask about before the tool runs (its permission pattern),
+    /// when a rule says `ask`.
+    ask: Option<String>,
     /// Holds the job id from the first check until the job is registered.
     reservation: IdReservation,
 }
@@ -121,6 +129,13 @@ impl SessionService {
         // The caller is no longer blocked: the session may turn idle
         // before the result is recorded.
         drop(started.blocking);
+        // A question answered `reject` while the caller waited: the job
+        // ended as an error (its end recorded it), the caller is refused.
+        if result.status != ToolStatus::Backgrounded {
+            if let Some(denied) = started.runtime.denied.get() {
+                return Err(ServiceError::PermissionDenied(denied.clone()));
+            }
+        }
         // A job that ended in the foreground recorded its result in the
         // commit of its end; a released caller records what it got.
         if !started
@@ -134,8 +149,8 @@ impl SessionService {
     }
 
     /// Step 1: everything that can refuse the call before it exists — the
-    /// session, the tool and its input, the job id, the permission rules
-    /// (an `ask` waits here for its reply).
+    /// session, the tool and its input, the job id, a `deny` rule. (An
+    /// `ask` is asked by the job's task.)
     async fn check_call(&self, session_id: &str, request: ToolRequest) -> Result<CheckedCall> {
         self.get(session_id).await?;
         let (tool, wrappers) = self
@@ -168,14 +183,12 @@ impl SessionService {
                 id: job_id.clone(),
             }
         };
-        self.inner
-            .permissions
-            .check(
-                session_id,
-                &request.tool,
-                &tool.permission_pattern(&request.input),
-            )
-            .await?;
+        let pattern = tool.permission_pattern(&request.input);
+        let ask = match self.inner.permissions.evaluate(&request.tool, &pattern) {
+            Action::Allow => None,
+            Action::Ask => Some(pattern),
+            Action::Deny => return Err(Permissions::denied(&request.tool, &pattern)),
+        };
         Ok(CheckedCall {
             call: ToolCall {
                 session_id: session_id.to_string(),
@@ -187,6 +200,7 @@ impl SessionService {
             wrappers,
             policy,
             file_id,
+            ask,
             reservation,
         })
     }
@@ -203,6 +217,7 @@ impl SessionService {
             wrappers,
             policy,
             file_id,
+            ask,
             reservation,
         } = checked;
         let output = Arc::new(OutputSink::create(
@@ -257,6 +272,9 @@ impl SessionService {
         let service = self.clone();
         let task_runtime = runtime.clone();
         let background = policy.background;
+        if ask.is_none() {
+            runtime.running.send_replace(true);
+        }
         tokio::spawn(async move {
             let recorded = recorded.wait().await;
             // The id stays reserved until the commit's hook has put the job
@@ -281,7 +299,7 @@ impl SessionService {
                 let _ = service.move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
             }
             service
-                .run_job(task_runtime, ctx, call, tool, wrappers)
+                .run_job(task_runtime, ctx, call, ask, tool, wrappers)
                 .await;
         });
         let blocking = match started_rx.await {
@@ -344,6 +362,7 @@ impl SessionService {
     ) -> ToolResult {
         let mut finished = runtime.finished.subscribe();
         let mut released = runtime.released.subscribe();
+        let running = runtime.running.subscribe();
         // A timeout only fires once; after it, the end or release follows.
         let mut timeout = policy.timeout;
         loop {
@@ -364,7 +383,7 @@ impl SessionService {
                 _ = released.wait_for(|r| *r) => {
                     return backgrounded_result(job_id, runtime);
                 }
-                _ = sleep_or_forever(timeout) => {
+                _ = sleep_once_running(timeout, running.clone()) => {
                     timeout = None;
                 }
             }
@@ -397,9 +416,14 @@ fn job_exists(job_id: &str) -> ServiceError {
     ServiceError::Conflict(format!("a job with id {job_id} already exists"))
 }
 
-async fn sleep_or_forever(duration: Option<Duration>) {
-    match duration {
-        Some(duration) => tokio::time::sleep(duration).await,
-        None => std::future::pending().await,
+/// Sleeps `duration` from the moment the tool runs (a permission question
+/// may come first), or forever.
+async fn sleep_once_running(duration: Option<Duration>, mut running: watch::Receiver<bool>) {
+    let Some(duration) = duration else {
+        return std::future::pending().await;
+    };
+    if running.wait_for(|r| *r).await.is_err() {
+        return std::future::pending().await;
     }
+    tokio::time::sleep(duration).await;
 }
