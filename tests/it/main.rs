@@ -69,10 +69,11 @@ mod store {
     mod writer;
 }
 
-/// Hostile input: ids that must never become paths, duplicate calls, and
-/// processes that try to outlive their job.
+/// Hostile input: ids that must never become paths, duplicate calls,
+/// processes that try to outlive their job, and resource limits.
 mod hardening {
     mod ids;
+    mod limits;
     mod procs;
 }
 

@@ -32,7 +32,10 @@ use crate::util::LockExt;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
 };
 
 use offstage_plugin_api::types::{Job, Message, NewSession, Role, Session, SessionStatus};
@@ -71,6 +74,8 @@ struct Inner {
     permissions: Permissions,
     data_dir: PathBuf,
     store: Arc<Store>,
+    /// `[jobs] max_output`: bytes of output each job's file may hold.
+    max_output: AtomicU64,
 }
 
 #[derive(Default)]
@@ -177,6 +182,7 @@ impl SessionService {
                 agents,
                 data_dir: config.data_dir,
                 store,
+                max_output: AtomicU64::new(jobs::output::DEFAULT_MAX_OUTPUT),
             }),
         }
     }
@@ -277,6 +283,18 @@ impl SessionService {
     /// Permission rules and pending questions.
     pub fn permissions(&self) -> &Permissions {
         &self.inner.permissions
+    }
+
+    /// Caps the output file of every job started from now on at `bytes`
+    /// (`[jobs] max_output`; 1 GiB unless set): past it the file stops
+    /// growing, the job goes on, and its tail says the output was cut.
+    pub fn set_max_output(&self, bytes: u64) {
+        self.inner.max_output.store(bytes, Ordering::Relaxed);
+    }
+
+    /// What [`set_max_output`](Self::set_max_output) set.
+    pub fn max_output(&self) -> u64 {
+        self.inner.max_output.load(Ordering::Relaxed)
     }
 
     /// Where job output files live.

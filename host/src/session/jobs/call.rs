@@ -223,6 +223,7 @@ impl SessionService {
         let output = Arc::new(OutputSink::create(
             self.output_dir(&call.session_id)?
                 .join(format!("{file_id}.log")),
+            self.max_output(),
         )?);
         let job = Job {
             id: call.job_id.clone(),

@@ -196,6 +196,17 @@ impl SessionService {
             offset,
             limit.min(4 * 1024 * 1024),
         )
+        .map_err(|error| match error {
+            // Removed from the disk by someone else: the job is known, its
+            // output is not there to read — the reader's problem to know,
+            // not the host's fault.
+            error if error.kind() == std::io::ErrorKind::NotFound => {
+                ServiceError::NotFound(format!(
+                    "the output file of job {id} is gone from the disk ({path})"
+                ))
+            }
+            error => error.into(),
+        })
     }
 
     /// Records the process group a job's tool started (its leader `pid`),
