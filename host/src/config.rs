@@ -376,10 +376,12 @@ impl ServeConfig {
             plugins: file.plugin,
             permissions: file.permission,
             durability: file.store.durability.unwrap_or_default(),
-            max_output: file.jobs.max_output.map_or(
-                crate::session::jobs::output::DEFAULT_MAX_OUTPUT,
-                |size| size.0,
-            ),
+            max_output: file
+                .jobs
+                .max_output
+                .map_or(crate::session::jobs::output::DEFAULT_MAX_OUTPUT, |size| {
+                    size.0
+                }),
             warnings,
         })
     }

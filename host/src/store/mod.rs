@@ -1016,11 +1016,30 @@ pub(crate) fn put_session(conn: &Connection, session: &Session) -> Result<(), St
 }
 
 /// Deletes a session and everything under it; whether it existed.
+///
+/// Descendants are deleted first, deepest first, each on its own: a row's
+/// `ON DELETE CASCADE` then only reaches its messages and jobs, never a
+/// child session. Letting the cascade walk the chain would nest one
+/// trigger frame per generation, and SQLite refuses past its trigger depth
+/// limit (a chain a few hundred deep); the recursive query that finds them
+/// is iterative and has no such limit.
 pub(crate) fn delete_session(conn: &Connection, id: &str) -> Result<bool, StoreError> {
-    let deleted = conn
-        .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-        .execute([id])?;
-    Ok(deleted > 0)
+    let doomed: Vec<String> = conn
+        .prepare_cached(
+            "WITH RECURSIVE tree(id, depth) AS (
+                 SELECT id, 0 FROM sessions WHERE id = ?1
+                 UNION ALL
+                 SELECT s.id, tree.depth + 1 FROM sessions s JOIN tree ON s.parent_id = tree.id
+             )
+             SELECT id FROM tree ORDER BY depth DESC",
+        )?
+        .query_map([id], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut delete = conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?;
+    for session_id in &doomed {
+        delete.execute([session_id])?;
+    }
+    Ok(!doomed.is_empty())
 }
 
 /// Marks messages handed to a turn.

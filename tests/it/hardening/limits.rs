@@ -20,10 +20,7 @@ fn capped_server() -> (Server, tempfile::TempDir) {
         "offstage.toml",
         "[jobs]\nmax_output = \"64KiB\"\n",
     );
-    (
-        Server::start(&["--config", config.to_str().unwrap()]),
-        dir,
-    )
+    (Server::start(&["--config", config.to_str().unwrap()]), dir)
 }
 
 fn session(server: &Server) -> String {
@@ -62,10 +59,18 @@ fn output_past_max_output_is_not_saved_and_the_job_goes_on() {
     let path = result["output_path"].as_str().unwrap();
     assert_eq!(std::fs::metadata(path).unwrap().len(), CAP);
     // Paging the file ends at the cap.
-    let page = server.expect("GET", "/api/job/job_flood/output?offset=0&limit=4194304", None, 200);
+    let page = server.expect(
+        "GET",
+        "/api/job/job_flood/output?offset=0&limit=4194304",
+        None,
+        200,
+    );
     assert_eq!(page["next_offset"], CAP);
     assert_eq!(page["eof"], true);
-    assert!(page["data"].as_str().unwrap().starts_with("offstage-flood\n"));
+    assert!(page["data"]
+        .as_str()
+        .unwrap()
+        .starts_with("offstage-flood\n"));
 
     // In the background, the notice says so too.
     let started = server.expect(
@@ -128,7 +133,9 @@ fn a_job_whose_output_file_is_gone_answers_404() {
     let result = server.expect(
         "POST",
         &format!("/api/session/{session}/tool"),
-        Some(&json!({ "tool": "shell", "input": { "command": "echo gone" }, "call_id": "job_gone" })),
+        Some(
+            &json!({ "tool": "shell", "input": { "command": "echo gone" }, "call_id": "job_gone" }),
+        ),
         200,
     );
     let path = std::path::PathBuf::from(result["output_path"].as_str().unwrap());

@@ -200,11 +200,9 @@ impl SessionService {
             // Removed from the disk by someone else: the job is known, its
             // output is not there to read — the reader's problem to know,
             // not the host's fault.
-            error if error.kind() == std::io::ErrorKind::NotFound => {
-                ServiceError::NotFound(format!(
-                    "the output file of job {id} is gone from the disk ({path})"
-                ))
-            }
+            error if error.kind() == std::io::ErrorKind::NotFound => ServiceError::NotFound(
+                format!("the output file of job {id} is gone from the disk ({path})"),
+            ),
             error => error.into(),
         })
     }
