@@ -64,6 +64,7 @@ mod restart {
 /// group-commit writer killed mid-batch.
 mod store {
     mod crash;
+    mod damaged;
     mod deep;
     mod full;
     mod restart;

@@ -209,7 +209,14 @@ impl SessionService {
     pub fn open_with(config: ServiceConfig, durability: Durability) -> Result<Self, StoreError> {
         let store = Arc::new(Store::open_with(&config.data_dir, durability)?);
         let service = Self::with_store(config, store);
-        service.restore()?;
+        // Damage found while reading the store back is reported with the
+        // file's path, like damage found when opening it.
+        service
+            .restore()
+            .map_err(|error| match service.store().path() {
+                Some(path) => error.at_start(path),
+                None => error,
+            })?;
         Ok(service)
     }
 

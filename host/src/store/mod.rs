@@ -204,6 +204,41 @@ impl StoreError {
             other => StoreError::Unsaved(other.to_string()),
         }
     }
+
+    /// The error of reading the store at start-up (restart recovery), made
+    /// to name the database file `path`: damaged pages or rows that do not
+    /// parse are [`Corrupt`](StoreError::Corrupt), any other SQLite failure
+    /// an [`Open`](StoreError::Open) error, a failed commit an
+    /// [`Io`](StoreError::Io) error. Errors that already name what they
+    /// concern are kept.
+    pub(crate) fn at_start(self, path: &Path) -> StoreError {
+        match self {
+            StoreError::Sqlite(
+                error @ (rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..)),
+            ) => StoreError::Corrupt {
+                path: path.to_path_buf(),
+                cause: format!("a record cannot be read: {error}"),
+            },
+            StoreError::Sqlite(error) => open::classify(path, error),
+            // A failed group keeps only the text of its error; SQLite's
+            // words for a damaged file are stable.
+            StoreError::Unsaved(cause)
+                if cause.contains("malformed") || cause.contains("not a database") =>
+            {
+                StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    cause,
+                }
+            }
+            StoreError::Unsaved(cause) => StoreError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(cause),
+            },
+            other => other,
+        }
+    }
 }
 
 impl From<StoreError> for ServiceError {
