@@ -28,8 +28,9 @@
 //! job — never a job's main process (tokio waits for that one) and never
 //! with `waitpid(-1)`, so no other child's exit status is stolen. With no
 //! job tracked and nothing to reap it sleeps until a job is registered
-//! (woken by [`JobTree::new`]), with one sweep every [`IDLE_SWEEP_EVERY`]
-//! for zombies of processes no job claimed: an idle host does not scan
+//! (woken by [`JobTree::new`]) or a child of the host exits (SIGCHLD: a
+//! zombie of a process no job claimed), with a sweep every
+//! [`IDLE_SWEEP_EVERY`] as the fallback: an idle host does not scan
 //! `/proc` five times a second.
 
 use std::{
@@ -116,8 +117,31 @@ pub(crate) fn init() -> bool {
         let _ = std::thread::Builder::new()
             .name("offstage-reaper".into())
             .spawn(reaper);
+        wake_on_child_exit();
         subreaper
     })
+}
+
+/// While no job is tracked, a child's exit (SIGCHLD: an orphan no job
+/// claimed has died) wakes the reaper at once instead of at its idle
+/// sweep. Needs the runtime `init` is called in (the host's); without one
+/// the sweep does it.
+fn wake_on_child_exit() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut exits) = signal(SignalKind::child()) else {
+            return;
+        };
+        while exits.recv().await.is_some() {
+            // While busy the reaper scans every tick anyway.
+            if !REGISTRY.lock_unpoisoned().busy() {
+                WAKE.notify_all();
+            }
+        }
+    });
 }
 
 #[cfg(target_os = "linux")]
