@@ -388,6 +388,41 @@ async fn removing_a_session_drops_its_questions() {
     assert!(service.job("job_orphan").await.is_err());
 }
 
+/// The foreground timeout counts from the answer: a question that waits
+/// longer than the call's `timeout_ms` does not time the job out.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_foreground_timeout_does_not_run_while_the_question_waits() {
+    let engine = Engine::with_rules(vec![rule("shell", "*", Action::Ask)]);
+    let service = &engine.service;
+    let session = engine.session().await;
+    let call = engine.spawn_call(
+        &session,
+        ToolRequest {
+            tool: "shell".into(),
+            input: json!({ "command": "true", "timeout_ms": 1, "on_timeout": "kill" }),
+            call_id: Some("job_patient".into()),
+        },
+    );
+    let question = asked(&engine).await;
+    // Many times the timeout; a timeout counted from the call would have
+    // ended the job and withdrawn the question by now.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(service.permissions().pending(), vec![question.clone()]);
+    assert_eq!(
+        service.job("job_patient").await.unwrap().status,
+        JobStatus::Running
+    );
+    service
+        .permissions()
+        .reply(&question.id, Reply::Reject)
+        .unwrap();
+    let refused = within("the call", call).await.unwrap();
+    assert!(
+        matches!(refused, Err(ServiceError::PermissionDenied(_))),
+        "{refused:?}"
+    );
+}
+
 /// A real host whose `shell` calls all ask, and a session in it.
 fn asking_server() -> (Server, tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap();

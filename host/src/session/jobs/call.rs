@@ -7,8 +7,9 @@
 //!    record (committed first), and its task on the runtime (which asks
 //!    first when a rule says `ask`, so a call waiting on a question is a
 //!    job like any other);
-//! 3. [`await_caller`](SessionService::await_caller): wait for the end, a
-//!    background move or the foreground timeout;
+//! 3. [`wait_for_caller`](SessionService::wait_for_caller): wait for the
+//!    end, a background move or the foreground timeout (a caller that goes
+//!    away meanwhile moves its job to the background: [`CallerGuard`]);
 //! 4. [`record_result`](SessionService::record_result): the tool message
 //!    in the session.
 
@@ -124,8 +125,28 @@ impl SessionService {
     /// to the background, whichever comes first.
     pub async fn call_tool(&self, session_id: &str, request: ToolRequest) -> Result<ToolResult> {
         let checked = self.check_call(session_id, request).await?;
-        let started = self.start_job(checked).await?;
-        let result = self.await_caller(&started).await;
+        // Armed from before the job starts: a caller dropped at any await
+        // from here on (even one whose job started but who was not polled
+        // again yet) moves its job to the background.
+        let job_id = checked.call.job_id.clone();
+        let mut guard = CallerGuard {
+            service: self,
+            session_id,
+            job_id: &job_id,
+            armed: !checked.policy.background,
+        };
+        let started = self.start_job(checked).await;
+        let started = match started {
+            Ok(started) => started,
+            Err(error) => {
+                guard.armed = false;
+                return Err(error);
+            }
+        };
+        let result = self
+            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
+            .await;
+        guard.armed = false;
         // The caller is no longer blocked: the session may turn idle
         // before the result is recorded.
         drop(started.blocking);
@@ -319,23 +340,6 @@ impl SessionService {
             policy,
             blocking,
         })
-    }
-
-    /// Step 3: waits for the job's end, a background move or the
-    /// foreground timeout. A caller that goes away meanwhile moves the job
-    /// to the background (see [`CallerGuard`]).
-    async fn await_caller(&self, started: &StartedJob) -> ToolResult {
-        let mut guard = CallerGuard {
-            service: self,
-            session_id: &started.job.session_id,
-            job_id: &started.job.id,
-            armed: true,
-        };
-        let result = self
-            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
-            .await;
-        guard.armed = false;
-        result
     }
 
     /// Step 4: the call's result as a tool message in its session, for a
