@@ -124,7 +124,12 @@ impl Context {
     /// let (session_id, job_id) = (call.session_id.clone(), call.job_id.clone());
     /// let mut run = std::pin::pin!(next.run(call));
     /// if ctx.timeout(Duration::from_secs(2), run.as_mut()).await.is_err() {
-    ///     ctx.session().background(BackgroundRequest::job(session_id, job_id)).await?;
+    ///     // Log, never `?`: an error here would fail the call and kill the
+    ///     // command it means to keep running.
+    ///     let request = BackgroundRequest::job(session_id, job_id);
+    ///     if let Err(error) = ctx.session().background(request).await {
+    ///         tracing::warn!(%error, "could not move the call to the background");
+    ///     }
     /// }
     /// run.await
     /// # }

@@ -33,13 +33,39 @@ pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
+thread_local! {
+    /// Where the last panic on this thread happened (`src/lib.rs:42:9`),
+    /// recorded by the panic hook the plugin-api installs, taken by the
+    /// entry point that catches it.
+    static PANIC_LOCATION: std::cell::RefCell<Option<String>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Called by the panic hook (see `logging.rs`).
+pub(crate) fn record_panic_location(location: String) {
+    let _ = PANIC_LOCATION.try_with(|cell| *cell.borrow_mut() = Some(location));
+}
+
+/// The caught panic's message, with where it happened when the hook saw it.
+fn caught(payload: &(dyn Any + Send)) -> String {
+    let message = panic_message(payload);
+    match PANIC_LOCATION
+        .try_with(|cell| cell.borrow_mut().take())
+        .ok()
+        .flatten()
+    {
+        Some(location) => format!("{message} (at {location})"),
+        None => message,
+    }
+}
+
 /// Runs `f`, turning a panic into a plugin failure. Every synchronous entry
 /// point of the plugin goes through this: a panic must never reach an
 /// `extern "C"` frame, where it would abort the host.
 pub(crate) fn guard<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,
-        Err(payload) => Err(Error::panicked(what, &panic_message(payload.as_ref()))),
+        Err(payload) => Err(Error::panicked(what, &caught(payload.as_ref()))),
     }
 }
 
@@ -65,7 +91,7 @@ impl<T, F: Future<Output = Result<T>>> Future for CatchUnwind<F> {
             Err(payload) => {
                 // Dropping a future that panicked could panic again; leak it.
                 std::mem::forget(self.inner.take());
-                Poll::Ready(Err(Error::panicked(what, &panic_message(payload.as_ref()))))
+                Poll::Ready(Err(Error::panicked(what, &caught(payload.as_ref()))))
             }
         }
     }

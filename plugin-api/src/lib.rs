@@ -27,7 +27,12 @@
 //!                 let (session, job) = (call.session_id.clone(), call.job_id.clone());
 //!                 let mut run = std::pin::pin!(next.run(call));
 //!                 if ctx.timeout(Duration::from_secs(2), run.as_mut()).await.is_err() {
-//!                     ctx.session().background(BackgroundRequest::job(session, job)).await?;
+//!                     // No `?`: failing the wrapper would kill the command.
+//!                     // If the move fails, the call stays in the foreground.
+//!                     let request = BackgroundRequest::job(session, job);
+//!                     if let Err(error) = ctx.session().background(request).await {
+//!                         tracing::warn!(%error, "could not move the call to the background");
+//!                     }
 //!                 }
 //!                 run.await
 //!             }
@@ -124,8 +129,8 @@ pub mod capability {
 pub mod prelude {
     pub use crate::capability;
     pub use crate::types::{
-        AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, Role, Session,
-        SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
+        AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, OutputChunk,
+        Role, Session, SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
     };
     pub use crate::{export_plugin, Context, Error, ErrorKind, Manifest, Next, Plugin, Result};
     pub use serde_json::{json, Value};

@@ -88,7 +88,13 @@ pub(crate) fn install(ctx: &Context) {
         let _ = tracing::subscriber::set_global_default(subscriber);
         // Panics are contained and reported as errors; the default hook
         // would also print them to the host's stderr, outside its log.
+        // The hook keeps where the panic happened for the error that the
+        // catching entry point makes (`Error::panicked`), so the host's
+        // error line names the file and line, not only the message.
         std::panic::set_hook(Box::new(|info| {
+            if let Some(location) = info.location() {
+                crate::futures::record_panic_location(location.to_string());
+            }
             tracing::debug!(target: "panic", "{info}");
         }));
     });

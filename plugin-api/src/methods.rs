@@ -168,16 +168,51 @@ macro_rules! session_methods {
                 http: None,
                 since: "1.1",
             }
-            // A method of a future 1.2 that today's host does not have: only
-            // the "newer" compatibility fixture (tests/compat/api-newer) has it.
-            /// Copies a session. *Since 1.2* (a fixture for compatibility tests).
+            // 1.1 ended here.
+            /// One job by id. *Since 1.2.*
+            #[cfg(not(offstage_api_variant = "older"))]
+            fn job / job_blocking (job_id: &str) -> $crate::types::Job {
+                args: $crate::types::args::JobId =
+                    $crate::types::args::JobId { job_id: job_id.to_string() },
+                capability: SESSION_READ,
+                http: Some("GET /api/job/{id}"),
+                since: "1.2",
+            }
+            /// A byte range of a job's full output file, from `offset`, at
+            /// most `limit` bytes (`None`: 1 MiB; never more than 4 MiB) —
+            /// the page `GET /api/job/{id}/output` answers. Ask again from
+            /// `next_offset` until `eof`; the file of a running job grows.
+            /// *Since 1.2.*
+            #[cfg(not(offstage_api_variant = "older"))]
+            fn job_output / job_output_blocking (job_id: &str, offset: u64, limit: Option<u64>) -> $crate::types::OutputChunk {
+                args: $crate::types::args::JobOutput =
+                    $crate::types::args::JobOutput { job_id: job_id.to_string(), offset, limit },
+                capability: SESSION_READ,
+                http: Some("GET /api/job/{id}/output"),
+                since: "1.2",
+            }
+            /// Cancels a job (killing its process group) and returns it as it
+            /// ended; a job that has already ended is returned unchanged.
+            /// Moving it to the background first is not needed. *Since 1.2.*
+            #[cfg(not(offstage_api_variant = "older"))]
+            fn cancel_job / cancel_job_blocking (job_id: &str) -> $crate::types::Job {
+                args: $crate::types::args::JobId =
+                    $crate::types::args::JobId { job_id: job_id.to_string() },
+                capability: SESSION_WRITE,
+                http: Some("DELETE /api/job/{id}"),
+                since: "1.2",
+            }
+            // A method of a future release that today's host does not have:
+            // only the "newer" compatibility fixture (tests/compat/api-newer)
+            // has it.
+            /// Copies a session. *Since 1.3* (a fixture for compatibility tests).
             #[cfg(offstage_api_variant = "newer")]
             fn fork / fork_blocking (session_id: &str) -> $crate::types::Session {
                 args: $crate::types::args::SessionId =
                     $crate::types::args::SessionId { session_id: session_id.to_string() },
                 capability: SESSION_READ,
                 http: None,
-                since: "1.2",
+                since: "1.3",
             }
         }
     };

@@ -96,6 +96,14 @@ pub trait Plugin: Send + Sync + Sized + 'static {
 
     /// State to hand to the next generation on hot reload; it gets it from
     /// [`Context::previous_state`].
+    ///
+    /// Runs before the next generation's `init`, after this generation's
+    /// event handlers have finished the event in hand and stopped taking
+    /// events: the state includes every event this generation handled, and
+    /// the next generation's subscriptions to the same types get the rest.
+    /// Tool calls and wrappers still reach this generation until the next
+    /// one's `init` has returned; changes they make after this call are not
+    /// handed over.
     fn export_state(&self) -> Option<Value> {
         None
     }

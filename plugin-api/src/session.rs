@@ -89,3 +89,46 @@ impl SessionDomain {
 }
 
 crate::session_methods!(plugin_faces);
+
+/// `prompt` with its `agent` argument: the same vtable entry as
+/// [`SessionDomain::prompt`] (the argument has crossed the boundary since
+/// 1.0), offered as its own method so `prompt`'s signature stays as it was.
+impl SessionDomain {
+    /// Like [`prompt`](Self::prompt), but the turn is run by `agent` instead
+    /// of the session's own agent, as `POST /api/session/{id}/prompt` with
+    /// `"agent"` does. The session keeps its agent for later turns.
+    pub async fn prompt_with_agent(
+        &self,
+        session_id: &str,
+        text: &str,
+        agent: &str,
+    ) -> Result<Vec<crate::types::Message>> {
+        let face: Option<AsyncMethod> = IntoFace::into_face(self.vtable().prompt());
+        let method = face.ok_or_else(|| unsupported("prompt"))?;
+        let args = prompt_args(session_id, text, agent);
+        let json = from_abi_result(method(self.ctx.inner.ctx, encode(args)?).await)?;
+        decode("prompt", json)
+    }
+
+    /// The blocking face of [`prompt_with_agent`](Self::prompt_with_agent).
+    pub fn prompt_with_agent_blocking(
+        &self,
+        session_id: &str,
+        text: &str,
+        agent: &str,
+    ) -> Result<Vec<crate::types::Message>> {
+        let face: Option<BlockingMethod> = IntoFace::into_face(self.vtable().prompt_blocking());
+        let method = face.ok_or_else(|| unsupported("prompt"))?;
+        let args = prompt_args(session_id, text, agent);
+        let json = from_abi_result(method(self.ctx.inner.ctx, encode(args)?))?;
+        decode("prompt", json)
+    }
+}
+
+fn prompt_args(session_id: &str, text: &str, agent: &str) -> crate::types::args::Prompt {
+    crate::types::args::Prompt {
+        session_id: session_id.to_string(),
+        text: text.to_string(),
+        agent: Some(agent.to_string()),
+    }
+}

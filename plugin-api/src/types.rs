@@ -293,6 +293,23 @@ impl ToolSpec {
     }
 }
 
+/// A byte range of a job's output file, as `GET /api/job/{id}/output` and
+/// [`SessionDomain::job_output`](crate::SessionDomain::job_output) answer
+/// it. Page through a file by asking again from `next_offset` until `eof`.
+/// *Since 1.2.*
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OutputChunk {
+    /// Where the range starts (the requested offset, clamped to the size).
+    pub offset: u64,
+    /// The bytes, as UTF-8 with invalid sequences replaced.
+    pub data: String,
+    /// Offset for the next request.
+    pub next_offset: u64,
+    /// Whether the range reached the end of the file as it is now.
+    pub eof: bool,
+}
+
 /// Arguments of the session-domain methods as they cross the boundary.
 /// Not needed by plugin authors; the host parses the same types.
 #[doc(hidden)]
@@ -331,6 +348,22 @@ pub mod args {
     pub struct Jobs {
         #[serde(default)]
         pub session_id: Option<String>,
+    }
+
+    /// Since 1.2.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct JobId {
+        pub job_id: String,
+    }
+
+    /// Since 1.2. `limit: None` is the HTTP route's default page size.
+    #[derive(Debug, Clone, Serialize, Deserialize)]
+    pub struct JobOutput {
+        pub job_id: String,
+        #[serde(default)]
+        pub offset: u64,
+        #[serde(default)]
+        pub limit: Option<u64>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -126,7 +126,7 @@ fn parse_config(text: &str) -> BTreeMap<String, PluginSettings> {
 }
 
 /// Loads `library` with the real plugin host and runs `request` in a new
-/// session; returns the plugin host's view and the tool result.
+/// session; returns the tool result.
 fn load_and_call(
     library: &Path,
     settings: BTreeMap<String, PluginSettings>,
@@ -187,7 +187,7 @@ fn the_guide_works_as_written() {
     // 2.-3. the files the guide shows
     let files: Vec<&Block> = blocks
         .iter()
-        .filter(|b| b.marker.starts_with("file "))
+        .filter(|b| b.marker.starts_with("file word-count/"))
         .collect();
     assert!(
         files.len() >= 2,
@@ -243,4 +243,70 @@ fn the_template_builds_and_loads() {
     );
     assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
     assert_eq!(result.output, "from the template");
+}
+
+/// Builds the guide's wrapper example (`slow-shell`): the guide's
+/// `word-count/Cargo.toml` renamed, and its `slow-shell/src/lib.rs`.
+fn build_wrapper_example() -> std::path::PathBuf {
+    let blocks = guide_blocks();
+    let work = tempfile::tempdir().unwrap();
+    let krate = work.path().join("slow-shell");
+    std::fs::create_dir_all(krate.join("src")).unwrap();
+    let manifest = block(&blocks, "file word-count/Cargo.toml")
+        .text
+        .replace("name = \"word-count\"", "name = \"slow-shell\"");
+    assert!(manifest.contains("slow-shell"), "{manifest}");
+    std::fs::write(krate.join("Cargo.toml"), with_checkout(&manifest)).unwrap();
+    std::fs::write(
+        krate.join("src/lib.rs"),
+        &block(&blocks, "file slow-shell/src/lib.rs").text,
+    )
+    .unwrap();
+    std::fs::copy(
+        workspace_root().join("Cargo.lock"),
+        krate.join("Cargo.lock"),
+    )
+    .unwrap();
+    run_shell("cargo build", &krate);
+    let library = guide_target_dir()
+        .join("debug")
+        .join(library_file_name("slow-shell"));
+    assert!(library.exists(), "{} not built", library.display());
+    library
+}
+
+/// The wrapper example's settings: a timer of 1 ms, and the grants given.
+fn wrapper_settings(grant: &[&str]) -> BTreeMap<String, PluginSettings> {
+    let mut settings = BTreeMap::new();
+    settings.insert(
+        "slow-shell".to_string(),
+        PluginSettings {
+            enabled: true,
+            grant: Some(grant.iter().map(|g| g.to_string()).collect()),
+            options: json!({ "after_ms": 1 }),
+        },
+    );
+    settings
+}
+
+#[test]
+fn the_guide_wrapper_keeps_the_command_running_when_it_cannot_background() {
+    let library = build_wrapper_example();
+    let slow = || ToolRequest::new("shell", json!({ "command": "sleep 0.5; echo done" }));
+
+    // With the grant the timer fires and the call is moved: this is the
+    // path the next case takes, up to the failing `background`.
+    let moved = load_and_call(
+        &library,
+        wrapper_settings(&["tool.wrap", "session.background"]),
+        slow(),
+    );
+    assert_eq!(moved.status, ToolStatus::Backgrounded, "{moved:?}");
+
+    // Without it `background` fails; the wrapper logs and the command
+    // runs to its end in the foreground instead of being killed.
+    let kept = load_and_call(&library, wrapper_settings(&["tool.wrap"]), slow());
+    assert_eq!(kept.status, ToolStatus::Completed, "{kept:?}");
+    assert_eq!(kept.output.trim(), "done", "{kept:?}");
+    assert_eq!(kept.exit_code, Some(0), "{kept:?}");
 }

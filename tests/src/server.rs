@@ -53,7 +53,16 @@ impl Server {
         Self::start_with("dev", args, None)
     }
 
+    /// As [`Server::start`], with `OFFSTAGE_LOG=filter` instead of `info`.
+    pub fn start_with_log(args: &[&str], filter: &str) -> Server {
+        Self::start_full("serve", args, None, filter)
+    }
+
     fn start_with(command_name: &str, args: &[&str], token: Option<&str>) -> Server {
+        Self::start_full(command_name, args, token, "info")
+    }
+
+    fn start_full(command_name: &str, args: &[&str], token: Option<&str>, log: &str) -> Server {
         let data = tempfile::tempdir().unwrap();
         let mut command = Command::new(offstage_binary());
         command
@@ -61,7 +70,7 @@ impl Server {
             .arg(data.path().join("data"))
             .args(args)
             .env_remove("OFFSTAGE_TOKEN")
-            .env("OFFSTAGE_LOG", "info")
+            .env("OFFSTAGE_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

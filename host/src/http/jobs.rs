@@ -11,7 +11,7 @@ use super::{
     extract::{PathId, QueryParams},
     AppState,
 };
-use crate::session::jobs::output::OutputChunk;
+use crate::session::jobs::output::{OutputChunk, DEFAULT_OUTPUT_LIMIT};
 
 /// Registers this file's routes with their OpenAPI entries (one
 /// `routes!` per path).
@@ -48,9 +48,6 @@ pub(crate) async fn get_job(
 ) -> ApiResult<Json<Job>> {
     Ok(Json(state.service.job(&id).await?))
 }
-
-/// Bytes returned by `GET /api/job/:id/output` when no `limit` is given.
-pub(crate) const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 
 /// Query of `GET /api/job/:id/output`.
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]

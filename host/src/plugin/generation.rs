@@ -16,6 +16,7 @@ use std::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc, Mutex,
     },
+    time::Duration,
 };
 
 use serde_json::Value;
@@ -76,6 +77,10 @@ pub(crate) struct GenerationState {
     retired: AtomicBool,
     /// `true` asks the subscriptions to stop after the event in hand.
     stop: watch::Sender<bool>,
+    /// `true` asks the subscriptions to let go of their queues after the
+    /// event in hand and wait (a hot reload exporting this generation's
+    /// state, see [`GenerationState::pause_subscriptions`]).
+    pause: watch::Sender<bool>,
     /// Adapters of this generation alive (its callbacks and wrappers, see
     /// `abi/hooks.rs`).
     hooks: AtomicUsize,
@@ -137,6 +142,7 @@ pub(super) fn new_state(
         staged: Mutex::new(Some(Vec::new())),
         retired: AtomicBool::new(false),
         stop: watch::Sender::new(false),
+        pause: watch::Sender::new(false),
         hooks: AtomicUsize::new(0),
         drained: Notify::new(),
     })
@@ -372,37 +378,45 @@ impl GenerationState {
     /// holding the queue, which a predecessor gives up when it stops.
     fn start_subscription(&self, types: Vec<String>, callback: Callback, events: EventQueue) {
         let mut stop = self.stop.subscribe();
+        let mut pause = self.pause.subscribe();
         let (queue, kinds) = (events.clone(), types.clone());
         let task = self.runtime.spawn(async move {
-            let mut events = tokio::select! {
-                biased;
-                _ = stop.wait_for(|stop| *stop) => return,
-                events = queue.lock_owned() => events,
-            };
-            loop {
-                // `recv` is cancel-safe: an event is either taken here or
-                // left in the queue for the successor.
-                let received = tokio::select! {
+            // Each round holds the queue until a pause asks for it back.
+            'hold: loop {
+                let mut events = tokio::select! {
                     biased;
-                    _ = stop.wait_for(|stop| *stop) => break,
-                    received = events.recv() => received,
+                    _ = stop.wait_for(|stop| *stop) => return,
+                    events = async {
+                        let _ = pause.wait_for(|paused| !*paused).await;
+                        queue.clone().lock_owned().await
+                    } => events,
                 };
-                match received {
-                    Ok(event) => {
-                        if types.is_empty() || types.contains(&event.kind) {
-                            let handled = match to_json(&event) {
-                                Ok(json) => callback.call(json).await,
-                                Err(error) => Err(error),
-                            };
-                            if let Err(error) = handled {
-                                tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
+                loop {
+                    // `recv` is cancel-safe: an event is either taken here or
+                    // left in the queue for the successor.
+                    let received = tokio::select! {
+                        biased;
+                        _ = stop.wait_for(|stop| *stop) => return,
+                        _ = pause.wait_for(|paused| *paused) => continue 'hold,
+                        received = events.recv() => received,
+                    };
+                    match received {
+                        Ok(event) => {
+                            if types.is_empty() || types.contains(&event.kind) {
+                                let handled = match to_json(&event) {
+                                    Ok(json) => callback.call(json).await,
+                                    Err(error) => Err(error),
+                                };
+                                if let Err(error) = handled {
+                                    tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
+                                }
                             }
                         }
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
+                            tracing::warn!(plugin = %callback.plugin.name, lost, "event handler fell behind; events lost");
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
-                        tracing::warn!(plugin = %callback.plugin.name, lost, "event handler fell behind; events lost");
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
             }
         });
@@ -411,6 +425,47 @@ impl GenerationState {
             events: Some(events),
             task: task.abort_handle(),
         });
+    }
+
+    /// Stops this generation's subscriptions taking events and waits until
+    /// each has finished the event in hand and let go of its queue; the
+    /// queues are then held by the returned [`PausedSubscriptions`]. Events
+    /// published meanwhile wait in the queues (up to the bus's capacity).
+    ///
+    /// A hot reload calls this just before `export_state`, so the exported
+    /// state includes every event this generation handled and no later
+    /// one: the queues pass to the new generation at its commit, or back
+    /// to this one with [`PausedSubscriptions::resume`] if the reload
+    /// fails. Blocks the calling thread; waits at most `patience` per
+    /// subscription for the event in hand (a handler that hangs), after
+    /// which that queue is left to its handler and the handoff is logged
+    /// as inexact.
+    pub(super) fn pause_subscriptions(&self, patience: Duration) -> PausedSubscriptions<'_> {
+        self.pause.send_replace(true);
+        let queues: Vec<EventQueue> = self
+            .subscriptions
+            .lock_unpoisoned()
+            .iter()
+            .filter_map(|s| s.events.clone())
+            .collect();
+        let mut held = Vec::with_capacity(queues.len());
+        for queue in queues {
+            let taken = block_outside_runtime(&self.runtime, async {
+                tokio::time::timeout(patience, queue.lock_owned()).await
+            });
+            match taken {
+                Ok(guard) => held.push(guard),
+                Err(_) => tracing::warn!(
+                    plugin = %self.name,
+                    "an event handler is still running after {patience:?}; the state handed \
+                     over on reload may miss that event's effect"
+                ),
+            }
+        }
+        PausedSubscriptions {
+            state: self,
+            _held: held,
+        }
     }
 
     /// Looks at an error a plugin returned: a contained panic disables it.
@@ -437,6 +492,35 @@ impl GenerationState {
             }
             other => other,
         }
+    }
+}
+
+/// A generation's event queues, taken from its subscriptions by
+/// [`GenerationState::pause_subscriptions`]. Dropping it lets go of the
+/// queues: to a successor that took them over at its commit (the paused
+/// subscriptions were stopped by [`retire`] first), or, after
+/// [`resume`](Self::resume), back to the paused generation.
+pub(super) struct PausedSubscriptions<'a> {
+    state: &'a GenerationState,
+    _held: Vec<tokio::sync::OwnedMutexGuard<broadcast::Receiver<Event>>>,
+}
+
+impl PausedSubscriptions<'_> {
+    /// Hands the queues back to the paused generation (its reload failed):
+    /// its subscriptions go on from the first event they have not seen.
+    pub(super) fn resume(self) {
+        self.state.pause.send_replace(false);
+        drop(self);
+    }
+}
+
+/// Runs `fut` to completion from synchronous code, on `runtime`, whether
+/// or not the calling thread is a runtime worker (then through
+/// `block_in_place`, so the runtime's other tasks move elsewhere).
+fn block_outside_runtime<F: std::future::Future>(runtime: &Handle, fut: F) -> F::Output {
+    match Handle::try_current() {
+        Ok(_) => tokio::task::block_in_place(|| runtime.block_on(fut)),
+        Err(_) => runtime.block_on(fut),
     }
 }
 

@@ -6,6 +6,14 @@
 //! so a failed reload leaves the old generation serving untouched
 //! ([`record_failure`](PluginHost::record_failure)); the one step that
 //! changes what serves ([`swap`](PluginHost::swap)) cannot fail.
+//!
+//! The state handoff is exact for events: the old generation's
+//! subscriptions are paused (each finishes the event in hand and lets go
+//! of its queue) before `export_state` runs, the queues wait while the new
+//! `init` runs, and the new generation's subscriptions take them over at
+//! its commit — or the old ones get them back if the reload fails. So the
+//! exported state has seen every event the old generation handled, and the
+//! new one handles every event after it (ARCHITECTURE.md §SES-8).
 
 use std::{
     panic::{catch_unwind, AssertUnwindSafe},
@@ -27,6 +35,10 @@ use crate::util::LockExt;
 
 /// After this long, a replaced generation still draining is logged.
 const DRAIN_NOTICE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a reload waits for the old generation's event handlers to
+/// finish the event in hand before it exports the state without them.
+const EVENT_IN_HAND_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What a reload starts from: the plugin's file and generation, and, if a
 /// generation of it is loaded, that generation.
@@ -69,9 +81,20 @@ impl PluginHost {
             let (info, result) = self.load_recorded_serial(&path);
             return result.map(|()| info);
         };
+        // From here the old generation takes no more events: what it
+        // exports is exactly what it handled, and the events after it wait
+        // in the queues for whichever generation serves next.
+        let paused = old.state.pause_subscriptions(EVENT_IN_HAND_PATIENCE);
         match self.open_next(name, &path, generation, &old) {
-            Ok((info, live)) => Ok(self.swap(name, &path, generation, &old.state, info, live)),
+            Ok((info, live)) => {
+                let info = self.swap(name, &path, generation, &old.state, info, live);
+                // The old subscriptions are stopped (retired in `swap`);
+                // the new ones, waiting on the queues, take them now.
+                drop(paused);
+                Ok(info)
+            }
             Err(failure) => {
+                paused.resume();
                 self.record_failure(name, generation, &old.state, &failure);
                 Err(failure.error)
             }

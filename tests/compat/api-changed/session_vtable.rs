@@ -37,6 +37,12 @@ pub struct SessionDomainVtable {
     pub background_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
     pub wait_idle: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
     pub wait_idle_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
+    pub job: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+    pub job_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
+    pub job_output: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+    pub job_output_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
+    pub cancel_job: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+    pub cancel_job_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
 }
 
 /// The plugin side never calls the changed face: it reads as missing.

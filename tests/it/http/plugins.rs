@@ -117,3 +117,67 @@ fn dev_loads_and_reloads_what_changes_in_the_plugin_dir() {
     let (status, stderr) = server.stop();
     assert!(status.success(), "{stderr}");
 }
+
+/// Runs `offstage serve` with `hello` and `faulty` (`faulty_mode`) under
+/// the log filter `filter`, calls `hello`, and returns the plugin list and
+/// the server's log.
+fn serve_hello_and_faulty(filter: &str, faulty_mode: &str) -> (serde_json::Value, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hello", &plugins);
+    install_plugin("offstage-test-faulty", &plugins);
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        &format!("plugin_dirs = [\"plugins\"]\n\n[plugin.faulty]\nmode = \"{faulty_mode}\"\n"),
+    );
+    let server = Server::start_with_log(&["--config", config.to_str().unwrap()], filter);
+    let list = server.expect("GET", "/api/plugin", None, 200);
+    let session = server.expect("POST", "/api/session", None, 201);
+    let result = server.expect(
+        "POST",
+        &format!("/api/session/{}/tool", session["id"].as_str().unwrap()),
+        Some(&json!({ "tool": "hello", "input": { "name": "logs" } })),
+        200,
+    );
+    assert_eq!(result["output"], "hello, logs");
+    let (_, log) = server.stop();
+    (list, log)
+}
+
+#[test]
+fn one_plugins_debug_logs_are_chosen_by_its_name() {
+    // The target of a plugin's log lines is `plugin::NAME`.
+    let (_, log) = serve_hello_and_faulty("warn,plugin::hello=debug", "ok");
+    assert!(log.contains("hello greets logs"), "{log}");
+    assert!(log.contains("plugin::hello"), "{log}");
+    assert!(!log.contains("faulty starts"), "{log}");
+
+    let (_, log) = serve_hello_and_faulty("warn,plugin::faulty=debug", "ok");
+    assert!(log.contains("faulty starts in mode ok"), "{log}");
+    assert!(!log.contains("hello greets"), "{log}");
+}
+
+#[test]
+fn a_plugin_panic_is_logged_with_its_file_and_line_above_debug() {
+    let (list, log) = serve_hello_and_faulty("warn", "panic-init");
+    let faulty = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "faulty")
+        .expect("faulty listed");
+    assert_eq!(faulty["status"], "failed", "{faulty}");
+    let error = faulty["error"].as_str().unwrap();
+    assert!(
+        error.contains("faulty: deliberate panic in init (at ") && error.contains("src/lib.rs:"),
+        "{error}"
+    );
+    // The same, in the log at warn level or above (the filter is `warn`).
+    let line = log
+        .lines()
+        .find(|l| l.contains("deliberate panic in init"))
+        .unwrap_or_else(|| panic!("no panic line in the log:\n{log}"));
+    assert!(line.contains("src/lib.rs:"), "{line}");
+    assert!(line.contains("WARN") || line.contains("ERROR"), "{line}");
+}

@@ -1,5 +1,6 @@
 //! The session domain as a plugin sees it, with a real cdylib (the `domain`
-//! test plugin): every method through its async face, through its blocking
+//! test plugin): every method — the job methods (`job`, `job_output`,
+//! `cancel_job`) and `prompt_with_agent` included — through its async face, through its blocking
 //! face from a plugin-spawned thread, and through its blocking face called
 //! inside a future the host is polling. Each walk is bounded by a timeout,
 //! so a deadlock fails the test instead of hanging it.
@@ -56,6 +57,26 @@ async fn tour(face: &str) {
     assert_eq!(report["sleep_status"], "backgrounded");
     assert_eq!(report["sleep_job"], running);
     assert_eq!(report["backgrounded_jobs"], json!([running]));
+    // The job methods (since 1.2): `job` sees the moved job, `job_output`
+    // pages through the echo's output file as the HTTP route does, and
+    // `cancel_job` ends the moved job.
+    assert_eq!(
+        report["got_job"],
+        json!({ "id": running, "backgrounded": true, "status": "running" })
+    );
+    let echoed = format!("tour-{face}\n");
+    assert_eq!(
+        report["output_page"],
+        json!({ "offset": 0, "data": echoed, "next_offset": echoed.len(), "eof": true })
+    );
+    assert_eq!(
+        report["output_part"],
+        json!({ "offset": 2, "data": &echoed[2..5], "next_offset": 5, "eof": false })
+    );
+    assert_eq!(
+        report["cancelled"],
+        json!({ "id": running, "status": "cancelled" })
+    );
     assert_eq!(
         report["interrupted"], false,
         "nothing in the foreground to interrupt"
@@ -73,6 +94,21 @@ async fn tour(face: &str) {
         "{reply}"
     );
     assert!(reply.ends_with(&format!("in echo-{face})")), "{reply}");
+
+    // `prompt_with_agent` ran this plugin's agent for one turn in a session
+    // whose own agent is another, and left that session's agent alone.
+    let turn = report["agent_turn"].as_array().unwrap();
+    let reply = turn
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .expect("an assistant reply from the named agent");
+    let reply = reply["text"].as_str().unwrap();
+    assert!(
+        reply.starts_with(&format!("echo: pong-{face} (")),
+        "{reply}"
+    );
+    assert!(reply.ends_with(&format!("in plain-{face})")), "{reply}");
+    assert_ne!(report["plain_agent"], "domain-echo", "{report}");
 
     assert_eq!(report["listed"], true);
     assert_eq!(report["after_remove"], "NotFound");

@@ -453,3 +453,88 @@ async fn events_published_during_reloads_are_handled_once_each() {
         .collect();
     assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_handed_over_counts_every_event_around_a_slow_init() {
+    // The plugin counts finished `shell` jobs from `job.finished` and hands
+    // the count across reloads. Generation 2's `init` waits on a gate, and
+    // jobs finish while it waits: generation 1 must not count them after
+    // it exported its state, and generation 2 must count them from the
+    // queue it takes over.
+    let dir = tempfile::tempdir().unwrap();
+    let gate = gate(dir.path(), "init-gate");
+    let host = std::sync::Arc::new(ReloadHost::start_with(
+        Variant::A,
+        json!({ "reload_gate": gate }),
+    ));
+    let wait_for_count = |want: u64| {
+        let host = host.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            loop {
+                let count: u64 = host
+                    .output("reloadable_finished", json!({}))
+                    .await
+                    .parse()
+                    .unwrap();
+                if count >= want {
+                    return count;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the plugin counted {count} of {want} finished jobs"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    for n in 0..3 {
+        host.echo(&format!("before-{n}")).await;
+    }
+    assert_eq!(wait_for_count(3).await, 3);
+
+    // The reload runs until the gate opens; its `init` says when it waits
+    // (by then the old generation's state is exported).
+    host.install(Variant::B);
+    let reload = {
+        let plugins = host.host.plugins.clone();
+        tokio::task::spawn_blocking(move || plugins.reload("reloadable"))
+    };
+    host.wait_for_log("init b 2 waiting").await;
+    for n in 0..4 {
+        // Through generation 1's wrapper: it still serves calls.
+        assert_eq!(
+            host.echo(&format!("during-{n}")).await,
+            wrapped(&format!("during-{n}\n"), Variant::A, 1)
+        );
+    }
+    std::fs::write(&gate, "").unwrap();
+    let info = tokio::time::timeout(PATIENCE, reload)
+        .await
+        .expect("the reload ends once the gate opens")
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.generation, 2);
+
+    for n in 0..2 {
+        assert_eq!(
+            host.echo(&format!("after-{n}")).await,
+            wrapped(&format!("after-{n}\n"), Variant::B, 2)
+        );
+    }
+    // 3 before, 4 during the slow init, 2 after: each counted once.
+    assert_eq!(wait_for_count(9).await, 9);
+    assert_eq!(host.output("reloadable_finished", json!({})).await, "9");
+
+    // A reload that fails hands the paused queues back: generation 2
+    // goes on counting.
+    host.reload_to(Variant::Broken).await.unwrap_err();
+    for n in 0..2 {
+        assert_eq!(
+            host.echo(&format!("after-failure-{n}")).await,
+            wrapped(&format!("after-failure-{n}\n"), Variant::B, 2)
+        );
+    }
+    assert_eq!(wait_for_count(11).await, 11);
+}

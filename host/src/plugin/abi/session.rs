@@ -38,11 +38,14 @@ use crate::{error::Result, session::SessionService, util::panic_message, Service
 /// host's whole implementation of the session domain for plugins.
 mod handlers {
     use offstage_plugin_api::types::{
-        args, BackgroundRequest, Job, Message, NewSession, Session, ToolResult,
+        args, BackgroundRequest, Job, Message, NewSession, OutputChunk, Session, ToolResult,
     };
     use serde_json::Value;
 
-    use crate::{error::Result, session::SessionService};
+    use crate::{
+        error::Result,
+        session::{jobs::output::DEFAULT_OUTPUT_LIMIT, SessionService},
+    };
 
     pub(super) async fn list(service: &SessionService, _: Value) -> Result<Vec<Session>> {
         service.list().await
@@ -105,6 +108,22 @@ mod handlers {
 
     pub(super) async fn wait_idle(service: &SessionService, a: args::SessionId) -> Result<Session> {
         service.wait_idle(&a.session_id).await
+    }
+
+    pub(super) async fn job(service: &SessionService, a: args::JobId) -> Result<Job> {
+        service.job(&a.job_id).await
+    }
+
+    pub(super) async fn job_output(
+        service: &SessionService,
+        a: args::JobOutput,
+    ) -> Result<OutputChunk> {
+        let limit = a.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+        service.job_output(&a.job_id, a.offset, limit).await
+    }
+
+    pub(super) async fn cancel_job(service: &SessionService, a: args::JobId) -> Result<Job> {
+        service.cancel_job(&a.job_id).await
     }
 }
 
@@ -279,13 +298,9 @@ mod tests {
 
     /// Session-domain routes with no plugin method, on purpose. Each needs a
     /// reason; a route missing from both the table and this list fails.
-    const HTTP_ONLY: &[&str] = &[
-        // The plugin API has no job methods yet (`job`, `job_output`,
-        // `cancel_job`): a separate issue, like `prompt`'s `agent` argument.
-        "GET /api/job/{id}",
-        "GET /api/job/{id}/output",
-        "DELETE /api/job/{id}",
-    ];
+    /// Empty: a plugin can do everything the HTTP API's session and job
+    /// routes do.
+    const HTTP_ONLY: &[&str] = &[];
 
     /// `"METHOD /path"` of every operation tagged `session` or `job` in the
     /// host's OpenAPI document.
@@ -344,6 +359,6 @@ mod tests {
     fn methods_are_in_vtable_order_with_both_faces() {
         let names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
         assert_eq!(names.first(), Some(&"list"));
-        assert_eq!(names.last(), Some(&"wait_idle"));
+        assert_eq!(names.last(), Some(&"cancel_job"));
     }
 }

@@ -16,8 +16,6 @@ use std::{
     sync::Mutex,
 };
 
-use serde::Serialize;
-
 use crate::error::Result;
 
 /// Bytes of output kept in memory per job.
@@ -45,18 +43,13 @@ struct Inner {
     saved: u64,
 }
 
-/// A byte range of a job's output file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct OutputChunk {
-    /// Where the range starts (the requested offset, clamped to the size).
-    pub offset: u64,
-    /// The bytes, as UTF-8 with invalid sequences replaced.
-    pub data: String,
-    /// Offset for the next request.
-    pub next_offset: u64,
-    /// Whether the range reached the end of the file as it is now.
-    pub eof: bool,
-}
+/// A byte range of a job's output file: the plugin API's record, so
+/// HTTP and plugins page through output alike.
+pub(crate) use offstage_plugin_api::types::OutputChunk;
+
+/// Bytes of a job's output one page holds when the reader names no limit
+/// (`GET /api/job/:id/output`, `SessionDomain::job_output`).
+pub(crate) const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 
 impl OutputSink {
     /// Creates the output file at `path`, which must not exist yet: an

@@ -14,8 +14,11 @@
 //! The walk: create → get → rename → notice → wait_idle → messages →
 //! call_tool (`shell echo`) → background on an idle session (moves nothing)
 //! → a `sleep 30` call moved to the background with `background` → jobs →
-//! interrupt → prompt (in a second session run by this plugin's agent) →
-//! list → remove → get (not found). The tool's output is a JSON report.
+//! job (the moved one) → job_output (the echo's, whole and a middle page) →
+//! cancel_job (the moved one) → interrupt → prompt (in a second session run
+//! by this plugin's agent) → prompt_with_agent (a third session, its turn
+//! run by this plugin's agent) → list → remove → get (not found). The
+//! tool's output is a JSON report.
 //!
 //! It also registers the agent `domain-echo`, whose async turn uses the
 //! blocking face (`get_blocking`) and the async face (`messages`) together.
@@ -85,6 +88,10 @@ async fn tour_async(ctx: Context) -> Result<Value> {
         .await?;
     let sleep_result = sleeper.await??;
     let jobs = domain.jobs(Some(&id)).await?;
+    let got_job = domain.job(&running).await?;
+    let output_page = domain.job_output(&echo.job_id, 0, None).await?;
+    let output_part = domain.job_output(&echo.job_id, 2, Some(3)).await?;
+    let cancelled = domain.cancel_job(&running).await?;
     let interrupted = domain.interrupt(&id).await?;
 
     let echo_session = domain
@@ -95,6 +102,16 @@ async fn tour_async(ctx: Context) -> Result<Value> {
         })
         .await?;
     let turn = domain.prompt(&echo_session.id, "ping-async").await?;
+    let plain = domain
+        .create(NewSession {
+            title: Some("plain-async".into()),
+            ..Default::default()
+        })
+        .await?;
+    let agent_turn = domain
+        .prompt_with_agent(&plain.id, "pong-async", "domain-echo")
+        .await?;
+    let plain_after = domain.get(&plain.id).await?;
 
     let listed = domain.list().await?.iter().any(|s| s.id == id);
     domain.remove(&id).await?;
@@ -113,8 +130,14 @@ async fn tour_async(ctx: Context) -> Result<Value> {
         moved,
         sleep_result,
         jobs,
+        got_job,
+        output_page,
+        output_part,
+        cancelled,
         interrupted,
         turn,
+        agent_turn,
+        plain_after,
         listed,
         after_remove: kind_name(&after_remove),
     }))
@@ -155,6 +178,10 @@ fn tour_blocking(ctx: Context, face: &'static str) -> Result<Value> {
         .join()
         .map_err(|_| Error::plugin("the sleeper thread panicked"))??;
     let jobs = domain.jobs_blocking(Some(&id))?;
+    let got_job = domain.job_blocking(&running)?;
+    let output_page = domain.job_output_blocking(&echo.job_id, 0, None)?;
+    let output_part = domain.job_output_blocking(&echo.job_id, 2, Some(3))?;
+    let cancelled = domain.cancel_job_blocking(&running)?;
     let interrupted = domain.interrupt_blocking(&id)?;
 
     let echo_session = domain.create_blocking(NewSession {
@@ -163,6 +190,13 @@ fn tour_blocking(ctx: Context, face: &'static str) -> Result<Value> {
         ..Default::default()
     })?;
     let turn = domain.prompt_blocking(&echo_session.id, &format!("ping-{face}"))?;
+    let plain = domain.create_blocking(NewSession {
+        title: Some(format!("plain-{face}")),
+        ..Default::default()
+    })?;
+    let agent_turn =
+        domain.prompt_with_agent_blocking(&plain.id, &format!("pong-{face}"), "domain-echo")?;
+    let plain_after = domain.get_blocking(&plain.id)?;
 
     let listed = domain.list_blocking()?.iter().any(|s| s.id == id);
     domain.remove_blocking(&id)?;
@@ -181,8 +215,14 @@ fn tour_blocking(ctx: Context, face: &'static str) -> Result<Value> {
         moved,
         sleep_result,
         jobs,
+        got_job,
+        output_page,
+        output_part,
+        cancelled,
         interrupted,
         turn,
+        agent_turn,
+        plain_after,
         listed,
         after_remove: kind_name(&after_remove),
     }))
@@ -201,8 +241,14 @@ struct Report {
     moved: Vec<Job>,
     sleep_result: ToolResult,
     jobs: Vec<Job>,
+    got_job: Job,
+    output_page: OutputChunk,
+    output_part: OutputChunk,
+    cancelled: Job,
     interrupted: bool,
     turn: Vec<Message>,
+    agent_turn: Vec<Message>,
+    plain_after: Session,
     listed: bool,
     after_remove: String,
 }
@@ -225,7 +271,13 @@ fn report(r: Report) -> Value {
         "sleep_status": r.sleep_result.status,
         "sleep_job": r.sleep_result.job_id,
         "backgrounded_jobs": r.jobs.iter().filter(|j| j.backgrounded).map(|j| j.id.clone()).collect::<Vec<_>>(),
+        "got_job": { "id": r.got_job.id, "backgrounded": r.got_job.backgrounded, "status": r.got_job.status },
+        "output_page": r.output_page,
+        "output_part": r.output_part,
+        "cancelled": { "id": r.cancelled.id, "status": r.cancelled.status },
         "interrupted": r.interrupted,
+        "agent_turn": r.agent_turn.iter().map(|m| json!({ "role": m.role, "text": m.text })).collect::<Vec<_>>(),
+        "plain_agent": r.plain_after.agent,
         "turn": r.turn.iter().map(|m| json!({ "role": m.role, "text": m.text })).collect::<Vec<_>>(),
         "listed": r.listed,
         "after_remove": r.after_remove,

@@ -28,6 +28,7 @@ impl Plugin for Faulty {
             .as_str()
             .unwrap_or("ok")
             .to_string();
+        tracing::debug!("faulty starts in mode {mode}");
         match mode.as_str() {
             "panic-init" => panic!("faulty: deliberate panic in init"),
             "error-init" => {

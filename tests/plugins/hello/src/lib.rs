@@ -1,5 +1,6 @@
 //! The smallest useful plugin: logs a greeting at init and adds a `hello`
-//! tool that answers with a greeting for `input.name`.
+//! tool that answers with a greeting for `input.name` (and logs it at
+//! debug level).
 
 use offstage_plugin_api::prelude::*;
 
@@ -18,6 +19,7 @@ impl Plugin for Hello {
             ToolSpec::new("hello", "greets"),
             |call: ToolCall| async move {
                 let name = call.input["name"].as_str().unwrap_or("world").to_string();
+                tracing::debug!("hello greets {name}");
                 Ok(ToolResult::completed(&call, format!("hello, {name}")))
             },
         )?;

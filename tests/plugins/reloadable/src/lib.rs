@@ -20,6 +20,12 @@
 //! - a subscription to `session.created` that appends `event V N SESSION`
 //!   to the file named by the `log` option, after waiting
 //!   `event_delay_ms` (option, default 0) on the host's timer;
+//! - a subscription to `job.finished` that counts the `shell` jobs that
+//!   finished (`finished`, handed across reloads like `count`), and tool
+//!   `reloadable_finished` that answers that number;
+//! - option `reload_gate` (a path): an `init` that has a previous state
+//!   appends `init V N waiting` to the log and then waits until that file
+//!   exists (a slow `init`, as long as a test wants it);
 //! - `shutdown` appends `shutdown V N in_flight=K` to that file, `K` being
 //!   the number of this generation's hooks still running (0 if the host
 //!   drained them first).
@@ -65,6 +71,7 @@ impl Drop for Running {
 struct Shared {
     loads: u64,
     count: AtomicU64,
+    finished: AtomicU64,
     log: Option<PathBuf>,
 }
 
@@ -114,6 +121,7 @@ impl Plugin for Reloadable {
         let shared = Arc::new(Shared {
             loads: previous["loads"].as_u64().unwrap_or(0) + 1,
             count: AtomicU64::new(previous["count"].as_u64().unwrap_or(0)),
+            finished: AtomicU64::new(previous["finished"].as_u64().unwrap_or(0)),
             log: ctx.options_value()["log"].as_str().map(PathBuf::from),
         });
 
@@ -189,6 +197,32 @@ impl Plugin for Reloadable {
                 }
             })?;
 
+        let me = shared.clone();
+        ctx.events()
+            .subscribe(&["job.finished"], move |event: Event| {
+                if event.properties["type"] == "shell" {
+                    me.finished.fetch_add(1, Ordering::SeqCst);
+                }
+                async { Ok(()) }
+            })?;
+        let me = shared.clone();
+        ctx.tools()
+            .add(spec("reloadable_finished"), move |call: ToolCall| {
+                let output = me.finished.load(Ordering::SeqCst).to_string();
+                async move { Ok(ToolResult::completed(&call, output)) }
+            })?;
+
+        if let (Some(gate), true) = (
+            ctx.options_value()["reload_gate"].as_str(),
+            shared.loads > 1,
+        ) {
+            shared.log(&format!("init {VARIANT} {} waiting", shared.loads));
+            let deadline = std::time::Instant::now() + Duration::from_secs(120);
+            while !std::path::Path::new(gate).exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+
         if cfg!(feature = "broken") {
             return Err(Error::plugin("reloadable: this build is broken on purpose"));
         }
@@ -207,6 +241,7 @@ impl Plugin for Reloadable {
         Some(json!({
             "loads": self.shared.loads,
             "count": self.shared.count.load(Ordering::SeqCst),
+            "finished": self.shared.finished.load(Ordering::SeqCst),
         }))
     }
 }
