@@ -16,6 +16,8 @@
 //! body_timeout = "30s"          # a request's body, from its head
 //! idle_timeout = "60s"          # a keep-alive connection with no request
 //! max_connections = 1024        # open connections; more get a 503
+//! [jobs]
+//! max_output = "1GiB"           # bytes of output saved per job (default)
 //!
 //! [plugin.auto-background]      # keys but `enabled` and `grant` are options
 //! grant = ["session.background"]
@@ -94,6 +96,9 @@ pub struct FileConfig {
     #[serde(default)]
     /// `[http]`: timeouts and the connection cap.
     pub http: HttpTable,
+    #[serde(default)]
+    /// `[jobs]`: limits on each job.
+    pub jobs: JobsTable,
 }
 
 /// The `[http]` table: how long a client may take, and how many may be
@@ -129,6 +134,76 @@ fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duratio
         return Err(de::Error::custom("a timeout must be longer than zero"));
     }
     Ok(Some(value))
+}
+
+/// The `[jobs]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobsTable {
+    /// `max_output = "64MiB"`: bytes of output saved per job.
+    pub max_output: Option<ByteSize>,
+}
+
+/// A size in bytes, written as a number of bytes or a string with a unit:
+/// `"512KiB"`, `"64MiB"`, `"1GiB"` (powers of 1024; `KB`, `MB`, `GB`, `TB`
+/// are powers of 1000; `B` or no unit is bytes). At least one byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl ByteSize {
+    /// Parses `"64MiB"`, `"1 GiB"`, `"1000"`; the error says what is
+    /// accepted.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let digits = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        let (number, unit) = text.split_at(digits);
+        let unit_size: u64 = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            "KB" => 1_000,
+            "MB" => 1_000_000,
+            "GB" => 1_000_000_000,
+            "TB" => 1_000_000_000_000,
+            _ => return Err(Self::expected(text)),
+        };
+        let size = number
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit_size))
+            .ok_or_else(|| Self::expected(text))?;
+        if size == 0 {
+            return Err(format!("size {text:?} must be at least one byte"));
+        }
+        Ok(ByteSize(size))
+    }
+
+    fn expected(text: &str) -> String {
+        format!(
+            "{text:?} is not a size: write a whole number with a unit, such as \"64MiB\" or \"1GiB\" \
+             (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), or a number of bytes"
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match toml::Value::deserialize(deserializer)? {
+            toml::Value::Integer(n) if n > 0 => Ok(ByteSize(n.unsigned_abs())),
+            toml::Value::Integer(n) => Err(de::Error::custom(format!(
+                "size {n} must be at least one byte"
+            ))),
+            toml::Value::String(text) => ByteSize::parse(&text).map_err(de::Error::custom),
+            other => Err(de::Error::custom(format!(
+                "a size must be a string such as \"64MiB\" or a number of bytes, not a {}",
+                other.type_str()
+            ))),
+        }
+    }
 }
 
 /// The `[store]` table.
@@ -278,6 +353,8 @@ pub(crate) struct ServeConfig {
     /// `[http]`: client timeouts and the connection cap, as written
     /// (defaults are applied by `http::Limits`).
     pub http: HttpTable,
+    /// `[jobs] max_output`, in bytes.
+    pub max_output: u64,
     /// Things worth a warning in the log, e.g. a token in a file that
     /// other users can read.
     pub warnings: Vec<String>,
@@ -352,6 +429,12 @@ impl ServeConfig {
             permissions: file.permission,
             durability: file.store.durability.unwrap_or_default(),
             http: file.http,
+            max_output: file
+                .jobs
+                .max_output
+                .map_or(crate::session::jobs::output::DEFAULT_MAX_OUTPUT, |size| {
+                    size.0
+                }),
             warnings,
         })
     }
@@ -511,6 +594,42 @@ action = "deny"
         assert_eq!(config.permission.len(), 2);
         assert_eq!(config.permission[0].action, Action::Ask);
         assert_eq!(config.permission[1].pattern, "*");
+    }
+
+    #[test]
+    fn max_output_takes_sizes_with_units() {
+        let max = |text: &str| FileConfig::parse(text).map(|c| c.jobs.max_output);
+        assert_eq!(max("").unwrap(), None);
+        for (text, bytes) in [
+            ("max_output = \"64MiB\"", 64 << 20),
+            ("max_output = \"1 GiB\"", 1 << 30),
+            ("max_output = \"512KiB\"", 512 << 10),
+            ("max_output = \"2MB\"", 2_000_000),
+            ("max_output = \"100B\"", 100),
+            ("max_output = \"4096\"", 4096),
+            ("max_output = 4096", 4096),
+        ] {
+            assert_eq!(
+                max(&format!("[jobs]\n{text}\n")).unwrap(),
+                Some(ByteSize(bytes)),
+                "{text}"
+            );
+        }
+        for bad in [
+            "\"64 furlongs\"",
+            "\"MiB\"",
+            "\"-1KiB\"",
+            "\"0\"",
+            "0",
+            "-5",
+            "1.5",
+            "\"99999999999TiB\"",
+        ] {
+            let error = max(&format!("[jobs]\nmax_output = {bad}\n")).unwrap_err();
+            assert!(error.contains("line 2"), "{bad}: {error}");
+        }
+        let error = FileConfig::parse("[jobs]\nmax_outptu = 1\n").unwrap_err();
+        assert!(error.contains("max_outptu"), "{error}");
     }
 
     #[test]

@@ -2,9 +2,17 @@
 //!
 //! Rules name a tool and a wildcard pattern (`*` any run of characters, `?`
 //! one) matched against what the call would do — a shell command line, a
-//! subagent's name. The last matching rule wins; no match allows. `ask`
-//! parks the call until someone replies over the API. The decision is made
-//! once and travels with the job: moving it to the background asks nothing.
+//! subagent's name. The last matching rule wins; no match allows. The
+//! decision is made once and travels with the job: moving it to the
+//! background asks nothing.
+//!
+//! `deny` refuses the call before it is a job. `ask` makes the call a job
+//! at once, whose task waits for the reply before it runs anything (see
+//! `session/jobs/run.rs`): so a call waiting on a question is a job like
+//! any other — its session is busy, `background` releases its caller,
+//! `interrupt` and a cancel end it. Every question ends with an event:
+//! `permission.replied` when answered, `permission.withdrawn` (with a
+//! `reason`) when its job ended first.
 
 use crate::util::{LockExt, RwLockExt};
 use std::{
@@ -79,10 +87,50 @@ pub struct PermissionRequest {
     pub tool: String,
     /// What the call would do: a command line, a subagent's name.
     pub pattern: String,
-    /// `pending`, `allowed` or `rejected`.
+    /// The job waiting for the answer (the call's id).
+    pub job_id: String,
+    /// `pending`, `allowed`, `rejected` or `withdrawn`.
     pub status: String,
+    /// Why a `withdrawn` question went away: `interrupted`, `cancelled`,
+    /// `session_removed`, `timeout` or `shutdown`. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// When it was asked (RFC 3339).
     pub created_at: String,
+}
+
+/// A question a job waits on (see [`Permissions::ask`]). Dropping it
+/// unanswered withdraws it with the reason `cancelled`; a job that knows
+/// why it ended calls [`Question::withdraw`].
+pub(crate) struct Question<'a> {
+    permissions: &'a Permissions,
+    id: String,
+    answer: oneshot::Receiver<Reply>,
+    settled: bool,
+}
+
+impl Question<'_> {
+    /// Waits for the reply; `None` when the question was dropped without
+    /// one (its session was removed).
+    pub(crate) async fn answer(&mut self) -> Option<Reply> {
+        let reply = (&mut self.answer).await.ok();
+        self.settled = true;
+        reply
+    }
+
+    /// Withdraws the question, unanswered, saying why.
+    pub(crate) fn withdraw(mut self, reason: &str) {
+        self.settled = true;
+        self.permissions.withdraw(&self.id, reason);
+    }
+}
+
+impl Drop for Question<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.permissions.withdraw(&self.id, "cancelled");
+        }
+    }
 }
 
 struct Pending {
@@ -155,44 +203,64 @@ impl Permissions {
             .map_or(Action::Allow, |rule| rule.action)
     }
 
-    /// Decides whether `tool` may do `pattern` in `session_id`, asking and
-    /// waiting for a reply if a rule says `ask`.
-    pub async fn check(&self, session_id: &str, tool: &str, pattern: &str) -> Result<()> {
-        let denied =
-            || ServiceError::PermissionDenied(format!("permission denied: {tool} {pattern:?}"));
-        match self.evaluate(tool, pattern) {
-            Action::Allow => Ok(()),
-            Action::Deny => Err(denied()),
-            Action::Ask => {
-                let request = PermissionRequest {
-                    id: new_id("per"),
-                    session_id: session_id.to_string(),
-                    tool: tool.to_string(),
-                    pattern: pattern.to_string(),
-                    status: "pending".into(),
-                    created_at: now(),
-                };
-                let (reply, answer) = oneshot::channel();
-                self.pending.lock_unpoisoned().insert(
-                    request.id.clone(),
-                    Pending {
-                        request: request.clone(),
-                        reply,
-                    },
-                );
-                let id = request.id.clone();
-                self.events.publish("permission.asked", json!(request));
-                // If the caller gives up, the question goes away with it.
-                let _cleanup = RemoveOnDrop {
-                    permissions: self,
-                    id,
-                };
-                match answer.await {
-                    Ok(Reply::Once | Reply::Always) => Ok(()),
-                    Ok(Reply::Reject) | Err(_) => Err(denied()),
-                }
-            }
+    /// Asks whether job `job_id` of `session_id` may have `tool` do
+    /// `pattern` (a rule said `ask`): the question is pending, and
+    /// `permission.asked` published, until it is answered or withdrawn.
+    pub(crate) fn ask(
+        &self,
+        session_id: &str,
+        job_id: &str,
+        tool: &str,
+        pattern: &str,
+    ) -> Question<'_> {
+        let request = PermissionRequest {
+            id: new_id("per"),
+            session_id: session_id.to_string(),
+            tool: tool.to_string(),
+            pattern: pattern.to_string(),
+            job_id: job_id.to_string(),
+            status: "pending".into(),
+            reason: None,
+            created_at: now(),
+        };
+        let (reply, answer) = oneshot::channel();
+        let id = request.id.clone();
+        self.pending.lock_unpoisoned().insert(
+            id.clone(),
+            Pending {
+                request: request.clone(),
+                reply,
+            },
+        );
+        self.events.publish("permission.asked", json!(request));
+        Question {
+            permissions: self,
+            id,
+            answer,
+            settled: false,
         }
+    }
+
+    /// Removes question `id` unanswered, if it is still pending, and
+    /// publishes `permission.withdrawn` with `reason`.
+    fn withdraw(&self, id: &str, reason: &str) {
+        let Some(pending) = self.pending.lock_unpoisoned().remove(id) else {
+            return;
+        };
+        let mut request = pending.request;
+        request.status = "withdrawn".into();
+        request.reason = Some(reason.to_string());
+        self.events.publish("permission.withdrawn", json!(request));
+    }
+
+    /// The error a refused call gets (a `deny` rule, a `reject` reply).
+    pub(crate) fn denied(tool: &str, pattern: &str) -> ServiceError {
+        ServiceError::PermissionDenied(Self::denied_message(tool, pattern))
+    }
+
+    /// What [`denied`](Self::denied) says.
+    pub(crate) fn denied_message(tool: &str, pattern: &str) -> String {
+        format!("permission denied: {tool} {pattern:?}")
     }
 
     /// Questions waiting for an answer, oldest first.
@@ -201,21 +269,22 @@ impl Permissions {
         pending.values().map(|p| p.request.clone()).collect()
     }
 
-    /// Drops the questions of `session_id` (a removed session): their
-    /// callers get a denial instead of waiting for an answer nobody can
-    /// give any more.
+    /// Withdraws the questions of `session_id` (a removed session), in
+    /// case its jobs have not withdrawn them already: nobody can answer
+    /// them any more.
     pub fn forget_session(&self, session_id: &str) {
-        let dropped: Vec<Pending> = {
-            let mut pending = self.pending.lock_unpoisoned();
-            let ids: Vec<String> = pending
+        let ids: Vec<String> = {
+            let pending = self.pending.lock_unpoisoned();
+            pending
                 .values()
                 .filter(|p| p.request.session_id == session_id)
                 .map(|p| p.request.id.clone())
-                .collect();
-            ids.iter().filter_map(|id| pending.remove(id)).collect()
+                .collect()
         };
-        // Dropping the senders, outside the lock, wakes the callers.
-        drop(dropped);
+        // Dropping the senders (in `withdraw`) wakes the jobs.
+        for id in ids {
+            self.withdraw(&id, "session_removed");
+        }
     }
 
     /// Answers question `id`.
@@ -253,17 +322,6 @@ impl Permissions {
         let _ = pending.reply.send(reply);
         self.events.publish("permission.replied", json!(request));
         Ok(request)
-    }
-}
-
-struct RemoveOnDrop<'a> {
-    permissions: &'a Permissions,
-    id: String,
-}
-
-impl Drop for RemoveOnDrop<'_> {
-    fn drop(&mut self) {
-        self.permissions.pending.lock_unpoisoned().remove(&self.id);
     }
 }
 

@@ -66,15 +66,18 @@ mod restart {
 /// group-commit writer killed mid-batch.
 mod store {
     mod crash;
+    mod damaged;
+    mod deep;
     mod full;
     mod restart;
     mod writer;
 }
 
-/// Hostile input: ids that must never become paths, duplicate calls, and
-/// processes that try to outlive their job.
+/// Hostile input: ids that must never become paths, duplicate calls,
+/// processes that try to outlive their job, and resource limits.
 mod hardening {
     mod ids;
+    mod limits;
     mod plugin_files;
     mod procs;
 }

@@ -103,6 +103,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         )
     })
     .map_err(|e| e.to_string())?;
+    service.set_max_output(config.max_output);
     // Before any job starts: orphans of jobs are re-parented to the host.
     // (After the store opened, so a refused start stays one line.)
     crate::session::jobs::tree::init();

@@ -185,7 +185,9 @@ mod tests {
             session_id: "ses_1".into(),
             tool: "shell".into(),
             pattern: "ls".into(),
-            status: "pending".into(),
+            job_id: "job_1".into(),
+            status: "withdrawn".into(),
+            reason: Some("interrupted".into()),
             created_at: "now".into(),
         };
         assert_eq!(

@@ -32,7 +32,10 @@ use crate::util::LockExt;
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
 };
 
 use offstage_plugin_api::types::{Job, Message, NewSession, Role, Session, SessionStatus};
@@ -71,6 +74,8 @@ struct Inner {
     permissions: Permissions,
     data_dir: PathBuf,
     store: Arc<Store>,
+    /// `[jobs] max_output`: bytes of output each job's file may hold.
+    max_output: AtomicU64,
 }
 
 #[derive(Default)]
@@ -177,6 +182,7 @@ impl SessionService {
                 agents,
                 data_dir: config.data_dir,
                 store,
+                max_output: AtomicU64::new(jobs::output::DEFAULT_MAX_OUTPUT),
             }),
         }
     }
@@ -203,7 +209,14 @@ impl SessionService {
     pub fn open_with(config: ServiceConfig, durability: Durability) -> Result<Self, StoreError> {
         let store = Arc::new(Store::open_with(&config.data_dir, durability)?);
         let service = Self::with_store(config, store);
-        service.restore()?;
+        // Damage found while reading the store back is reported with the
+        // file's path, like damage found when opening it.
+        service
+            .restore()
+            .map_err(|error| match service.store().path() {
+                Some(path) => error.at_start(path),
+                None => error,
+            })?;
         Ok(service)
     }
 
@@ -277,6 +290,18 @@ impl SessionService {
     /// Permission rules and pending questions.
     pub fn permissions(&self) -> &Permissions {
         &self.inner.permissions
+    }
+
+    /// Caps the output file of every job started from now on at `bytes`
+    /// (`[jobs] max_output`; 1 GiB unless set): past it the file stops
+    /// growing, the job goes on, and its tail says the output was cut.
+    pub fn set_max_output(&self, bytes: u64) {
+        self.inner.max_output.store(bytes, Ordering::Relaxed);
+    }
+
+    /// What [`set_max_output`](Self::set_max_output) set.
+    pub fn max_output(&self) -> u64 {
+        self.inner.max_output.load(Ordering::Relaxed)
     }
 
     /// Where job output files live.

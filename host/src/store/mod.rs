@@ -204,6 +204,41 @@ impl StoreError {
             other => StoreError::Unsaved(other.to_string()),
         }
     }
+
+    /// The error of reading the store at start-up (restart recovery), made
+    /// to name the database file `path`: damaged pages or rows that do not
+    /// parse are [`Corrupt`](StoreError::Corrupt), any other SQLite failure
+    /// an [`Open`](StoreError::Open) error, a failed commit an
+    /// [`Io`](StoreError::Io) error. Errors that already name what they
+    /// concern are kept.
+    pub(crate) fn at_start(self, path: &Path) -> StoreError {
+        match self {
+            StoreError::Sqlite(
+                error @ (rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..)),
+            ) => StoreError::Corrupt {
+                path: path.to_path_buf(),
+                cause: format!("a record cannot be read: {error}"),
+            },
+            StoreError::Sqlite(error) => open::classify(path, error),
+            // A failed group keeps only the text of its error; SQLite's
+            // words for a damaged file are stable.
+            StoreError::Unsaved(cause)
+                if cause.contains("malformed") || cause.contains("not a database") =>
+            {
+                StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    cause,
+                }
+            }
+            StoreError::Unsaved(cause) => StoreError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::other(cause),
+            },
+            other => other,
+        }
+    }
 }
 
 impl From<StoreError> for ServiceError {
@@ -1016,11 +1051,30 @@ pub(crate) fn put_session(conn: &Connection, session: &Session) -> Result<(), St
 }
 
 /// Deletes a session and everything under it; whether it existed.
+///
+/// Descendants are deleted first, deepest first, each on its own: a row's
+/// `ON DELETE CASCADE` then only reaches its messages and jobs, never a
+/// child session. Letting the cascade walk the chain would nest one
+/// trigger frame per generation, and SQLite refuses past its trigger depth
+/// limit (a chain a few hundred deep); the recursive query that finds them
+/// is iterative and has no such limit.
 pub(crate) fn delete_session(conn: &Connection, id: &str) -> Result<bool, StoreError> {
-    let deleted = conn
-        .prepare_cached("DELETE FROM sessions WHERE id = ?1")?
-        .execute([id])?;
-    Ok(deleted > 0)
+    let doomed: Vec<String> = conn
+        .prepare_cached(
+            "WITH RECURSIVE tree(id, depth) AS (
+                 SELECT id, 0 FROM sessions WHERE id = ?1
+                 UNION ALL
+                 SELECT s.id, tree.depth + 1 FROM sessions s JOIN tree ON s.parent_id = tree.id
+             )
+             SELECT id FROM tree ORDER BY depth DESC",
+        )?
+        .query_map([id], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    let mut delete = conn.prepare_cached("DELETE FROM sessions WHERE id = ?1")?;
+    for session_id in &doomed {
+        delete.execute([session_id])?;
+    }
+    Ok(!doomed.is_empty())
 }
 
 /// Marks messages handed to a turn.

@@ -504,7 +504,7 @@ impl App {
             "permission.asked" if self.is_current(&session_of(&props)) => {
                 self.permissions.push(props);
             }
-            "permission.replied" => {
+            "permission.replied" | "permission.withdrawn" => {
                 let id = props["id"].as_str().unwrap_or_default();
                 self.permissions.retain(|p| p["id"].as_str() != Some(id));
             }

@@ -2,10 +2,14 @@
 //!
 //! 1. [`check_call`](SessionService::check_call): the session, the tool,
 //!    its input, the job id and the permission rules — nothing exists yet;
+//!    a `deny` refuses here;
 //! 2. [`start_job`](SessionService::start_job): the output file, the job's
-//!    record (committed first), and its task on the runtime;
-//! 3. [`await_caller`](SessionService::await_caller): wait for the end, a
-//!    background move or the foreground timeout;
+//!    record (committed first), and its task on the runtime (which asks
+//!    first when a rule says `ask`, so a call waiting on a question is a
+//!    job like any other);
+//! 3. [`wait_for_caller`](SessionService::wait_for_caller): wait for the
+//!    end, a background move or the foreground timeout (a caller that goes
+//!    away meanwhile moves its job to the background: [`CallerGuard`]);
 //! 4. [`record_result`](SessionService::record_result): the tool message
 //!    in the session.
 
@@ -15,11 +19,13 @@ use offstage_plugin_api::types::{
     Job, JobStatus, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
 };
 use serde_json::json;
+use tokio::sync::watch;
 
 use super::{background::MoveReason, output::OutputSink, CancelReason, JobRuntime};
 use crate::{
     error::Result,
     ids::{check_caller_id, new_id, now},
+    permission::{Action, Permissions},
     session::{JobEntry, SessionService},
     store::{self, StoreError},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
@@ -36,6 +42,9 @@ struct CheckedCall {
     /// The name of the job's output file, without `.log`: always an id the
     /// host generated, never the caller's `call_id`.
     file_id: String,
+    /// What to ask about before the tool runs (its permission pattern),
+    /// when a rule says `ask`.
+    ask: Option<String>,
     /// Holds the job id from the first check until the job is registered.
     reservation: IdReservation,
 }
@@ -116,11 +125,38 @@ impl SessionService {
     /// to the background, whichever comes first.
     pub async fn call_tool(&self, session_id: &str, request: ToolRequest) -> Result<ToolResult> {
         let checked = self.check_call(session_id, request).await?;
-        let started = self.start_job(checked).await?;
-        let result = self.await_caller(&started).await;
+        // Armed from before the job starts: a caller dropped at any await
+        // from here on (even one whose job started but who was not polled
+        // again yet) moves its job to the background.
+        let job_id = checked.call.job_id.clone();
+        let mut guard = CallerGuard {
+            service: self,
+            session_id,
+            job_id: &job_id,
+            armed: !checked.policy.background,
+        };
+        let started = self.start_job(checked).await;
+        let started = match started {
+            Ok(started) => started,
+            Err(error) => {
+                guard.armed = false;
+                return Err(error);
+            }
+        };
+        let result = self
+            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
+            .await;
+        guard.armed = false;
         // The caller is no longer blocked: the session may turn idle
         // before the result is recorded.
         drop(started.blocking);
+        // A question answered `reject` while the caller waited: the job
+        // ended as an error (its end recorded it), the caller is refused.
+        if result.status != ToolStatus::Backgrounded {
+            if let Some(denied) = started.runtime.denied.get() {
+                return Err(ServiceError::PermissionDenied(denied.clone()));
+            }
+        }
         // A job that ended in the foreground recorded its result in the
         // commit of its end; a released caller records what it got.
         if !started
@@ -134,8 +170,8 @@ impl SessionService {
     }
 
     /// Step 1: everything that can refuse the call before it exists — the
-    /// session, the tool and its input, the job id, the permission rules
-    /// (an `ask` waits here for its reply).
+    /// session, the tool and its input, the job id, a `deny` rule. (An
+    /// `ask` is asked by the job's task.)
     async fn check_call(&self, session_id: &str, request: ToolRequest) -> Result<CheckedCall> {
         self.get(session_id).await?;
         let (tool, wrappers) = self.inner.tools.chain_for_call(&request.tool)?;
@@ -164,14 +200,12 @@ impl SessionService {
                 id: job_id.clone(),
             }
         };
-        self.inner
-            .permissions
-            .check(
-                session_id,
-                &request.tool,
-                &tool.permission_pattern(&request.input),
-            )
-            .await?;
+        let pattern = tool.permission_pattern(&request.input);
+        let ask = match self.inner.permissions.evaluate(&request.tool, &pattern) {
+            Action::Allow => None,
+            Action::Ask => Some(pattern),
+            Action::Deny => return Err(Permissions::denied(&request.tool, &pattern)),
+        };
         Ok(CheckedCall {
             call: ToolCall {
                 session_id: session_id.to_string(),
@@ -183,6 +217,7 @@ impl SessionService {
             wrappers,
             policy,
             file_id,
+            ask,
             reservation,
         })
     }
@@ -199,11 +234,13 @@ impl SessionService {
             wrappers,
             policy,
             file_id,
+            ask,
             reservation,
         } = checked;
         let output = Arc::new(OutputSink::create(
             self.output_dir(&call.session_id)?
                 .join(format!("{file_id}.log")),
+            self.max_output(),
         )?);
         let job = Job {
             id: call.job_id.clone(),
@@ -253,6 +290,9 @@ impl SessionService {
         let service = self.clone();
         let task_runtime = runtime.clone();
         let background = policy.background;
+        if ask.is_none() {
+            runtime.running.send_replace(true);
+        }
         tokio::spawn(async move {
             let recorded = recorded.wait().await;
             // The id stays reserved until the commit's hook has put the job
@@ -277,7 +317,7 @@ impl SessionService {
                 let _ = service.move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
             }
             service
-                .run_job(task_runtime, ctx, call, tool, wrappers)
+                .run_job(task_runtime, ctx, call, ask, tool, wrappers)
                 .await;
         });
         let blocking = match started_rx.await {
@@ -296,23 +336,6 @@ impl SessionService {
             policy,
             blocking,
         })
-    }
-
-    /// Step 3: waits for the job's end, a background move or the
-    /// foreground timeout. A caller that goes away meanwhile moves the job
-    /// to the background (see [`CallerGuard`]).
-    async fn await_caller(&self, started: &StartedJob) -> ToolResult {
-        let mut guard = CallerGuard {
-            service: self,
-            session_id: &started.job.session_id,
-            job_id: &started.job.id,
-            armed: true,
-        };
-        let result = self
-            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
-            .await;
-        guard.armed = false;
-        result
     }
 
     /// Step 4: the call's result as a tool message in its session, for a
@@ -340,6 +363,7 @@ impl SessionService {
     ) -> ToolResult {
         let mut finished = runtime.finished.subscribe();
         let mut released = runtime.released.subscribe();
+        let running = runtime.running.subscribe();
         // A timeout only fires once; after it, the end or release follows.
         let mut timeout = policy.timeout;
         loop {
@@ -360,7 +384,7 @@ impl SessionService {
                 _ = released.wait_for(|r| *r) => {
                     return backgrounded_result(job_id, runtime);
                 }
-                _ = sleep_or_forever(timeout) => {
+                _ = sleep_once_running(timeout, running.clone()) => {
                     timeout = None;
                 }
             }
@@ -393,9 +417,14 @@ fn job_exists(job_id: &str) -> ServiceError {
     ServiceError::Conflict(format!("a job with id {job_id} already exists"))
 }
 
-async fn sleep_or_forever(duration: Option<Duration>) {
-    match duration {
-        Some(duration) => tokio::time::sleep(duration).await,
-        None => std::future::pending().await,
+/// Sleeps `duration` from the moment the tool runs (a permission question
+/// may come first), or forever.
+async fn sleep_once_running(duration: Option<Duration>, mut running: watch::Receiver<bool>) {
+    let Some(duration) = duration else {
+        return std::future::pending().await;
+    };
+    if running.wait_for(|r| *r).await.is_err() {
+        return std::future::pending().await;
     }
+    tokio::time::sleep(duration).await;
 }

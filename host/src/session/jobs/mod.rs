@@ -54,7 +54,7 @@ pub(crate) mod tree;
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
-    Arc,
+    Arc, OnceLock,
 };
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolResult};
@@ -77,6 +77,19 @@ pub(crate) enum CancelReason {
     Shutdown,
 }
 
+impl CancelReason {
+    /// The word events use for it (a withdrawn question's `reason`).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::User => "cancelled",
+            CancelReason::Interrupted => "interrupted",
+            CancelReason::SessionRemoved => "session_removed",
+            CancelReason::Timeout => "timeout",
+            CancelReason::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// The live half of a job: its signals and output.
 pub(crate) struct JobRuntime {
     /// Set when the caller is released by a background move.
@@ -92,6 +105,13 @@ pub(crate) struct JobRuntime {
     /// Set when the job's end committed its caller's tool message too (a
     /// job that ended in the foreground): the caller records nothing.
     recorded: AtomicBool,
+    /// Set once the tool runs: at once, or when a permission question is
+    /// answered. The foreground timeout counts from here, not from the
+    /// question.
+    running: watch::Sender<bool>,
+    /// The refusal, when a permission question was answered `reject`: a
+    /// caller still waiting gets it as its error.
+    denied: OnceLock<String>,
 }
 
 impl JobRuntime {
@@ -105,6 +125,8 @@ impl JobRuntime {
             output,
             interrupting: AtomicBool::new(false),
             recorded: AtomicBool::new(false),
+            running: watch::channel(false).0,
+            denied: OnceLock::new(),
         }
     }
 
@@ -181,6 +203,15 @@ impl SessionService {
             offset,
             limit.min(4 * 1024 * 1024),
         )
+        .map_err(|error| match error {
+            // Removed from the disk by someone else: the job is known, its
+            // output is not there to read — the reader's problem to know,
+            // not the host's fault.
+            error if error.kind() == std::io::ErrorKind::NotFound => ServiceError::NotFound(
+                format!("the output file of job {id} is gone from the disk ({path})"),
+            ),
+            error => error.into(),
+        })
     }
 
     /// Records the process group a job's tool started (its leader `pid`),

@@ -2,7 +2,11 @@
 //! tail in memory for the "output so far" a caller or notice gets.
 //!
 //! A command that floods output costs disk, not memory: the tail is capped,
-//! and readers page through the file by byte range.
+//! and readers page through the file by byte range. The disk it costs is
+//! capped too, per job (`[jobs] max_output`): past the cap the file stops
+//! growing while the job goes on, its output still read and its tail still
+//! kept, so the end of a runaway command is seen and the tail says what
+//! the file lacks.
 
 use crate::util::LockExt;
 use std::{
@@ -17,10 +21,15 @@ use crate::error::Result;
 /// Bytes of output kept in memory per job.
 pub const TAIL_BYTES: usize = 16 * 1024;
 
+/// The default of `[jobs] max_output`: bytes of output saved per job.
+pub(crate) const DEFAULT_MAX_OUTPUT: u64 = 1 << 30;
+
 /// Where a job's output goes.
 #[derive(Debug)]
 pub struct OutputSink {
     path: PathBuf,
+    /// Bytes the file may hold.
+    max: u64,
     inner: Mutex<Inner>,
 }
 
@@ -28,7 +37,10 @@ pub struct OutputSink {
 struct Inner {
     file: Option<File>,
     tail: Vec<u8>,
+    /// Bytes the job wrote, saved or not.
     total: u64,
+    /// Bytes in the file (at most `max`).
+    saved: u64,
 }
 
 /// A byte range of a job's output file: the plugin API's record, so
@@ -42,7 +54,8 @@ pub(crate) const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 impl OutputSink {
     /// Creates the output file at `path`, which must not exist yet: an
     /// existing file (or symlink) is never truncated, followed or reused.
-    pub fn create(path: PathBuf) -> Result<Self> {
+    /// The file keeps the first `max` bytes of the output.
+    pub fn create(path: PathBuf, max: u64) -> Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -52,10 +65,12 @@ impl OutputSink {
             .open(&path)?;
         Ok(OutputSink {
             path,
+            max,
             inner: Mutex::new(Inner {
                 file: Some(file),
                 tail: Vec::new(),
                 total: 0,
+                saved: 0,
             }),
         })
     }
@@ -65,16 +80,32 @@ impl OutputSink {
         &self.path
     }
 
-    /// Appends `bytes`. A failed write to the file is logged once and the
-    /// file closed; the tail keeps going so the caller still sees output.
+    /// Appends `bytes`: to the file up to its cap, and to the tail. A
+    /// failed write to the file is logged once and the file closed; the
+    /// tail keeps going so the caller still sees output.
     pub fn write(&self, bytes: &[u8]) {
         let mut inner = self.inner.lock_unpoisoned();
+        let room = self.max.saturating_sub(inner.saved);
+        let saved = bytes.len().min(usize::try_from(room).unwrap_or(usize::MAX));
         if let Some(file) = inner.file.as_mut() {
-            if let Err(error) = file.write_all(bytes) {
-                tracing::error!(path = %self.path.display(), %error, "cannot write job output");
-                inner.file = None;
+            if saved > 0 {
+                if let Err(error) = file.write_all(&bytes[..saved]) {
+                    tracing::error!(path = %self.path.display(), %error, "cannot write job output");
+                    inner.file = None;
+                }
+            }
+            if saved < bytes.len() && inner.file.is_some() {
+                tracing::warn!(
+                    path = %self.path.display(),
+                    max_output = self.max,
+                    "job output reached [jobs] max_output; the file stops growing, the job goes on"
+                );
+                if let Some(mut file) = inner.file.take() {
+                    let _ = file.flush();
+                }
             }
         }
+        inner.saved += saved as u64;
         inner.total += bytes.len() as u64;
         inner.tail.extend_from_slice(bytes);
         if inner.tail.len() > TAIL_BYTES * 2 {
@@ -93,15 +124,31 @@ impl OutputSink {
         self.len() == 0
     }
 
+    /// Whether output went past the cap: the file lacks some of it.
+    pub fn capped(&self) -> bool {
+        let inner = self.inner.lock_unpoisoned();
+        inner.total > inner.saved && inner.saved >= self.max
+    }
+
     /// The output so far as text, cut to the last [`TAIL_BYTES`] with a
-    /// marker naming how much was left out and where the rest is.
+    /// marker naming how much was left out and where the rest is — or, for
+    /// output past the cap, what the file holds and what it lacks.
     pub fn tail_text(&self) -> String {
         let inner = self.inner.lock_unpoisoned();
         let keep = inner.tail.len().min(TAIL_BYTES);
         let tail = &inner.tail[inner.tail.len() - keep..];
         let cut = inner.total - keep as u64;
         let text = String::from_utf8_lossy(tail);
-        if cut == 0 {
+        if inner.total > inner.saved && inner.saved >= self.max {
+            format!(
+                "[... output cut: {} bytes written, over the {}-byte limit ([jobs] max_output); \
+                 {} holds the first {} bytes; the last {keep} follow ...]\n{text}",
+                inner.total,
+                self.max,
+                self.path.display(),
+                inner.saved
+            )
+        } else if cut == 0 {
             text.into_owned()
         } else {
             format!(
@@ -140,9 +187,18 @@ fn incomplete_tail(data: &[u8]) -> usize {
 }
 
 /// Reads up to `limit` bytes of the output file at `path` from `offset`.
-pub(crate) fn read_range(path: &Path, offset: u64, limit: u64) -> Result<OutputChunk> {
+pub(crate) fn read_range(path: &Path, offset: u64, limit: u64) -> std::io::Result<OutputChunk> {
     let mut file = File::open(path)?;
-    let size = file.metadata()?.len();
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        // Replaced by a directory or a device: the output is as gone as
+        // a deleted file.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "not a regular file",
+        ));
+    }
+    let size = metadata.len();
     let start = offset.min(size);
     file.seek(SeekFrom::Start(start))?;
     let mut data = Vec::new();

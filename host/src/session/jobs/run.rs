@@ -11,10 +11,11 @@ use futures_util::FutureExt;
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, ToolCall, ToolResult, ToolStatus};
 use serde_json::json;
 
-use super::{CancelReason, JobRuntime};
+use super::{output::OutputSink, CancelReason, JobRuntime};
 use crate::{
     error::Result,
     ids::{new_id, now},
+    permission::{Permissions, Reply},
     session::{new_message, SessionService},
     store::{self, StoreError},
     tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
@@ -22,47 +23,37 @@ use crate::{
 };
 
 impl SessionService {
-    /// The job's task: runs the chain to its end (or until cancelled) and
-    /// records the end.
+    /// The job's task: asks its permission question if it has one, runs
+    /// the chain to its end (or until cancelled) and records the end.
     pub(super) async fn run_job(
         self,
         runtime: Arc<JobRuntime>,
         ctx: JobContext,
         call: ToolCall,
+        ask: Option<String>,
         tool: Arc<dyn Tool>,
         wrappers: Vec<Arc<dyn ToolWrapper>>,
     ) {
         let output = runtime.output.clone();
         let job_id = call.job_id.clone();
+        if let Some(pattern) = ask {
+            if let Err(outcome) = self.ask_permission(&runtime, &call, &pattern).await {
+                output.finish();
+                self.finish_job(&job_id, &runtime, outcome).await;
+                return;
+            }
+            runtime.running.send_replace(true);
+        }
         // Built inside the future, so that a wrapper panicking as it is
         // called is caught as well as one panicking while polled.
         let chain = AssertUnwindSafe(async move { run_chain(ctx, call, tool, wrappers).await })
             .catch_unwind();
         let mut cancel = runtime.cancel.subscribe();
-        let cancelled = |reason: CancelReason| {
-            let status = if reason == CancelReason::Timeout {
-                JobStatus::Error
-            } else {
-                JobStatus::Cancelled
-            };
-            let note = match reason {
-                CancelReason::Timeout => "timed out; process group killed",
-                CancelReason::Interrupted => "interrupted",
-                CancelReason::SessionRemoved => "session removed",
-                CancelReason::Shutdown => "host shutting down",
-                CancelReason::User => "cancelled",
-            };
-            output.write(format!("\n[{note}]\n").as_bytes());
-            ToolOutcome {
-                status,
-                exit_code: None,
-            }
-        };
         let outcome = tokio::select! {
             result = chain => match (result, *runtime.cancel.borrow()) {
                 // A cancel that the chain saw first (a subagent whose child
                 // turn was stopped by the same removal) is still a cancel.
-                (_, Some(reason)) => cancelled(reason),
+                (_, Some(reason)) => cancelled(&output, reason),
                 (Err(panic), None) => {
                     let message = panic_message(panic.as_ref());
                     tracing::error!(job_id, "the tool panicked: {message}");
@@ -80,11 +71,56 @@ impl SessionService {
             },
             reason = cancel.wait_for(Option::is_some) => {
                 // Dropping the chain above killed the process group.
-                cancelled(reason.ok().and_then(|r| *r).unwrap_or(CancelReason::User))
+                cancelled(&output, reason.ok().and_then(|r| *r).unwrap_or(CancelReason::User))
             }
         };
         output.finish();
         self.finish_job(&job_id, &runtime, outcome).await;
+    }
+
+    /// Asks the permission question of a call a rule says `ask` about and
+    /// waits for the reply or the job's cancel, whichever comes first. A
+    /// move to the background changes nothing here: the question stays,
+    /// and the job runs when it is answered. `Err` is how the job ends
+    /// without running: rejected (an error; a waiting caller is refused)
+    /// or cancelled (the question is withdrawn, saying why).
+    async fn ask_permission(
+        &self,
+        runtime: &JobRuntime,
+        call: &ToolCall,
+        pattern: &str,
+    ) -> Result<(), ToolOutcome> {
+        let mut question =
+            self.inner
+                .permissions
+                .ask(&call.session_id, &call.job_id, &call.tool, pattern);
+        let mut cancel = runtime.cancel.subscribe();
+        let reply = tokio::select! {
+            reply = question.answer() => reply,
+            reason = cancel.wait_for(Option::is_some) => {
+                let reason = reason.ok().and_then(|r| *r).unwrap_or(CancelReason::User);
+                question.withdraw(reason.as_str());
+                return Err(cancelled(&runtime.output, reason));
+            }
+        };
+        match reply {
+            Some(Reply::Once | Reply::Always) => Ok(()),
+            Some(Reply::Reject) => {
+                let message = Permissions::denied_message(&call.tool, pattern);
+                runtime.output.write(format!("[{message}]\n").as_bytes());
+                let _ = runtime.denied.set(message);
+                Err(ToolOutcome {
+                    status: JobStatus::Error,
+                    exit_code: None,
+                })
+            }
+            // Withdrawn under it: its session was removed, and the removal
+            // cancels the job too.
+            None => {
+                let reason = (*runtime.cancel.borrow()).unwrap_or(CancelReason::SessionRemoved);
+                Err(cancelled(&runtime.output, reason))
+            }
+        }
     }
 
     /// Records a job's end, releases a waiting caller, and — for a job that
@@ -246,6 +282,28 @@ impl SessionService {
                 runtime.finished.send_replace(Some(result));
             },
         )
+    }
+}
+
+/// How a job cancelled for `reason` ends: noted in its output; only a
+/// timeout is an error.
+fn cancelled(output: &OutputSink, reason: CancelReason) -> ToolOutcome {
+    let status = if reason == CancelReason::Timeout {
+        JobStatus::Error
+    } else {
+        JobStatus::Cancelled
+    };
+    let note = match reason {
+        CancelReason::Timeout => "timed out; process group killed",
+        CancelReason::Interrupted => "interrupted",
+        CancelReason::SessionRemoved => "session removed",
+        CancelReason::Shutdown => "host shutting down",
+        CancelReason::User => "cancelled",
+    };
+    output.write(format!("\n[{note}]\n").as_bytes());
+    ToolOutcome {
+        status,
+        exit_code: None,
     }
 }
 

@@ -26,11 +26,16 @@
 //! (`offstage-reaper`) scans every [`SCAN_EVERY`] while jobs run or killed
 //! members are unreaped, and reaps, by pid, only zombies it attributed to a
 //! job — never a job's main process (tokio waits for that one) and never
-//! with `waitpid(-1)`, so no other child's exit status is stolen.
+//! with `waitpid(-1)`, so no other child's exit status is stolen. With no
+//! job tracked and nothing to reap it sleeps until a job is registered
+//! (woken by [`JobTree::new`]) or a child of the host exits (SIGCHLD: a
+//! zombie of a process no job claimed), with a sweep every
+//! [`IDLE_SWEEP_EVERY`] as the fallback: an idle host does not scan
+//! `/proc` five times a second.
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, LazyLock, Mutex, OnceLock},
+    sync::{Arc, Condvar, LazyLock, Mutex, OnceLock},
     time::Duration,
 };
 
@@ -41,6 +46,9 @@ pub(crate) const MARKER_VAR: &str = "OFFSTAGE_JOB";
 
 /// How often the reaper thread scans while there is something to watch.
 const SCAN_EVERY: Duration = Duration::from_millis(200);
+
+/// How often the reaper thread sweeps while no job is tracked.
+const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Kill rounds before giving up on a tree that keeps forking.
 const MAX_ROUNDS: usize = 50;
@@ -73,6 +81,18 @@ struct Tracked {
 
 static REGISTRY: LazyLock<Mutex<Registry>> = LazyLock::new(Default::default);
 
+/// Wakes the reaper thread when the registry stops being idle (the first
+/// job after none).
+static WAKE: Condvar = Condvar::new();
+
+impl Registry {
+    /// Whether the reaper has anything to watch: a tracked job or a
+    /// killed member not reaped yet.
+    fn busy(&self) -> bool {
+        !self.jobs.is_empty() || !self.to_reap.is_empty()
+    }
+}
+
 /// Makes this process a child subreaper and starts the reaper thread,
 /// once. Returns whether the subreaper is set; the first call logs the
 /// outcome (the host calls it at start-up).
@@ -97,8 +117,31 @@ pub(crate) fn init() -> bool {
         let _ = std::thread::Builder::new()
             .name("offstage-reaper".into())
             .spawn(reaper);
+        wake_on_child_exit();
         subreaper
     })
+}
+
+/// While no job is tracked, a child's exit (SIGCHLD: an orphan no job
+/// claimed has died) wakes the reaper at once instead of at its idle
+/// sweep. Needs the runtime `init` is called in (the host's); without one
+/// the sweep does it.
+fn wake_on_child_exit() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut exits) = signal(SignalKind::child()) else {
+            return;
+        };
+        while exits.recv().await.is_some() {
+            // While busy the reaper scans every tick anyway.
+            if !REGISTRY.lock_unpoisoned().busy() {
+                WAKE.notify_all();
+            }
+        }
+    });
 }
 
 #[cfg(target_os = "linux")]
@@ -125,10 +168,13 @@ impl JobTree {
     /// [`MARKER_VAR`].
     pub(crate) fn new(marker: String) -> JobTree {
         init();
-        REGISTRY
-            .lock_unpoisoned()
-            .jobs
-            .insert(marker.clone(), Tracked::default());
+        let mut registry = REGISTRY.lock_unpoisoned();
+        let was_idle = !registry.busy();
+        registry.jobs.insert(marker.clone(), Tracked::default());
+        drop(registry);
+        if was_idle {
+            WAKE.notify_all();
+        }
         JobTree {
             marker: marker.into(),
             finished: false,
@@ -347,9 +393,23 @@ fn kill(pid: i32, start: u64) {
 /// ended jobs, and reaps the zombies the host adopted from them.
 fn reaper() {
     loop {
-        std::thread::sleep(SCAN_EVERY);
-        // Idle until the first job; after that, adopted orphans may turn
-        // up at any time, so every tick scans.
+        {
+            // Every tick while a job is tracked (so a detaching process is
+            // seen within one); asleep otherwise, until the next job or
+            // the idle sweep. A wake-up before the tick scans early, which
+            // only the idle-to-busy step causes.
+            let registry = REGISTRY.lock_unpoisoned();
+            let wait = if registry.busy() {
+                SCAN_EVERY
+            } else {
+                IDLE_SWEEP_EVERY
+            };
+            drop(
+                WAKE.wait_timeout(registry, wait)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+        }
+        // Nothing to do before the first job.
         if REGISTRY.lock_unpoisoned().mains.is_empty() {
             continue;
         }
