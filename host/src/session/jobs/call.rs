@@ -11,18 +11,21 @@
 
 use std::{sync::Arc, time::Duration};
 
-use offstage_plugin_api::types::{
-    Job, JobStatus, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
-};
+use offstage_plugin_api::types::{Job, JobStatus, ToolCall, ToolRequest, ToolResult};
 use serde_json::json;
 
-use super::{background::MoveReason, output::OutputSink, CancelReason, JobRuntime};
+use super::{
+    background::{backgrounded_result, caller_message, MoveReason},
+    output::OutputSink,
+    CancelReason, JobRuntime,
+};
 use crate::{
     error::Result,
     ids::{check_caller_id, new_id, now},
     session::{JobEntry, SessionService},
     store::{self, StoreError},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
+    util::LockExt,
     ServiceError,
 };
 
@@ -107,7 +110,9 @@ impl Drop for CallerGuard<'_> {
         let job_id = self.job_id.to_string();
         let _ = self
             .service
-            .move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
+            .move_jobs(MoveReason::CallerGone, self.session_id, move |job| {
+                job.id == job_id
+            });
     }
 }
 
@@ -233,7 +238,7 @@ impl SessionService {
             move |service, ()| {
                 let job = entry.job.clone();
                 let mut state = service.state();
-                state.jobs.insert(job.id.clone(), entry);
+                state.add_job(entry);
                 // The session turns busy in the same step the job appears:
                 // nobody may see a running foreground job in an idle session.
                 if !job.backgrounded {
@@ -278,13 +283,27 @@ impl SessionService {
                 // The caller went away before the job started: as if it
                 // had gone while waiting.
                 let job_id = call.job_id.clone();
-                let _ = service.move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
+                let _ = service.move_jobs(MoveReason::CallerGone, &call.session_id, move |job| {
+                    job.id == job_id
+                });
             }
             service
                 .run_job(task_runtime, ctx, call, tool, wrappers)
                 .await;
         });
-        let blocking = match started_rx.await {
+        // A caller that goes away while the job starts is a caller gone
+        // too: the task moves the job if it finds the caller gone when it
+        // starts, and this guard if the caller goes after that.
+        let mut guard = CallerGuard {
+            service: self,
+            session_id: &job.session_id,
+            job_id: &job.id,
+            armed: !background,
+        };
+        let started = started_rx.await;
+        guard.armed = false;
+        drop(guard);
+        let blocking = match started {
             Ok(Ok(blocking)) => blocking,
             Ok(Err(StoreError::Duplicate { .. })) => return Err(job_exists(&job.id)),
             Ok(Err(error)) => return Err(error.into()),
@@ -313,7 +332,7 @@ impl SessionService {
             armed: true,
         };
         let result = self
-            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
+            .wait_for_caller(&started.job, &started.runtime, started.policy)
             .await;
         guard.armed = false;
         result
@@ -322,15 +341,13 @@ impl SessionService {
     /// Step 4: the call's result as a tool message in its session, for a
     /// caller released before the end (the end records its own).
     async fn record_result(&self, job: &Job, result: &ToolResult) {
-        let metadata = json!({
-            "job_id": result.job_id,
-            "tool": job.kind,
-            "status": result.status,
-            "exit_code": result.exit_code,
-        });
-        // The session may be gone by now (removed while the call ran).
+        if self.state().session(&job.session_id).is_err() {
+            // Gone by now (removed while the call ran).
+            return;
+        }
         let _ = self
-            .append(&job.session_id, Role::Tool, &result.output, metadata)
+            .append_ticket(caller_message(job, result), |_, _| {})
+            .wait()
             .await;
     }
 
@@ -338,10 +355,11 @@ impl SessionService {
     /// its foreground timeout passes.
     async fn wait_for_caller(
         &self,
-        job_id: &str,
+        job: &Job,
         runtime: &JobRuntime,
         policy: ForegroundPolicy,
     ) -> ToolResult {
+        let job_id = job.id.as_str();
         let mut finished = runtime.finished.subscribe();
         let mut released = runtime.released.subscribe();
         // A timeout only fires once; after it, the end or release follows.
@@ -359,10 +377,10 @@ impl SessionService {
                             }
                         }
                     }
-                    return backgrounded_result(job_id, runtime);
+                    return released_result(job_id, runtime);
                 }
                 _ = released.wait_for(|r| *r) => {
-                    return backgrounded_result(job_id, runtime);
+                    return released_result(job_id, runtime);
                 }
                 _ = sleep_or_forever(timeout) => {
                     timeout = None;
@@ -374,23 +392,23 @@ impl SessionService {
                     let id = job_id.to_string();
                     // Not waited for: the caller is released by the move's
                     // commit (or by the end), like any other.
-                    let _ = self.move_jobs(MoveReason::Timeout, move |job| job.id == id);
+                    let _ = self.move_jobs(MoveReason::Timeout, &job.session_id, move |job| {
+                        job.id == id
+                    });
                 }
             }
         }
     }
 }
 
-/// What a released caller gets: the output so far and where the rest is.
-fn backgrounded_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
-    ToolResult {
-        call_id: job_id.to_string(),
-        job_id: job_id.to_string(),
-        status: ToolStatus::Backgrounded,
-        output: runtime.output.tail_text(),
-        exit_code: None,
-        output_path: Some(runtime.output.path().display().to_string()),
-    }
+/// What a released caller gets: what the move recorded for it, or (a job
+/// started in the background) the output so far and where the rest is.
+fn released_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
+    runtime
+        .moved_result
+        .lock_unpoisoned()
+        .clone()
+        .unwrap_or_else(|| backgrounded_result(job_id, runtime))
 }
 
 fn job_exists(job_id: &str) -> ServiceError {
