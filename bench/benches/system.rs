@@ -988,19 +988,10 @@ fn writer_http() {
     }
 }
 
-/// A service on disk (the file store, default durability).
-fn disk_service(dir: &Path) -> SessionService {
-    SessionService::open(offstage::ServiceConfig {
-        data_dir: dir.join("data"),
-        permissions: Vec::new(),
-    })
-    .unwrap()
-}
-
 async fn writer_mass() {
     const JOBS: usize = 1000;
     let dir = tempfile::tempdir().unwrap();
-    let service = disk_service(dir.path());
+    let service = service(dir.path());
     let session = service.create(NewSession::default()).await.unwrap().id;
     let returned = Arc::new(AtomicU64::new(0));
     let last = Arc::new(std::sync::Mutex::new(None::<Instant>));
@@ -1073,7 +1064,7 @@ async fn writer_throughput() {
     const CONCURRENT: usize = 8;
     let time = Duration::from_secs(3);
     let dir = tempfile::tempdir().unwrap();
-    let service = disk_service(dir.path());
+    let service = service(dir.path());
     let commits = service.store().commits();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();

@@ -8,6 +8,10 @@
 //!
 //! All state sits behind one mutex that is never held across an `.await`;
 //! waiting is done on `watch` channels, so a blocked caller costs no lock.
+//! What runs under it does not grow with history: ended jobs stay in
+//! memory until their session is removed, so jobs are indexed by session
+//! and by running state (`SessionJobs`), and `list` takes a pointer per
+//! session under the lock and copies after.
 //!
 //! # Durability
 //!
