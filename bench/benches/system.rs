@@ -990,6 +990,8 @@ fn writer_http() {
 
 async fn writer_mass() {
     const JOBS: usize = 1000;
+    let marker = format!("offstage-writer-mass-{}", std::process::id());
+    let command = format!("sleep 30; : {marker}");
     let dir = tempfile::tempdir().unwrap();
     let service = service(dir.path());
     let session = service.create(NewSession::default()).await.unwrap().id;
@@ -997,11 +999,12 @@ async fn writer_mass() {
     let last = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let mut callers = Vec::new();
     for _ in 0..JOBS {
-        let (service, session, returned, last) = (
+        let (service, session, returned, last, command) = (
             service.clone(),
             session.clone(),
             returned.clone(),
             last.clone(),
+            command.clone(),
         );
         callers.push(tokio::spawn(async move {
             let result = service
@@ -1009,7 +1012,7 @@ async fn writer_mass() {
                     &session,
                     ToolRequest {
                         tool: "shell".into(),
-                        input: json!({ "command": "sleep 30", "timeout_ms": 600_000 }),
+                        input: json!({ "command": command, "timeout_ms": 600_000 }),
                         call_id: None,
                     },
                 )
@@ -1020,10 +1023,20 @@ async fn writer_mass() {
             result.status
         }));
     }
-    while service.jobs(Some(&session)).await.unwrap().len() < JOBS {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // Every job running with its process started, and the writer idle
+    // (each start queues its process record): only the move writes then.
+    loop {
+        let running = service.jobs(Some(&session)).await.unwrap().len();
+        let processes = processes_of(std::process::id(), &marker)
+            .iter()
+            .filter(|(_, cmd)| cmd.contains(&marker))
+            .count();
+        let writes = service.store().writes();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if running == JOBS && processes == JOBS && service.store().writes() == writes {
+            break;
+        }
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let (commits, writes) = (service.store().commits(), service.store().writes());
     let start = Instant::now();
     let moved = service
