@@ -20,8 +20,15 @@
 //!   per second through `call_tool`, against spawning `/bin/sh -c true`
 //!   directly with `std::process` and with `tokio::process`.
 //!
+//! - `history` (BENCHMARKS.md, costs that grow with history): one
+//!   session's operations (`jobs`, `job`, `background` of one job, `get`)
+//!   and `list`, with 100 / 10 000 / 100 000 ended jobs (and 10 / 1 000 /
+//!   10 000 sessions) already in the store; the figure is the ratio of the
+//!   largest to the smallest history (target: flat within 2×).
+//!
 //! Every figure is measured in the same run as its baseline, and reported
-//! as a ratio to it.
+//! as a ratio to it. Every service here is on the file store on disk (a
+//! temp dir), as `offstage serve` runs.
 
 use std::{
     collections::BTreeMap,
@@ -439,5 +446,175 @@ fn main() {
         if wanted("throughput") {
             throughput().await;
         }
+        if wanted("history") {
+            history().await;
+        }
     });
+}
+
+// ---------------------------------------------------------------- history
+
+/// Median time of `samples` runs of `op`.
+async fn median_of<F, Fut>(samples: usize, mut op: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut times = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = Instant::now();
+        op().await;
+        times.push(start.elapsed());
+    }
+    summarize(&mut times).median
+}
+
+/// A data dir whose store already holds `jobs` ended jobs spread over
+/// `sessions` sessions (written straight to the store, one commit).
+fn history_dir(jobs: usize, sessions: usize) -> tempfile::TempDir {
+    use offstage::testing::Store;
+    use offstage_plugin_api::types::{Job, JobStatus, Session, SessionStatus};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("data")).unwrap();
+    let at = "2020-01-01T00:00:00.000Z".to_string();
+    for s in 0..sessions {
+        store
+            .put_session(&Session {
+                id: format!("ses_hist{s:06}"),
+                title: format!("history {s}"),
+                parent_id: None,
+                agent: "script".into(),
+                status: SessionStatus::Idle,
+                created_at: at.clone(),
+                updated_at: at.clone(),
+            })
+            .unwrap();
+    }
+    let jobs: Vec<Job> = (0..jobs)
+        .map(|j| Job {
+            id: format!("job_hist{j:07}"),
+            session_id: format!("ses_hist{:06}", j % sessions),
+            kind: "shell".into(),
+            title: "true".into(),
+            status: JobStatus::Completed,
+            backgrounded: false,
+            started_at: at.clone(),
+            completed_at: Some(at.clone()),
+            exit_code: Some(0),
+            output_path: None,
+            child_session_id: None,
+        })
+        .collect();
+    store.put_jobs(jobs).unwrap();
+    dir
+}
+
+/// What one session's operations cost with `jobs` jobs in the host's
+/// history: (`jobs(session)`, `job(id)`, `get`, `background` of one job
+/// until its caller is back, `list` per session).
+async fn history_costs(jobs: usize, sessions: usize) -> [Duration; 5] {
+    let dir = history_dir(jobs, sessions);
+    let service = service(dir.path());
+    let id = session(&service).await;
+    // The session's own few jobs: three ended, one running in the
+    // background (so the running index is not empty).
+    for _ in 0..3 {
+        service
+            .call_tool(&id, ToolRequest::new("shell", json!({ "command": "true" })))
+            .await
+            .unwrap();
+    }
+    let sleeper = service
+        .call_tool(
+            &id,
+            ToolRequest::new(
+                "shell",
+                json!({ "command": "sleep 60", "background": true }),
+            ),
+        )
+        .await
+        .unwrap();
+    let list = median_of(200, || async {
+        assert_eq!(service.jobs(Some(&id)).await.unwrap().len(), 4);
+    })
+    .await;
+    let one = median_of(200, || async {
+        service.job("job_hist0000007").await.unwrap();
+    })
+    .await;
+    let get = median_of(200, || async {
+        service.get(&id).await.unwrap();
+    })
+    .await;
+    let all = median_of(20, || async {
+        assert_eq!(service.list().await.unwrap().len(), sessions + 1);
+    })
+    .await
+        / (sessions as u32 + 1);
+    let mut moves = Vec::new();
+    for i in 0..20 {
+        let call_id = format!("job_histmove_{i}");
+        let caller = {
+            let (service, id, call_id) = (service.clone(), id.clone(), call_id.clone());
+            tokio::spawn(async move {
+                let request = ToolRequest {
+                    tool: "shell".into(),
+                    input: json!({ "command": "sleep 60" }),
+                    call_id: Some(call_id),
+                };
+                service.call_tool(&id, request).await.unwrap();
+                Instant::now()
+            })
+        };
+        while service.job(&call_id).await.is_err() {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let start = Instant::now();
+        let moved = service
+            .background(BackgroundRequest::job(&id, &call_id))
+            .await
+            .unwrap();
+        assert_eq!(moved.len(), 1);
+        moves.push(caller.await.unwrap() - start);
+        service.cancel_job(&call_id).await.unwrap();
+    }
+    service.cancel_job(&sleeper.job_id).await.unwrap();
+    service.shutdown().await;
+    [list, one, get, summarize(&mut moves).median, all]
+}
+
+async fn history() {
+    const SIZES: [(usize, usize); 3] = [(100, 10), (10_000, 1_000), (100_000, 10_000)];
+    let mut costs = Vec::new();
+    for (jobs, sessions) in SIZES {
+        costs.push(history_costs(jobs, sessions).await);
+    }
+    println!("\n## history: one session's operations with 100 / 10 000 / 100 000 ended jobs (10 / 1 000 / 10 000 sessions) in the store, file store on disk\n");
+    println!(
+        "| operation | 100 jobs | 10 000 jobs | 100 000 jobs | largest / smallest | target | met |"
+    );
+    println!("|---|---:|---:|---:|---:|---|---|");
+    for (index, label) in [
+        "`jobs(session)` (the session's 4 jobs; median of 200)",
+        "`job(id)` (median of 200)",
+        "`get(session)` (median of 200)",
+        "`background` of one job → its caller back (median of 20)",
+        "`list`, per session listed (median of 20)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let values: Vec<Duration> = costs.iter().map(|c| c[index]).collect();
+        let small = values.iter().min().unwrap().as_secs_f64();
+        let large = values.iter().max().unwrap().as_secs_f64();
+        let ratio = large / small.max(1e-9);
+        println!(
+            "| {label} | {} | {} | {} | {ratio:.2} | ≤ 2× | {} |",
+            micros(values[0]),
+            micros(values[1]),
+            micros(values[2]),
+            if ratio <= 2.0 { "yes" } else { "**no**" }
+        );
+    }
 }

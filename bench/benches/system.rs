@@ -988,29 +988,23 @@ fn writer_http() {
     }
 }
 
-/// A service on disk (the file store, default durability).
-fn disk_service(dir: &Path) -> SessionService {
-    SessionService::open(offstage::ServiceConfig {
-        data_dir: dir.join("data"),
-        permissions: Vec::new(),
-    })
-    .unwrap()
-}
-
 async fn writer_mass() {
     const JOBS: usize = 1000;
+    let marker = format!("offstage-writer-mass-{}", std::process::id());
+    let command = format!("sleep 30; : {marker}");
     let dir = tempfile::tempdir().unwrap();
-    let service = disk_service(dir.path());
+    let service = service(dir.path());
     let session = service.create(NewSession::default()).await.unwrap().id;
     let returned = Arc::new(AtomicU64::new(0));
     let last = Arc::new(std::sync::Mutex::new(None::<Instant>));
     let mut callers = Vec::new();
     for _ in 0..JOBS {
-        let (service, session, returned, last) = (
+        let (service, session, returned, last, command) = (
             service.clone(),
             session.clone(),
             returned.clone(),
             last.clone(),
+            command.clone(),
         );
         callers.push(tokio::spawn(async move {
             let result = service
@@ -1018,7 +1012,7 @@ async fn writer_mass() {
                     &session,
                     ToolRequest {
                         tool: "shell".into(),
-                        input: json!({ "command": "sleep 30", "timeout_ms": 600_000 }),
+                        input: json!({ "command": command, "timeout_ms": 600_000 }),
                         call_id: None,
                     },
                 )
@@ -1029,29 +1023,42 @@ async fn writer_mass() {
             result.status
         }));
     }
-    while service.jobs(Some(&session)).await.unwrap().len() < JOBS {
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    // Every job running with its process started, and the writer idle
+    // (each start queues its process record): only the move writes then.
+    loop {
+        let running = service.jobs(Some(&session)).await.unwrap().len();
+        let processes = processes_of(std::process::id(), &marker)
+            .iter()
+            .filter(|(_, cmd)| cmd.contains(&marker))
+            .count();
+        let writes = service.store().writes();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if running == JOBS && processes == JOBS && service.store().writes() == writes {
+            break;
+        }
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let commits = service.store().commits();
+    let (commits, writes) = (service.store().commits(), service.store().writes());
     let start = Instant::now();
     let moved = service
         .background(BackgroundRequest::all(&session))
         .await
         .unwrap();
     let call = start.elapsed();
-    let move_commits = service.store().commits() - commits;
     let mut statuses = Vec::new();
     for caller in callers {
         statuses.push(caller.await.unwrap());
     }
     let all_back = last.lock().unwrap().unwrap().duration_since(start);
+    // Every group committed from the call until every caller was back
+    // (nothing else writes meanwhile: the jobs sleep).
+    let move_commits = service.store().commits() - commits;
+    let move_writes = service.store().writes() - writes;
     assert_eq!(moved.len(), JOBS);
     assert!(statuses.iter().all(|s| *s == ToolStatus::Backgrounded));
     println!("\n## writer: {JOBS} running `sleep 30` jobs moved by one `background` call, file store on disk\n");
     header();
     row(
-        "commits made by the move",
+        &format!("commits from `background` until every caller was back ({move_writes} writes)"),
         format!("{move_commits}"),
         "1 (one transaction)".into(),
         move_commits as f64,
@@ -1073,7 +1080,7 @@ async fn writer_throughput() {
     const CONCURRENT: usize = 8;
     let time = Duration::from_secs(3);
     let dir = tempfile::tempdir().unwrap();
-    let service = disk_service(dir.path());
+    let service = service(dir.path());
     let commits = service.store().commits();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();

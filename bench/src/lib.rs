@@ -60,9 +60,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("build the tokio runtime")
 }
 
-/// An in-memory session service with its data dir under `dir`.
+/// A session service on the file store, as users run it:
+/// `<dir>/data/offstage.db` on disk (`dir` is a temp dir on the same
+/// disk a data dir would be), default durability. Benchmarks never use
+/// the in-memory store unless a row's name says so.
 pub fn service(dir: &std::path::Path) -> offstage::SessionService {
-    offstage_tests::host::service(dir.join("data"), Vec::new())
+    offstage::SessionService::open(offstage::ServiceConfig {
+        data_dir: dir.join("data"),
+        permissions: Vec::new(),
+    })
+    .expect("the file store opens in a fresh temp dir")
 }
 
 /// A duration in microseconds with two decimals.

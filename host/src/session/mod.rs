@@ -8,6 +8,10 @@
 //!
 //! All state sits behind one mutex that is never held across an `.await`;
 //! waiting is done on `watch` channels, so a blocked caller costs no lock.
+//! What runs under it does not grow with history: ended jobs stay in
+//! memory until their session is removed, so jobs are indexed by session
+//! and by running state (`SessionJobs`), and `list` takes a pointer per
+//! session under the lock and copies after.
 //!
 //! # Durability
 //!
@@ -30,7 +34,7 @@ mod turn;
 
 use crate::util::LockExt;
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -82,12 +86,95 @@ struct Inner {
 struct State {
     /// Ordered by id, which orders by creation.
     sessions: BTreeMap<String, SessionEntry>,
+    /// Every job in memory, by id. Change it only through
+    /// [`State::add_job`], [`State::job_ended`] and [`State::remove_job`],
+    /// which keep the indexes below in step.
     jobs: HashMap<String, JobEntry>,
+    /// The jobs of each session, by session id (a job may outlive its
+    /// session's entry for a moment: the index is keyed by id, not kept in
+    /// the entry). Jobs stay in memory until their session is removed, so
+    /// without it every job operation would scan every job ever run.
+    jobs_by_session: HashMap<String, SessionJobs>,
+    /// Jobs not ended yet, of every session (host shutdown).
+    running: HashSet<String>,
     /// Ids of calls that passed their first checks and are not jobs yet.
     reserved_job_ids: HashSet<String>,
 }
 
+/// One session's jobs, indexed: what `jobs`, `background`, `interrupt`
+/// and removal read, so their cost follows the session's jobs (or its
+/// running ones), not the host's history.
+#[derive(Default)]
+struct SessionJobs {
+    /// Every job, as `(started_at, id)`: the order jobs are listed in.
+    all: BTreeSet<(String, String)>,
+    /// The ids of the jobs not ended yet, sorted (a move's order).
+    running: BTreeSet<String>,
+}
+
 impl State {
+    /// Puts a job in the table and its indexes.
+    fn add_job(&mut self, entry: JobEntry) {
+        // Ids are unique; should one come again, no stale index is left.
+        self.remove_job(&entry.job.id);
+        let job = &entry.job;
+        let index = self
+            .jobs_by_session
+            .entry(job.session_id.clone())
+            .or_default();
+        index.all.insert((job.started_at.clone(), job.id.clone()));
+        if !job.status.is_final() {
+            index.running.insert(job.id.clone());
+            self.running.insert(job.id.clone());
+        }
+        self.jobs.insert(job.id.clone(), entry);
+    }
+
+    /// Takes an ended job out of the running indexes (its record stays).
+    fn job_ended(&mut self, id: &str) {
+        self.running.remove(id);
+        if let Some(entry) = self.jobs.get(id) {
+            if let Some(index) = self.jobs_by_session.get_mut(&entry.job.session_id) {
+                index.running.remove(id);
+            }
+        }
+    }
+
+    /// Takes a job out of the table and every index.
+    fn remove_job(&mut self, id: &str) -> Option<JobEntry> {
+        let entry = self.jobs.remove(id)?;
+        self.running.remove(id);
+        let session_id = &entry.job.session_id;
+        if let Some(index) = self.jobs_by_session.get_mut(session_id) {
+            index
+                .all
+                .remove(&(entry.job.started_at.clone(), entry.job.id.clone()));
+            index.running.remove(id);
+            if index.all.is_empty() {
+                self.jobs_by_session.remove(session_id);
+            }
+        }
+        Some(entry)
+    }
+
+    /// A session's jobs, oldest first.
+    fn session_jobs<'a>(&'a self, session_id: &str) -> impl Iterator<Item = &'a JobEntry> + 'a {
+        self.jobs_by_session
+            .get(session_id)
+            .into_iter()
+            .flat_map(|index| index.all.iter())
+            .filter_map(|(_, id)| self.jobs.get(id))
+    }
+
+    /// A session's jobs that have not ended, by id.
+    fn running_jobs<'a>(&'a self, session_id: &str) -> impl Iterator<Item = &'a JobEntry> + 'a {
+        self.jobs_by_session
+            .get(session_id)
+            .into_iter()
+            .flat_map(|index| index.running.iter())
+            .filter_map(|id| self.jobs.get(id))
+    }
+
     /// The session `id`, or `not_found` naming it.
     fn session(&self, id: &str) -> Result<&SessionEntry> {
         self.sessions
@@ -123,7 +210,9 @@ impl State {
 }
 
 struct SessionEntry {
-    session: Session,
+    /// Shared, so that `list` takes pointers under the lock and clones
+    /// outside it; a change copies it only while a reader still holds it.
+    session: Arc<Session>,
     messages: Vec<Message>,
     /// User prompts and notices the agent has not seen yet.
     inbox: Vec<Message>,
@@ -309,14 +398,16 @@ impl SessionService {
         &self.inner.data_dir
     }
 
-    /// Every session, oldest first.
+    /// Every session, oldest first. Under the lock it only takes a
+    /// pointer per session; the copies are made after.
     pub async fn list(&self) -> Result<Vec<Session>> {
-        Ok(self
+        let shared: Vec<Arc<Session>> = self
             .state()
             .sessions
             .values()
             .map(|e| e.session.clone())
-            .collect())
+            .collect();
+        Ok(shared.iter().map(|s| Session::clone(s)).collect())
     }
 
     /// Creates a session. An unknown agent or parent is refused.
@@ -353,7 +444,7 @@ impl SessionService {
                 service.state().sessions.insert(
                     id,
                     SessionEntry {
-                        session: created.clone(),
+                        session: Arc::new(created.clone()),
                         messages: Vec::new(),
                         inbox: Vec::new(),
                         turn: None,
@@ -375,7 +466,8 @@ impl SessionService {
 
     /// One session.
     pub async fn get(&self, id: &str) -> Result<Session> {
-        Ok(self.state().session(id)?.session.clone())
+        let session = self.state().session(id)?.session.clone();
+        Ok(Session::clone(&session))
     }
 
     /// Changes a session's title.
@@ -383,7 +475,7 @@ impl SessionService {
         if title.trim().is_empty() {
             return Err(ServiceError::InvalidInput("title must not be empty".into()));
         }
-        let mut session = self.state().session(id)?.session.clone();
+        let mut session = Session::clone(&self.state().session(id)?.session);
         session.title = title.to_string();
         session.updated_at = now();
         let record = session.clone();
@@ -393,9 +485,10 @@ impl SessionService {
             move |service, ()| {
                 let mut state = service.state();
                 if let Some(entry) = state.sessions.get_mut(&record.id) {
-                    entry.session.title = record.title.clone();
-                    entry.session.updated_at = record.updated_at.clone();
-                    let session = entry.session.clone();
+                    let session = Arc::make_mut(&mut entry.session);
+                    session.title = record.title.clone();
+                    session.updated_at = record.updated_at.clone();
+                    let session = session.clone();
                     service
                         .inner
                         .events
@@ -501,8 +594,8 @@ impl SessionService {
         // end (that takes this lock): a subagent job must not see its
         // child's cancelled call and end as an error before its own
         // cancel arrives.
-        for entry in state.jobs.values() {
-            if doomed.contains(&entry.job.session_id) && !entry.job.status.is_final() {
+        for session_id in &doomed {
+            for entry in state.running_jobs(session_id) {
                 if let Some(runtime) = &entry.runtime {
                     runtime.cancel(CancelReason::SessionRemoved);
                 }
@@ -514,9 +607,16 @@ impl SessionService {
                 turns.extend(entry.turn.take());
             }
         }
-        state
-            .jobs
-            .retain(|_, j| !doomed.contains(&j.job.session_id) || !j.job.status.is_final());
+        for session_id in &doomed {
+            let ended: Vec<String> = state
+                .session_jobs(session_id)
+                .filter(|j| j.job.status.is_final())
+                .map(|j| j.job.id.clone())
+                .collect();
+            for id in ended {
+                state.remove_job(&id);
+            }
+        }
         (doomed, turns)
     }
 
@@ -588,7 +688,7 @@ impl SessionService {
         if matches!(message.role, Role::User | Role::Notice) {
             entry.inbox.push(message.clone());
         }
-        entry.session.updated_at = message.created_at.clone();
+        Arc::make_mut(&mut entry.session).updated_at = message.created_at.clone();
         self.inner.events.publish("message.added", json!(message));
         entry.messages.push(message);
     }
@@ -610,7 +710,7 @@ impl SessionService {
             SessionStatus::Idle
         };
         if entry.session.status != status {
-            entry.session.status = status;
+            Arc::make_mut(&mut entry.session).status = status;
             entry.status.send_replace(status);
             self.inner.events.publish(
                 "session.status",

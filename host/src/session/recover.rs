@@ -76,7 +76,7 @@ impl SessionService {
             state.sessions.insert(
                 session.id.clone(),
                 SessionEntry {
-                    session,
+                    session: std::sync::Arc::new(session),
                     messages: stored.messages,
                     inbox: stored.inbox,
                     turn: None,
@@ -87,9 +87,7 @@ impl SessionService {
             );
         }
         for job in recovery.jobs {
-            state
-                .jobs
-                .insert(job.id.clone(), JobEntry { job, runtime: None });
+            state.add_job(JobEntry { job, runtime: None });
         }
         drop(state);
         for pending in recovery.notices {

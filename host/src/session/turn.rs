@@ -260,11 +260,8 @@ impl SessionService {
             // The turn's calls are about to go away with it: their jobs are
             // cancelled below, not moved to the background as a caller
             // that went away would have them.
-            for job in state.jobs.values() {
-                if job.job.session_id == session_id
-                    && !job.job.backgrounded
-                    && !job.job.status.is_final()
-                {
+            for job in state.running_jobs(session_id) {
+                if !job.job.backgrounded && !job.job.status.is_final() {
                     if let Some(runtime) = &job.runtime {
                         runtime.mark_interrupting();
                     }

@@ -47,6 +47,7 @@
 //! process groups running, and [`Store::recover`] hands them back
 //! ([`Recovery::processes`]) so that start-up can end them.
 
+mod checkpoint;
 mod open;
 mod schema;
 mod writer;
@@ -398,7 +399,13 @@ impl Store {
         open::probe(&path)?;
         let lock = open::lock_data_dir(data_dir)?;
         let conn = open::connect(Some(&path), durability)?;
-        Ok(Store::start(conn, Some(path), Some(lock)))
+        // Checkpoints run beside the writer, not inside its commits.
+        let checkpointer = checkpoint::Checkpointer::start(&path);
+        if checkpointer.is_some() {
+            conn.pragma_update(None, "wal_autocheckpoint", 0)
+                .map_err(|e| open::classify(&path, e))?;
+        }
+        Ok(Store::start(conn, Some(path), Some(lock), checkpointer))
     }
 
     /// A store in memory with the same schema, for tests and benchmarks.
@@ -407,14 +414,20 @@ impl Store {
             open::connect(None, Durability::Full)?,
             None,
             None,
+            None,
         ))
     }
 
-    fn start(conn: Connection, path: Option<PathBuf>, lock: Option<open::DirLock>) -> Store {
+    fn start(
+        conn: Connection,
+        path: Option<PathBuf>,
+        lock: Option<open::DirLock>,
+        checkpointer: Option<checkpoint::Checkpointer>,
+    ) -> Store {
         let conn = Arc::new(Mutex::new(conn));
         let stats = Arc::new(WriterStats::default());
         Store {
-            writer: Writer::start(conn.clone(), stats.clone()),
+            writer: Writer::start(conn.clone(), stats.clone(), checkpointer),
             conn,
             stats,
             path,
@@ -581,6 +594,12 @@ impl Store {
     pub fn put_job(&self, job: &Job) -> Result<(), StoreError> {
         let job = job.clone();
         self.write(move |conn| upsert_job(conn, &job))
+    }
+
+    /// Inserts or updates many jobs in one commit (an import, a
+    /// benchmark's history).
+    pub fn put_jobs(&self, jobs: Vec<Job>) -> Result<(), StoreError> {
+        self.write(move |conn| jobs.iter().try_for_each(|job| upsert_job(conn, job)))
     }
 
     /// Records the process group of a running job (replacing an earlier

@@ -31,7 +31,7 @@ use std::{
 use rusqlite::Connection;
 use tokio::sync::Notify;
 
-use super::StoreError;
+use super::{checkpoint::Checkpointer, StoreError};
 use crate::util::LockExt;
 
 /// What runs after the group's commit: `Ok` if it committed.
@@ -127,11 +127,15 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn start(conn: Arc<Mutex<Connection>>, stats: Arc<WriterStats>) -> Self {
+    pub(super) fn start(
+        conn: Arc<Mutex<Connection>>,
+        stats: Arc<WriterStats>,
+        checkpointer: Option<Checkpointer>,
+    ) -> Self {
         let (queue, ops) = mpsc::channel::<Op>();
         let thread = std::thread::Builder::new()
             .name("offstage-store".into())
-            .spawn(move || run(&conn, &ops, &stats))
+            .spawn(move || run(&conn, &ops, &stats, checkpointer.as_ref()))
             .expect("the store writer thread starts");
         Writer {
             queue: Some(queue),
@@ -162,7 +166,12 @@ impl Drop for Writer {
     }
 }
 
-fn run(conn: &Mutex<Connection>, ops: &mpsc::Receiver<Op>, stats: &WriterStats) {
+fn run(
+    conn: &Mutex<Connection>,
+    ops: &mpsc::Receiver<Op>,
+    stats: &WriterStats,
+    checkpointer: Option<&Checkpointer>,
+) {
     while let Ok(first) = ops.recv() {
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
@@ -177,6 +186,9 @@ fn run(conn: &Mutex<Connection>, ops: &mpsc::Receiver<Op>, stats: &WriterStats) 
             commit_group(&conn, group, &mut dones)
         };
         stats.commits.fetch_add(1, Ordering::Relaxed);
+        if let Some(checkpointer) = checkpointer {
+            checkpointer.committed();
+        }
         stats
             .writes
             .fetch_add(dones.len() as u64, Ordering::Relaxed);

@@ -124,3 +124,230 @@ fn every_acknowledged_message_survives_a_kill() {
     assert_eq!(recovery.notices.len(), 1);
     assert_eq!(recovery.notices[0].reason, NoticeReason::HostRestarted);
 }
+
+// ------------------------------------------- a batch half-committed
+
+const HALF_ENV: &str = "OFFSTAGE_STORE_HALF_CHILD_DIR";
+
+fn half_job(id: &str) -> Job {
+    Job {
+        id: id.into(),
+        session_id: "ses_crash".into(),
+        kind: "shell".into(),
+        title: "sleep 600".into(),
+        status: JobStatus::Running,
+        backgrounded: true,
+        started_at: "2026-03-01T10:00:01.000Z".into(),
+        completed_at: None,
+        exit_code: None,
+        output_path: None,
+        child_session_id: None,
+    }
+}
+
+fn half_notice(job_id: &str) -> Message {
+    Message {
+        id: format!("msg_notice_{job_id}"),
+        session_id: "ses_crash".into(),
+        role: Role::Notice,
+        text: format!("Background job {job_id} completed."),
+        metadata: json!({ "job_id": job_id }),
+        created_at: "2026-03-01T10:00:03.000Z".into(),
+    }
+}
+
+/// Runs only as the child: in rounds, holds the writer inside a group
+/// (a gate write), queues behind it a job's end with its notice and a
+/// message (each from a thread that acknowledges when its call returns),
+/// and last a write that looks, inside the next group's transaction,
+/// whether both are in it with it. If they are, the group is
+/// half-committed — some writes run, no `COMMIT` yet — and the write says
+/// so and blocks until the parent kills the process. If not (the threads
+/// were late), it lets the group commit and the round starts again.
+#[test]
+fn crash_child_half_committed() {
+    let Some(dir) = std::env::var_os(HALF_ENV) else {
+        return; // an ordinary test run: nothing to do
+    };
+    let store = std::sync::Arc::new(Store::open(std::path::Path::new(&dir)).unwrap());
+    store
+        .put_session(&Session {
+            id: "ses_crash".into(),
+            title: "crash".into(),
+            parent_id: None,
+            agent: "script".into(),
+            status: SessionStatus::Idle,
+            created_at: "2026-03-01T10:00:00.000Z".into(),
+            updated_at: "2026-03-01T10:00:00.000Z".into(),
+        })
+        .unwrap();
+    for round in 0..100u32 {
+        let job_id = format!("job_half_{round:03}");
+        let message_id = format!("msg_half_{round:03}");
+        store.put_job(&half_job(&job_id)).unwrap();
+        println!("started {job_id}");
+        // The gate: the writer waits in its transaction until `open`.
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (open, gate) = std::sync::mpsc::channel::<()>();
+        let _ = store.submit(
+            move |_conn| {
+                entered_tx.send(()).unwrap();
+                gate.recv().unwrap();
+                Ok(())
+            },
+            |_| {},
+        );
+        entered.recv().unwrap();
+        let ender = {
+            let (store, job_id) = (store.clone(), job_id.clone());
+            std::thread::spawn(move || {
+                let mut job = half_job(&job_id);
+                job.status = JobStatus::Completed;
+                job.exit_code = Some(0);
+                job.completed_at = Some("2026-03-01T10:00:03.000Z".into());
+                assert!(store.finish_job(&job, Some(&half_notice(&job_id))).unwrap());
+                println!("acked end {job_id}");
+            })
+        };
+        let appender = {
+            let (store, message_id) = (store.clone(), message_id.clone());
+            std::thread::spawn(move || {
+                store
+                    .append_message(&Message {
+                        id: message_id.clone(),
+                        session_id: "ses_crash".into(),
+                        role: Role::Tool,
+                        text: "half".into(),
+                        metadata: json!({}),
+                        created_at: "2026-03-01T10:00:03.000Z".into(),
+                    })
+                    .unwrap();
+                println!("acked message {message_id}");
+            })
+        };
+        // Give both threads time to queue; the probe below checks.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (probe_job, probe_message) = (job_id.clone(), message_id.clone());
+        let _ = store.submit(
+            move |conn| {
+                let ended: bool = conn
+                    .query_row(
+                        "SELECT status <> 'running' FROM jobs WHERE id = ?1",
+                        [&probe_job],
+                        |row| row.get(0),
+                    )
+                    .unwrap();
+                let appended: bool = conn
+                    .query_row(
+                        "SELECT count(*) = 1 FROM messages WHERE id = ?1",
+                        [&probe_message],
+                        |row| row.get(0),
+                    )
+                    .unwrap();
+                if ended && appended {
+                    println!("half-committed {probe_job} {probe_message}");
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                Ok(())
+            },
+            |_| {},
+        );
+        open.send(()).unwrap();
+        ender.join().unwrap();
+        appender.join().unwrap();
+    }
+    panic!("no round had its writes in one group");
+}
+
+/// Kills the child while a group is half-committed: its writes ran inside
+/// the transaction, none acknowledged. After the restart every
+/// acknowledged end, notice and message is there exactly once, and
+/// nothing of the half-committed group is: its job comes back cancelled
+/// by recovery (one "host restarted" notice owed), not completed.
+#[test]
+fn a_half_committed_group_leaves_nothing_after_kill_9() {
+    if std::env::var_os(CHILD_ENV).is_some() || std::env::var_os(HALF_ENV).is_some() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, module) = module_path!().split_once("::").unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            &format!("{module}::crash_child_half_committed"),
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HALF_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut acked_ends = Vec::new();
+    let mut acked_messages = Vec::new();
+    let mut half = None;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if let Some((_, id)) = line.split_once("acked end ") {
+            acked_ends.push(id.to_string());
+        } else if let Some((_, id)) = line.split_once("acked message ") {
+            acked_messages.push(id.to_string());
+        } else if let Some((_, ids)) = line.split_once("half-committed ") {
+            let (job, message) = ids.split_once(' ').unwrap();
+            half = Some((job.to_string(), message.to_string()));
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL mid-transaction
+    child.wait().unwrap();
+    let (half_job_id, half_message_id) = half.expect("the child reached a half-committed group");
+
+    let store = Store::open(dir.path()).expect("a dead process's lock does not hold");
+    let recovery = store.recover("2026-03-01T11:00:00.000Z").unwrap();
+    let messages = &recovery.sessions[0].messages;
+    let count = |id: &str| messages.iter().filter(|m| m.id == id).count();
+    let notices_of = |job: &str| {
+        messages
+            .iter()
+            .filter(|m| m.role == Role::Notice && m.metadata["job_id"] == job)
+            .count()
+    };
+    for job in &acked_ends {
+        let stored = recovery.jobs.iter().find(|j| &j.id == job).unwrap();
+        assert_eq!(
+            stored.status,
+            JobStatus::Completed,
+            "acknowledged end of {job}"
+        );
+        assert_eq!(notices_of(job), 1, "acknowledged notice of {job}, once");
+    }
+    for message in &acked_messages {
+        assert_eq!(count(message), 1, "acknowledged message {message}, once");
+    }
+    // Nothing of the half-committed group.
+    assert_eq!(
+        count(&half_message_id),
+        0,
+        "an unacknowledged message appeared"
+    );
+    assert_eq!(
+        notices_of(&half_job_id),
+        0,
+        "an unacknowledged notice appeared"
+    );
+    let job = recovery.jobs.iter().find(|j| j.id == half_job_id).unwrap();
+    assert_eq!(
+        job.status,
+        JobStatus::Cancelled,
+        "an unacknowledged end appeared as done"
+    );
+    let owed: Vec<_> = recovery
+        .notices
+        .iter()
+        .filter(|n| n.job.id == half_job_id)
+        .collect();
+    assert_eq!(owed.len(), 1);
+    assert_eq!(owed[0].reason, NoticeReason::HostRestarted);
+}

@@ -3,20 +3,28 @@
 //! background` get the same move (see `call.rs`).
 //!
 //! A move is one store write, whatever the number of jobs: every job's
-//! flag and the session's "moved" message commit together. The write
+//! flag, the session's "moved" message and each released caller's tool
+//! message commit together. The write
 //! itself decides which jobs move (a job whose end committed first is not
 //! moved), and the callers are released in its hook, after the commit: a
 //! caller never hears "backgrounded" for a move a crash could undo.
 
-use std::collections::HashMap;
+use std::{
+    collections::HashMap,
+    sync::{atomic::Ordering, Arc},
+};
 
-use offstage_plugin_api::types::{BackgroundRequest, Job, JobStatus, Message, Role};
+use offstage_plugin_api::types::{
+    BackgroundRequest, Job, JobStatus, Message, Role, ToolResult, ToolStatus,
+};
 use serde_json::json;
 
+use super::JobRuntime;
 use crate::{
     error::{Result, ServiceError},
     session::{new_message, SessionService},
     store::{self, StoreError, Ticket},
+    util::LockExt,
 };
 
 /// Why jobs move, which decides the message the move adds.
@@ -29,6 +37,11 @@ pub(super) enum MoveReason {
     /// A foreground timeout with `on_timeout = "background"`.
     Timeout,
 }
+
+/// What a move committed: the jobs moved, by id, and the messages it
+/// added (the session's "moved" message first, then each released
+/// caller's tool message).
+pub(super) type Moved = (Vec<Job>, Vec<Message>);
 
 impl SessionService {
     /// Moves a session's blocking jobs — all, one type, or one job — to
@@ -52,9 +65,8 @@ impl SessionService {
             }
         }
         let moved = self
-            .move_jobs(MoveReason::Request, |job| {
-                job.session_id == request.session_id
-                    && request.kind.as_deref().is_none_or(|k| job.kind == k)
+            .move_jobs(MoveReason::Request, &request.session_id, |job| {
+                request.kind.as_deref().is_none_or(|k| job.kind == k)
                     && request.job_id.as_deref().is_none_or(|id| job.id == id)
             })
             .wait()
@@ -63,48 +75,66 @@ impl SessionService {
         Ok(moved)
     }
 
-    /// Submits the move of the matching running, foreground jobs that
-    /// nobody is ending; the ticket answers with the jobs moved, by id,
-    /// and the message the move added.
+    /// Submits the move of `session_id`'s matching running, foreground
+    /// jobs that nobody is ending; the ticket answers with the jobs moved,
+    /// by id, and the messages the move added.
+    ///
+    /// One write, whatever the number of jobs: the jobs' flags, the
+    /// session's "moved" message and — for a caller still waiting (not
+    /// [`MoveReason::CallerGone`]) — the caller's own tool message with
+    /// the output so far. The hook hands each caller exactly the result
+    /// its message recorded, so a released caller writes nothing more and
+    /// returns as soon as the move has committed.
     pub(super) fn move_jobs(
         &self,
         reason: MoveReason,
+        session_id: &str,
         matches: impl Fn(&Job) -> bool,
-    ) -> Ticket<(Vec<Job>, Option<Message>)> {
-        let candidates: HashMap<String, Job> = {
+    ) -> Ticket<Moved> {
+        let candidates: HashMap<String, (Job, Arc<JobRuntime>)> = {
             let state = self.state();
             state
-                .jobs
-                .values()
+                .running_jobs(session_id)
                 .filter(|e| {
                     e.job.status == JobStatus::Running && !e.job.backgrounded && matches(&e.job)
                 })
-                .filter(|e| e.runtime.as_ref().is_some_and(|r| r.movable()))
-                .map(|e| (e.job.id.clone(), e.job.clone()))
+                .filter_map(|e| {
+                    let runtime = e.runtime.as_ref().filter(|r| r.movable())?;
+                    Some((e.job.id.clone(), (e.job.clone(), runtime.clone())))
+                })
                 .collect()
         };
         let mut ids: Vec<String> = candidates.keys().cloned().collect();
         ids.sort();
+        let record_replies = reason != MoveReason::CallerGone;
         self.submit(
             move |conn| {
                 if ids.is_empty() {
-                    return Ok((Vec::new(), None));
+                    return Ok((Vec::new(), Vec::new()));
                 }
-                let moved: Vec<Job> = store::move_jobs(conn, &ids)?
-                    .into_iter()
-                    .filter_map(|id| candidates.get(&id).cloned())
-                    .map(|mut job| {
-                        job.backgrounded = true;
-                        job
-                    })
-                    .collect();
-                let message = move_message(reason, &moved);
-                if let Some(message) = &message {
+                let mut moved = Vec::new();
+                let mut replies = Vec::new();
+                for id in store::move_jobs(conn, &ids)? {
+                    let Some((job, runtime)) = candidates.get(&id) else {
+                        continue;
+                    };
+                    let mut job = job.clone();
+                    job.backgrounded = true;
+                    if record_replies {
+                        let result = backgrounded_result(&job.id, runtime);
+                        replies.push(caller_message(&job, &result));
+                        *runtime.moved_result.lock_unpoisoned() = Some(result);
+                    }
+                    moved.push(job);
+                }
+                let mut messages: Vec<Message> = move_message(reason, &moved).into_iter().collect();
+                messages.extend(replies);
+                for message in &messages {
                     store::insert_message(conn, message)?;
                 }
-                Ok::<_, StoreError>((moved, message))
+                Ok::<_, StoreError>((moved, messages))
             },
-            |service, (moved, message)| {
+            move |service, (moved, messages)| {
                 let mut state = service.state();
                 for job in moved {
                     if let Some(entry) = state.jobs.get_mut(&job.id) {
@@ -114,19 +144,52 @@ impl SessionService {
                         // still waiting, or that caller would report the
                         // end as well as the notice does.
                         if let Some(runtime) = &entry.runtime {
+                            if record_replies {
+                                runtime.recorded.store(true, Ordering::SeqCst);
+                            }
                             runtime.released.send_replace(true);
                         }
                     }
                     service.inner.events.publish("job.backgrounded", json!(job));
                 }
-                if let Some(message) = message.clone() {
-                    if let Some(entry) = state.sessions.get_mut(&message.session_id) {
-                        service.push_message(entry, message);
+                if let Some(entry) = moved
+                    .first()
+                    .and_then(|job| state.sessions.get_mut(&job.session_id))
+                {
+                    for message in messages {
+                        service.push_message(entry, message.clone());
                     }
                 }
             },
         )
     }
+}
+
+/// What a released caller gets: the output so far and where the rest is.
+pub(super) fn backgrounded_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
+    ToolResult {
+        call_id: job_id.to_string(),
+        job_id: job_id.to_string(),
+        status: ToolStatus::Backgrounded,
+        output: runtime.output.tail_text(),
+        exit_code: None,
+        output_path: Some(runtime.output.path().display().to_string()),
+    }
+}
+
+/// The tool message recording what a call's caller got.
+pub(super) fn caller_message(job: &Job, result: &ToolResult) -> Message {
+    new_message(
+        &job.session_id,
+        Role::Tool,
+        &result.output,
+        json!({
+            "job_id": result.job_id,
+            "tool": job.kind,
+            "status": result.status,
+            "exit_code": result.exit_code,
+        }),
+    )
 }
 
 /// The tool message a move adds to its session (none when nothing moved).

@@ -15,13 +15,15 @@
 
 use std::{sync::Arc, time::Duration};
 
-use offstage_plugin_api::types::{
-    Job, JobStatus, Role, ToolCall, ToolRequest, ToolResult, ToolStatus,
-};
+use offstage_plugin_api::types::{Job, JobStatus, ToolCall, ToolRequest, ToolResult, ToolStatus};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::{background::MoveReason, output::OutputSink, CancelReason, JobRuntime};
+use super::{
+    background::{backgrounded_result, caller_message, MoveReason},
+    output::OutputSink,
+    CancelReason, JobRuntime,
+};
 use crate::{
     error::Result,
     ids::{check_caller_id, new_id, now},
@@ -29,6 +31,7 @@ use crate::{
     session::{JobEntry, SessionService},
     store::{self, StoreError},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
+    util::LockExt,
     ServiceError,
 };
 
@@ -116,7 +119,9 @@ impl Drop for CallerGuard<'_> {
         let job_id = self.job_id.to_string();
         let _ = self
             .service
-            .move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
+            .move_jobs(MoveReason::CallerGone, self.session_id, move |job| {
+                job.id == job_id
+            });
     }
 }
 
@@ -144,7 +149,7 @@ impl SessionService {
             }
         };
         let result = self
-            .wait_for_caller(&started.job.id, &started.runtime, started.policy)
+            .wait_for_caller(&started.job, &started.runtime, started.policy)
             .await;
         guard.armed = false;
         // The caller is no longer blocked: the session may turn idle
@@ -266,7 +271,7 @@ impl SessionService {
             move |service, ()| {
                 let job = entry.job.clone();
                 let mut state = service.state();
-                state.jobs.insert(job.id.clone(), entry);
+                state.add_job(entry);
                 // The session turns busy in the same step the job appears:
                 // nobody may see a running foreground job in an idle session.
                 if !job.backgrounded {
@@ -314,7 +319,9 @@ impl SessionService {
                 // The caller went away before the job started: as if it
                 // had gone while waiting.
                 let job_id = call.job_id.clone();
-                let _ = service.move_jobs(MoveReason::CallerGone, move |job| job.id == job_id);
+                let _ = service.move_jobs(MoveReason::CallerGone, &call.session_id, move |job| {
+                    job.id == job_id
+                });
             }
             service
                 .run_job(task_runtime, ctx, call, ask, tool, wrappers)
@@ -341,15 +348,13 @@ impl SessionService {
     /// Step 4: the call's result as a tool message in its session, for a
     /// caller released before the end (the end records its own).
     async fn record_result(&self, job: &Job, result: &ToolResult) {
-        let metadata = json!({
-            "job_id": result.job_id,
-            "tool": job.kind,
-            "status": result.status,
-            "exit_code": result.exit_code,
-        });
-        // The session may be gone by now (removed while the call ran).
+        if self.state().session(&job.session_id).is_err() {
+            // Gone by now (removed while the call ran).
+            return;
+        }
         let _ = self
-            .append(&job.session_id, Role::Tool, &result.output, metadata)
+            .append_ticket(caller_message(job, result), |_, _| {})
+            .wait()
             .await;
     }
 
@@ -357,10 +362,11 @@ impl SessionService {
     /// its foreground timeout passes.
     async fn wait_for_caller(
         &self,
-        job_id: &str,
+        job: &Job,
         runtime: &JobRuntime,
         policy: ForegroundPolicy,
     ) -> ToolResult {
+        let job_id = job.id.as_str();
         let mut finished = runtime.finished.subscribe();
         let mut released = runtime.released.subscribe();
         let running = runtime.running.subscribe();
@@ -379,10 +385,10 @@ impl SessionService {
                             }
                         }
                     }
-                    return backgrounded_result(job_id, runtime);
+                    return released_result(job_id, runtime);
                 }
                 _ = released.wait_for(|r| *r) => {
-                    return backgrounded_result(job_id, runtime);
+                    return released_result(job_id, runtime);
                 }
                 _ = sleep_once_running(timeout, running.clone()) => {
                     timeout = None;
@@ -394,23 +400,23 @@ impl SessionService {
                     let id = job_id.to_string();
                     // Not waited for: the caller is released by the move's
                     // commit (or by the end), like any other.
-                    let _ = self.move_jobs(MoveReason::Timeout, move |job| job.id == id);
+                    let _ = self.move_jobs(MoveReason::Timeout, &job.session_id, move |job| {
+                        job.id == id
+                    });
                 }
             }
         }
     }
 }
 
-/// What a released caller gets: the output so far and where the rest is.
-fn backgrounded_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
-    ToolResult {
-        call_id: job_id.to_string(),
-        job_id: job_id.to_string(),
-        status: ToolStatus::Backgrounded,
-        output: runtime.output.tail_text(),
-        exit_code: None,
-        output_path: Some(runtime.output.path().display().to_string()),
-    }
+/// What a released caller gets: what the move recorded for it, or (a job
+/// started in the background) the output so far and where the rest is.
+fn released_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
+    runtime
+        .moved_result
+        .lock_unpoisoned()
+        .clone()
+        .unwrap_or_else(|| backgrounded_result(job_id, runtime))
 }
 
 fn job_exists(job_id: &str) -> ServiceError {

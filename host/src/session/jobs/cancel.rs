@@ -34,13 +34,8 @@ impl SessionService {
         let runtimes: Vec<Arc<JobRuntime>> = {
             let state = self.state();
             state
-                .jobs
-                .values()
-                .filter(|e| {
-                    e.job.session_id == session_id
-                        && e.job.status == JobStatus::Running
-                        && !e.job.backgrounded
-                })
+                .running_jobs(session_id)
+                .filter(|e| e.job.status == JobStatus::Running && !e.job.backgrounded)
                 .filter_map(|e| e.runtime.clone())
                 .collect()
         };
@@ -56,8 +51,9 @@ impl SessionService {
         let runtimes: Vec<Arc<JobRuntime>> = {
             let state = self.state();
             state
-                .jobs
-                .values()
+                .running
+                .iter()
+                .filter_map(|id| state.jobs.get(id))
                 .filter(|e| e.job.status == JobStatus::Running)
                 .filter_map(|e| e.runtime.clone())
                 .collect()

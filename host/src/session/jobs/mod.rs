@@ -102,8 +102,9 @@ pub(crate) struct JobRuntime {
     /// this foreground job: its caller, the interrupted turn, is going away
     /// for that reason, and must not move the job to the background.
     interrupting: AtomicBool,
-    /// Set when the job's end committed its caller's tool message too (a
-    /// job that ended in the foreground): the caller records nothing.
+    /// Set when a commit recorded the caller's tool message for it (the
+    /// end of a job still in the foreground, or the move that released
+    /// it): the caller records nothing.
     recorded: AtomicBool,
     /// Set once the tool runs: at once, or when a permission question is
     /// answered. The foreground timeout counts from here, not from the
@@ -112,6 +113,9 @@ pub(crate) struct JobRuntime {
     /// The refusal, when a permission question was answered `reject`: a
     /// caller still waiting gets it as its error.
     denied: OnceLock<String>,
+    /// What a move recorded as the caller's answer (set in the move's
+    /// write, read once the move has released the caller).
+    moved_result: std::sync::Mutex<Option<ToolResult>>,
 }
 
 impl JobRuntime {
@@ -127,6 +131,7 @@ impl JobRuntime {
             recorded: AtomicBool::new(false),
             running: watch::channel(false).0,
             denied: OnceLock::new(),
+            moved_result: std::sync::Mutex::new(None),
         }
     }
 
@@ -159,20 +164,18 @@ impl JobRuntime {
 }
 
 impl SessionService {
-    /// Jobs of one session, or all, oldest first.
+    /// Jobs of one session, or all, oldest first. One session's list
+    /// costs what that session has (an index), whatever else was run.
     pub async fn jobs(&self, session_id: Option<&str>) -> Result<Vec<Job>> {
-        if let Some(id) = session_id {
-            self.get(id).await?;
-        }
+        let Some(id) = session_id else {
+            let mut jobs: Vec<Job> = self.state().jobs.values().map(|e| e.job.clone()).collect();
+            // Sorted after the lock is let go.
+            jobs.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
+            return Ok(jobs);
+        };
         let state = self.state();
-        let mut jobs: Vec<Job> = state
-            .jobs
-            .values()
-            .filter(|e| session_id.is_none_or(|id| e.job.session_id == id))
-            .map(|e| e.job.clone())
-            .collect();
-        jobs.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
-        Ok(jobs)
+        state.session(id)?;
+        Ok(state.session_jobs(id).map(|e| e.job.clone()).collect())
     }
 
     /// One job.

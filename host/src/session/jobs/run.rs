@@ -246,10 +246,11 @@ impl SessionService {
                         }
                         ended = entry.job.clone();
                     }
+                    state.job_ended(&ended.id);
                     // A removed session's jobs go with it once they have
                     // ended (`remove` drops the ended ones itself).
                     if !end.stored || !state.sessions.contains_key(&ended.session_id) {
-                        state.jobs.remove(&ended.id);
+                        state.remove_job(&ended.id);
                     }
                     service.inner.events.publish("job.finished", json!(ended));
                     let mut notified = false;

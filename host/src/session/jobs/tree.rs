@@ -246,8 +246,7 @@ fn forget(marker: &str) {
 /// Scans, attributes, and sends SIGKILL to every live member of `marker`'s
 /// job. Returns how many live members were found.
 fn kill_round(marker: &str) -> usize {
-    let procs = scan();
-    let attributed = attribute(&procs);
+    let attributed = fresh_attribution();
     let mut registry = REGISTRY.lock_unpoisoned();
     let main = registry.jobs.get(marker).and_then(|t| t.main);
     let mut found = 0;
@@ -262,6 +261,58 @@ fn kill_round(marker: &str) -> usize {
         }
     }
     found
+}
+
+/// Scans of `/proc` shared between kill rounds, like commits in a group:
+/// a scan reads every process on the machine (milliseconds on a busy
+/// one), and jobs ending together each need one. A round needs a scan
+/// that *began* after it asked (so it sees every process alive then); one
+/// scan begun after several rounds asked serves them all.
+#[derive(Default)]
+struct SharedScans {
+    /// Scans begun so far; the one running, if any, is number `begun`.
+    begun: u64,
+    /// The number of the last scan finished, and its attribution.
+    done: u64,
+    result: Arc<HashMap<String, Vec<Proc>>>,
+    running: bool,
+}
+
+static SCANS: LazyLock<(Mutex<SharedScans>, std::sync::Condvar)> = LazyLock::new(Default::default);
+
+/// The attribution of a scan begun after this call: run by this thread,
+/// or by another one that began it meanwhile.
+fn fresh_attribution() -> Arc<HashMap<String, Vec<Proc>>> {
+    let (lock, finished) = &*SCANS;
+    let mut scans = lock.lock_unpoisoned();
+    // Scan `begun` may have begun before this call: a later one is needed.
+    let needed = scans.begun + 1;
+    loop {
+        if scans.done >= needed {
+            return scans.result.clone();
+        }
+        if !scans.running {
+            scans.running = true;
+            scans.begun += 1;
+            let number = scans.begun;
+            drop(scans);
+            // Should the scan panic, the others must not wait forever.
+            let attributed = std::panic::catch_unwind(|| attribute(&scan()));
+            scans = lock.lock_unpoisoned();
+            scans.running = false;
+            finished.notify_all();
+            let attributed = match attributed {
+                Ok(attributed) => Arc::new(attributed),
+                Err(panic) => std::panic::resume_unwind(panic),
+            };
+            scans.running = false;
+            scans.done = number;
+            scans.result = attributed.clone();
+            finished.notify_all();
+            return attributed;
+        }
+        scans = finished.wait(scans).unwrap_or_else(|e| e.into_inner());
+    }
 }
 
 /// One process as `/proc/PID/stat` shows it.
