@@ -80,6 +80,7 @@ pub struct PermissionRequest {
     /// What the call would do: a command line, a subagent's name.
     pub pattern: String,
     /// `pending`, `allowed` or `rejected`.
+    #[schema(value_type = crate::event::schema::PermissionStatus)]
     pub status: String,
     /// When it was asked (RFC 3339).
     pub created_at: String,

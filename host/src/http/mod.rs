@@ -74,7 +74,14 @@ fn api() -> OpenApiRouter<AppState> {
 /// [`router`] serves, with its schemas.
 pub(crate) fn openapi() -> utoipa::openapi::OpenApi {
     static DOCUMENT: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
-    DOCUMENT.get_or_init(|| api().into_openapi()).clone()
+    DOCUMENT
+        .get_or_init(|| {
+            let mut document = api().into_openapi();
+            // After the routes: they register the record schemas it refines.
+            utoipa::Modify::modify(&openapi::NoticeMetadataOfMessages, &mut document);
+            document
+        })
+        .clone()
 }
 
 /// The API's router with its state, checks and limits.
