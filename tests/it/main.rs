@@ -21,6 +21,7 @@ mod engine {
 mod http {
     mod api;
     mod disconnect;
+    mod events;
     mod plugins;
 }
 
@@ -56,6 +57,7 @@ mod reload {
 
 /// Restarts: `kill -9` of the real binary, and the service reopened.
 mod restart {
+    mod events;
     mod kill;
     mod service;
 }
@@ -72,6 +74,7 @@ mod store {
 /// Hostile input: ids that must never become paths, duplicate calls, and
 /// processes that try to outlive their job.
 mod hardening {
+    mod events;
     mod ids;
     mod procs;
 }
