@@ -163,10 +163,10 @@ impl Default for EventBus {
     }
 }
 
-/// The shape each event is serialised as.
+/// The shape each event is serialised as (its `id` is put in front when
+/// it is numbered).
 #[derive(Serialize)]
 struct Wire<'a> {
-    id: u64,
     #[serde(rename = "type")]
     kind: &'a str,
     properties: &'a Value,
@@ -202,28 +202,31 @@ impl EventBus {
     /// it the next id and adds it to the history, dropping the oldest
     /// events past the limits. Never waits for a reader.
     pub fn publish(&self, kind: &str, properties: Value) {
+        // Serialised before the lock; only the id is spliced in under it.
+        let body = serde_json::to_vec(&Wire {
+            kind,
+            properties: &properties,
+        })
+        // A `Value` always serialises (its keys are strings).
+        .unwrap_or_else(|_| br#"{"type":"event.unserializable","properties":null}"#.to_vec());
+        drop(properties);
         let inner = &*self.inner;
         let mut history = inner.history.write_unpoisoned();
         // The id is taken under the history lock: ids follow history order.
         let id = *inner.next_id.borrow();
-        let mut frame = format!("id: {id}\ndata: ");
-        let json_start = frame.len();
-        let wire = Wire {
-            id,
-            kind,
-            properties: &properties,
-        };
-        // Serialising a `Value` cannot fail (its map keys are strings).
-        let mut buffer = std::mem::take(&mut frame).into_bytes();
-        if serde_json::to_writer(&mut buffer, &wire).is_err() {
-            buffer.truncate(json_start);
-            buffer.extend_from_slice(b"{}");
-        }
-        buffer.extend_from_slice(b"\n\n");
+        let head = format!("id: {id}\ndata: ");
+        let json_start = head.len();
+        let id_field = format!("{{\"id\":{id},");
+        let mut frame = Vec::with_capacity(head.len() + id_field.len() + body.len() + 2);
+        frame.extend_from_slice(head.as_bytes());
+        frame.extend_from_slice(id_field.as_bytes());
+        // `body` is `{"type":..., "properties":...}`: everything after its `{`.
+        frame.extend_from_slice(&body[1..]);
+        frame.extend_from_slice(b"\n\n");
         let published = Arc::new(Published {
             id,
             kind: kind.into(),
-            frame: Bytes::from(buffer),
+            frame: Bytes::from(frame),
             json_start,
         });
         history.bytes += published.cost();

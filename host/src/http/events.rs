@@ -169,8 +169,9 @@ mod tests {
         serde_json::from_str(data).unwrap()
     }
 
+    /// The frames of `reader` after a minimal hello, and the switch that
+    /// shuts the stream down.
     fn stream_of(
-        bus: &EventBus,
         reader: Subscriber,
     ) -> (
         watch::Sender<bool>,
@@ -178,7 +179,6 @@ mod tests {
     ) {
         let (stop, shutdown) = watch::channel(false);
         let hello = hello_frame(&json!({ "type": "server.connected", "properties": {} }));
-        let _ = bus;
         (stop, frames(hello, reader, shutdown))
     }
 
@@ -188,7 +188,7 @@ mod tests {
             events: 4096,
             bytes: usize::MAX,
         });
-        let (_stop, events) = stream_of(&bus, bus.subscribe());
+        let (_stop, events) = stream_of(bus.subscribe());
         let mut events = Box::pin(events);
         let hello = events.next().await.unwrap().unwrap();
         assert_eq!(data(&hello)["type"], "server.connected");
@@ -215,7 +215,7 @@ mod tests {
     #[tokio::test]
     async fn each_event_frame_is_the_shared_buffer_with_its_id() {
         let bus = EventBus::default();
-        let (_stop, events) = stream_of(&bus, bus.subscribe());
+        let (_stop, events) = stream_of(bus.subscribe());
         let mut events = Box::pin(events);
         events.next().await.unwrap().unwrap();
         bus.publish("test.tick", json!({ "n": 1 }));
@@ -234,7 +234,7 @@ mod tests {
     #[tokio::test]
     async fn shutdown_ends_the_stream() {
         let bus = EventBus::default();
-        let (stop, events) = stream_of(&bus, bus.subscribe());
+        let (stop, events) = stream_of(bus.subscribe());
         let mut events = Box::pin(events);
         events.next().await.unwrap().unwrap();
         stop.send(true).unwrap();
