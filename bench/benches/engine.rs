@@ -26,6 +26,12 @@
 //!   10 000 sessions) already in the store; the figure is the ratio of the
 //!   largest to the smallest history (target: flat within 2×).
 //!
+//! - `events` (BENCHMARKS.md, event stream fan-out): one event delivered to
+//!   10 / 1,000 / 10,000 readers of the event bus, each reader taking the
+//!   bytes it would write to its socket: the shared frame serialised once
+//!   at publication (today), against the way before it — a broadcast
+//!   channel whose every reader cloned the event and serialised it again.
+//!
 //! Every figure is measured in the same run as its baseline, and reported
 //! as a ratio to it. Every service here is on the file store on disk (a
 //! temp dir), as `offstage serve` runs.
@@ -39,7 +45,7 @@ use std::{
 
 use offstage::{
     plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    SessionService,
+    Delivery, Event, EventBus, HistoryLimits, SessionService,
 };
 use offstage_bench::{median, micros, service, summarize};
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
@@ -429,6 +435,146 @@ async fn throughput() {
     }
 }
 
+/// A `job.finished` event's properties: a finished job's record.
+fn job_record(n: usize) -> serde_json::Value {
+    json!({
+        "id": format!("job_{n:020}"),
+        "session_id": "ses_0000000000000000000000",
+        "type": "shell",
+        "title": "cargo build --release --workspace",
+        "status": "completed",
+        "backgrounded": true,
+        "started_at": "2026-12-01T00:00:00.000000Z",
+        "completed_at": "2026-12-01T00:00:01.000000Z",
+        "exit_code": 0,
+        "output_path": "/home/user/.local/share/offstage/output/ses_0000000000000000000000/job_0000.log",
+        "child_session_id": null,
+    })
+}
+
+/// Publishes `events` events to `readers` readers of the bus, each reader
+/// taking every event's SSE frame (shared bytes). Returns (publish time per
+/// event, total time until every reader has every event).
+async fn fan_out_shared(readers: usize, events: usize) -> (Duration, Duration) {
+    let bus = EventBus::new(HistoryLimits {
+        events,
+        bytes: usize::MAX,
+    });
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(readers);
+    let tasks: Vec<_> = (0..readers)
+        .map(|_| {
+            let mut reader = bus.subscribe();
+            let ready = ready_tx.clone();
+            tokio::spawn(async move {
+                let _ = ready.send(()).await;
+                let (mut seen, mut bytes) = (0, 0usize);
+                while seen < events {
+                    match reader.next().await {
+                        Some(Delivery::Event(event)) => {
+                            bytes += std::hint::black_box(event.sse_frame()).len();
+                            seen += 1;
+                        }
+                        Some(Delivery::Lagged { .. }) | None => panic!("a reader lagged"),
+                    }
+                }
+                bytes
+            })
+        })
+        .collect();
+    for _ in 0..readers {
+        ready_rx.recv().await.unwrap();
+    }
+    let start = Instant::now();
+    for n in 0..events {
+        bus.publish("job.finished", job_record(n));
+    }
+    let published = start.elapsed();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    (published / events as u32, start.elapsed())
+}
+
+/// The same through the bus as it was: a `tokio::sync::broadcast` channel
+/// of `Event` values, each reader cloning the event and serialising it.
+async fn fan_out_per_reader(readers: usize, events: usize) -> (Duration, Duration) {
+    let (sender, _) = tokio::sync::broadcast::channel::<Event>(events);
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(readers);
+    let tasks: Vec<_> = (0..readers)
+        .map(|_| {
+            let mut receiver = sender.subscribe();
+            let ready = ready_tx.clone();
+            tokio::spawn(async move {
+                let _ = ready.send(()).await;
+                let mut bytes = 0usize;
+                for _ in 0..events {
+                    let event = receiver.recv().await.expect("a reader lagged");
+                    let frame = format!("data: {}\n\n", serde_json::to_string(&event).unwrap());
+                    bytes += std::hint::black_box(frame).len();
+                }
+                bytes
+            })
+        })
+        .collect();
+    for _ in 0..readers {
+        ready_rx.recv().await.unwrap();
+    }
+    let start = Instant::now();
+    for n in 0..events {
+        let _ = sender.send(Event {
+            kind: "job.finished".into(),
+            properties: job_record(n),
+        });
+    }
+    let published = start.elapsed();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    (published / events as u32, start.elapsed())
+}
+
+async fn events() {
+    const DELIVERIES: usize = 2_000_000;
+    const ROUNDS: usize = 3;
+    println!(
+        "\n## events: one `job.finished` event (a job record, {} bytes as JSON) to N readers, \
+         each taking the bytes it would write ({DELIVERIES} deliveries per round, {ROUNDS} rounds, median)\n",
+        serde_json::to_string(&job_record(0)).unwrap().len()
+    );
+    println!(
+        "| readers | events | publish per event, shared | per delivery, shared | \
+         per delivery, before (clone + serialise per reader) | before / shared | \
+         shared per delivery vs 10 readers | target | met |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|");
+    let mut first = None;
+    for readers in [10, 1_000, 10_000] {
+        let events = DELIVERIES / readers;
+        let (mut publish, mut shared, mut before) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let (per_event, total) = fan_out_shared(readers, events).await;
+            publish.push(per_event.as_secs_f64() * 1e9);
+            shared.push(total.as_secs_f64() * 1e9 / DELIVERIES as f64);
+            let (_, total) = fan_out_per_reader(readers, events).await;
+            before.push(total.as_secs_f64() * 1e9 / DELIVERIES as f64);
+        }
+        let (publish, shared, before) = (
+            median(&mut publish),
+            median(&mut shared),
+            median(&mut before),
+        );
+        let base = *first.get_or_insert(shared);
+        let flat = shared / base;
+        let met = if flat <= 2.0 { "yes" } else { "**no**" };
+        println!(
+            "| {readers} | {events} | {:.2} µs | {shared:.0} ns | {before:.0} ns | {:.2} | {flat:.2} | \
+             per delivery ≤ 2× the 10-reader row | {met} |",
+            publish / 1e3,
+            before / shared
+        );
+    }
+}
+
 fn main() {
     let wanted = offstage_bench::group_filter();
     let runtime = offstage_bench::runtime();
@@ -448,6 +594,9 @@ fn main() {
         }
         if wanted("history") {
             history().await;
+        }
+        if wanted("events") {
+            events().await;
         }
     });
 }

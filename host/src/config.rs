@@ -18,6 +18,9 @@
 //! max_connections = 1024        # open connections; more get a 503
 //! [jobs]
 //! max_output = "1GiB"           # bytes of output saved per job (default)
+//! [events]
+//! history = 4096                # events kept for replay and slow readers
+//! history_bytes = 16777216      # and at most this many bytes of them
 //!
 //! [plugin.auto-background]      # keys but `enabled` and `grant` are options
 //! grant = ["session.background"]
@@ -50,7 +53,7 @@ use std::{
 use serde::{de, Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::{permission::Rule, store::Durability};
+use crate::{event::HistoryLimits, permission::Rule, store::Durability};
 
 /// Where the host listens when nothing else is said: loopback only.
 pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:4545";
@@ -99,6 +102,9 @@ pub struct FileConfig {
     #[serde(default)]
     /// `[jobs]`: limits on each job.
     pub jobs: JobsTable,
+    #[serde(default)]
+    /// `[events]`: how much event history the host keeps.
+    pub events: EventsTable,
 }
 
 /// The `[http]` table: how long a client may take, and how many may be
@@ -204,6 +210,18 @@ impl<'de> Deserialize<'de> for ByteSize {
             ))),
         }
     }
+}
+
+/// The `[events]` table: the event history's limits (whichever is reached
+/// first drops the oldest events).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsTable {
+    /// `history = N`: at most N events (default 4096).
+    pub history: Option<usize>,
+    /// `history_bytes = N`: at most N bytes of serialised events (default
+    /// 16 MiB).
+    pub history_bytes: Option<usize>,
 }
 
 /// The `[store]` table.
@@ -355,6 +373,8 @@ pub(crate) struct ServeConfig {
     pub http: HttpTable,
     /// `[jobs] max_output`, in bytes.
     pub max_output: u64,
+    /// `[events]`: the event history's limits.
+    pub event_history: HistoryLimits,
     /// Things worth a warning in the log, e.g. a token in a file that
     /// other users can read.
     pub warnings: Vec<String>,
@@ -435,9 +455,24 @@ impl ServeConfig {
                 .map_or(crate::session::jobs::output::DEFAULT_MAX_OUTPUT, |size| {
                     size.0
                 }),
+            event_history: event_history(&file.events)?,
             warnings,
         })
     }
+}
+
+/// The `[events]` limits, defaults filled in; zero is refused.
+fn event_history(table: &EventsTable) -> Result<HistoryLimits, ConfigError> {
+    let limits = HistoryLimits {
+        events: table.history.unwrap_or(HistoryLimits::DEFAULT.events),
+        bytes: table.history_bytes.unwrap_or(HistoryLimits::DEFAULT.bytes),
+    };
+    if limits.events == 0 || limits.bytes == 0 {
+        return Err(ConfigError::Invalid(
+            "[events] history and history_bytes must be at least 1".into(),
+        ));
+    }
+    Ok(limits)
 }
 
 /// Whether group or other users may read the file at `path`.
@@ -505,6 +540,33 @@ mod store_table_tests {
         std::fs::write(&path, "[store]\ndurability = \"sometimes\"\n").unwrap();
         let error = resolve().unwrap_err().to_string();
         assert!(error.contains("durability"), "{error}");
+    }
+
+    #[test]
+    fn event_history_has_defaults_and_refuses_zero_and_unknown_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("offstage.toml");
+        let resolve = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            ServeConfig::resolve(Overrides {
+                config: Some(path.clone()),
+                data_dir: Some(dir.path().into()),
+                ..Overrides::default()
+            })
+        };
+        assert_eq!(resolve("").unwrap().event_history, HistoryLimits::DEFAULT);
+        let set = resolve("[events]\nhistory = 10\nhistory_bytes = 65536\n").unwrap();
+        assert_eq!(
+            set.event_history,
+            HistoryLimits {
+                events: 10,
+                bytes: 65536
+            }
+        );
+        let zero = resolve("[events]\nhistory = 0\n").unwrap_err().to_string();
+        assert!(zero.contains("[events]"), "{zero}");
+        let typo = resolve("[events]\nhistroy = 5\n").unwrap_err().to_string();
+        assert!(typo.contains("histroy"), "{typo}");
     }
 }
 

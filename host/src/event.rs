@@ -1,48 +1,491 @@
-//! The host's event bus: one broadcast channel that the HTTP event stream
-//! and plugin subscriptions both read.
+//! The host's event bus: one history of published events that the HTTP
+//! event stream, plugin subscriptions and in-process readers all read.
 //!
-//! Publishing never waits for a reader. Each reader has a bounded queue; a
-//! reader that falls behind loses the oldest events and is told how many.
+//! Why a history and not a channel per reader: a reader that stops reading
+//! must not cost memory (docs/contract.md, "Events"). Every event is
+//! serialised once, when it is published, into the bytes of its SSE frame
+//! (`id: N\ndata: {json}\n\n`), and kept in one bounded history; a reader is
+//! only a cursor (the id of the next event it wants). Readers share the
+//! bytes (`Bytes` clones are reference counts), so a thousand readers cost
+//! one serialisation per event, and a stuck reader holds nothing but its
+//! cursor. The history is bounded in events *and* in bytes
+//! ([`HistoryLimits`]); the oldest events go first. A reader whose next
+//! event was dropped is told how many it missed (`stream.lagged`) and goes
+//! on from the oldest event still held.
+//!
+//! The same history serves replay: every event has an id, and a client that
+//! reconnects with the id of the last event it saw (`Last-Event-ID`) gets
+//! what it missed, as far as the history reaches. Events published before
+//! anyone could connect — restart recovery's notices and wakes — are in it
+//! too.
+//!
+//! Ids are increasing integers. A run of the host starts its ids at its
+//! start time in microseconds since the Unix epoch, so that the ids of one
+//! run are above those of the runs before it (a run would have to publish
+//! more than one event per microsecond on average to overtake the next
+//! run's start) and stay below 2^53, exact in JavaScript.
 
+use std::{
+    collections::VecDeque,
+    sync::{Arc, RwLock},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use bytes::Bytes;
+use serde::Serialize;
 use serde_json::Value;
-use tokio::sync::broadcast;
+use tokio::sync::{
+    broadcast::error::{RecvError, TryRecvError},
+    watch,
+};
 
 pub use offstage_plugin_api::types::Event;
 
-/// How many events a slow reader may fall behind before it loses some.
-const CAPACITY: usize = 4096;
+pub(crate) mod schema;
 
-/// Publishes host events to every subscriber.
+use crate::util::RwLockExt;
+
+/// How much of the past the bus keeps, for slow readers and for replay.
+/// Whichever limit is reached first drops the oldest events; the newest
+/// event is always kept, however large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryLimits {
+    /// At most this many events (`[events] history`).
+    pub events: usize,
+    /// At most this many bytes of serialised events (`[events]
+    /// history_bytes`).
+    pub bytes: usize,
+}
+
+impl HistoryLimits {
+    /// 4,096 events or 16 MiB, whichever is reached first.
+    pub const DEFAULT: HistoryLimits = HistoryLimits {
+        events: 4096,
+        bytes: 16 << 20,
+    };
+}
+
+impl Default for HistoryLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// One published event, serialised once and shared by every reader.
+#[derive(Debug)]
+pub struct Published {
+    id: u64,
+    kind: Box<str>,
+    /// `id: N\ndata: {json}\n\n`.
+    frame: Bytes,
+    /// Where the JSON starts in `frame`; it ends two bytes before the end.
+    json_start: usize,
+}
+
+impl Published {
+    /// The event's id: increasing in publication order.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The event's type, e.g. `job.finished`.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The event as one SSE frame with its `id:` line (shared, not copied).
+    pub fn sse_frame(&self) -> Bytes {
+        self.frame.clone()
+    }
+
+    /// The event's JSON, `{"id", "type", "properties"}`.
+    pub fn json(&self) -> &str {
+        let json = &self.frame[self.json_start..self.frame.len() - 2];
+        // The frame was built from a `String` and this range lies on ASCII
+        // boundaries (the prefix is ASCII, the suffix is "\n\n").
+        std::str::from_utf8(json).unwrap_or_default()
+    }
+
+    /// The event decoded into its `{type, properties}` record (a parse:
+    /// for readers that want values, not bytes).
+    pub fn event(&self) -> Event {
+        serde_json::from_str(self.json()).unwrap_or_else(|_| Event {
+            kind: self.kind.to_string(),
+            properties: Value::Null,
+        })
+    }
+
+    /// Bytes this event counts against [`HistoryLimits::bytes`].
+    fn cost(&self) -> usize {
+        self.frame.len() + self.kind.len() + std::mem::size_of::<Self>()
+    }
+}
+
+/// What a reader gets next.
+#[derive(Debug, Clone)]
+pub enum Delivery {
+    /// The next event.
+    Event(Arc<Published>),
+    /// Events this reader wanted are no longer held. `missed` is how many,
+    /// or `None` when unknown (the reader's last id is from an earlier run
+    /// of the host). The reader goes on from the oldest event held.
+    Lagged {
+        /// How many events were lost, when known.
+        missed: Option<u64>,
+    },
+}
+
+/// Publishes host events and keeps the bounded history readers read.
 #[derive(Clone, Debug)]
 pub struct EventBus {
-    sender: broadcast::Sender<Event>,
+    inner: Arc<BusInner>,
+}
+
+#[derive(Debug)]
+struct BusInner {
+    history: RwLock<History>,
+    /// The id the next event will get; readers wait for it to pass theirs.
+    next_id: watch::Sender<u64>,
+    /// The first id of this run.
+    first_id: u64,
+    limits: HistoryLimits,
+}
+
+#[derive(Debug, Default)]
+struct History {
+    events: VecDeque<Arc<Published>>,
+    bytes: usize,
 }
 
 impl Default for EventBus {
     fn default() -> Self {
-        EventBus {
-            sender: broadcast::channel(CAPACITY).0,
-        }
+        EventBus::new(HistoryLimits::DEFAULT)
     }
 }
 
+/// The shape each event is serialised as (its `id` is put in front when
+/// it is numbered).
+#[derive(Serialize)]
+struct Wire<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    properties: &'a Value,
+}
+
 impl EventBus {
-    /// Sends an event of `kind` to every current subscriber.
+    /// A bus keeping at most `limits` of history.
+    pub fn new(limits: HistoryLimits) -> Self {
+        let micros = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        let first_id = micros.max(1);
+        EventBus {
+            inner: Arc::new(BusInner {
+                history: RwLock::new(History::default()),
+                next_id: watch::channel(first_id).0,
+                first_id,
+                limits: HistoryLimits {
+                    events: limits.events.max(1),
+                    bytes: limits.bytes,
+                },
+            }),
+        }
+    }
+
+    /// The history's limits.
+    pub fn limits(&self) -> HistoryLimits {
+        self.inner.limits
+    }
+
+    /// Sends an event of `kind` to every reader: serialises it once, gives
+    /// it the next id and adds it to the history, dropping the oldest
+    /// events past the limits. Never waits for a reader.
     pub fn publish(&self, kind: &str, properties: Value) {
-        let _ = self.sender.send(Event {
-            kind: kind.to_string(),
-            properties,
+        // Serialised before the lock; only the id is spliced in under it.
+        let body = serde_json::to_vec(&Wire {
+            kind,
+            properties: &properties,
+        })
+        // A `Value` always serialises (its keys are strings).
+        .unwrap_or_else(|_| br#"{"type":"event.unserializable","properties":null}"#.to_vec());
+        drop(properties);
+        let inner = &*self.inner;
+        let mut history = inner.history.write_unpoisoned();
+        // The id is taken under the history lock: ids follow history order.
+        let id = *inner.next_id.borrow();
+        let head = format!("id: {id}\ndata: ");
+        let json_start = head.len();
+        let id_field = format!("{{\"id\":{id},");
+        let mut frame = Vec::with_capacity(head.len() + id_field.len() + body.len() + 2);
+        frame.extend_from_slice(head.as_bytes());
+        frame.extend_from_slice(id_field.as_bytes());
+        // `body` is `{"type":..., "properties":...}`: everything after its `{`.
+        frame.extend_from_slice(&body[1..]);
+        frame.extend_from_slice(b"\n\n");
+        let published = Arc::new(Published {
+            id,
+            kind: kind.into(),
+            frame: Bytes::from(frame),
+            json_start,
         });
+        history.bytes += published.cost();
+        history.events.push_back(published);
+        while history.events.len() > 1
+            && (history.events.len() > inner.limits.events || history.bytes > inner.limits.bytes)
+        {
+            if let Some(dropped) = history.events.pop_front() {
+                history.bytes -= dropped.cost();
+            }
+        }
+        inner.next_id.send_replace(id + 1);
     }
 
     /// A new reader that sees events published from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
-        self.sender.subscribe()
+    pub fn subscribe(&self) -> Subscriber {
+        let next = *self.inner.next_id.borrow();
+        self.reader_from(next)
+    }
+
+    /// A reader that starts after the event with id `last_seen`
+    /// (`Last-Event-ID`): it gets every later event still held, then what
+    /// is published. `0` means "everything held". An id the history no
+    /// longer reaches starts with a [`Delivery::Lagged`].
+    pub fn subscribe_after(&self, last_seen: u64) -> Subscriber {
+        let next_id = *self.inner.next_id.borrow();
+        if last_seen == 0 {
+            let mut reader = self.reader_from(self.inner.first_id);
+            reader.unknown_gap = false;
+            return reader;
+        }
+        if last_seen < self.inner.first_id || last_seen >= next_id {
+            // An id of another run: what came after it there is unknown.
+            let mut reader = self.reader_from(self.inner.first_id);
+            reader.unknown_gap = true;
+            return reader;
+        }
+        self.reader_from(last_seen + 1)
+    }
+
+    fn reader_from(&self, next: u64) -> Subscriber {
+        Subscriber {
+            bus: self.inner.clone(),
+            next,
+            unknown_gap: false,
+            published: self.inner.next_id.subscribe(),
+        }
+    }
+
+    /// The id of the newest event published, if any.
+    pub fn last_id(&self) -> Option<u64> {
+        let next = *self.inner.next_id.borrow();
+        (next > self.inner.first_id).then(|| next - 1)
+    }
+
+    /// How many events and bytes the history holds now.
+    pub fn held(&self) -> (usize, usize) {
+        let history = self.inner.history.read_unpoisoned();
+        (history.events.len(), history.bytes)
+    }
+}
+
+/// One reader of the bus: a cursor into its history. Holds no events of its
+/// own, so a reader that stops reading costs nothing but itself.
+#[derive(Debug)]
+pub struct Subscriber {
+    bus: Arc<BusInner>,
+    /// The id of the next event this reader wants.
+    next: u64,
+    /// Set when the reader resumed from an id of another run: its first
+    /// delivery is a `Lagged` with an unknown count.
+    unknown_gap: bool,
+    published: watch::Receiver<u64>,
+}
+
+impl Subscriber {
+    /// The next delivery without waiting: `None` when this reader has seen
+    /// every event published so far.
+    pub fn try_next(&mut self) -> Option<Delivery> {
+        if std::mem::take(&mut self.unknown_gap) {
+            return Some(Delivery::Lagged { missed: None });
+        }
+        let history = self.bus.history.read_unpoisoned();
+        let oldest = history.events.front()?.id;
+        if self.next < oldest {
+            let missed = oldest - self.next;
+            self.next = oldest;
+            return Some(Delivery::Lagged {
+                missed: Some(missed),
+            });
+        }
+        // Ids are consecutive within a run, so the index is a subtraction.
+        let event = history.events.get((self.next - oldest) as usize)?.clone();
+        self.next = event.id + 1;
+        Some(Delivery::Event(event))
+    }
+
+    /// The next delivery, waiting for an event to be published when the
+    /// reader is up to date. `None` when the bus is gone. Cancel-safe: an
+    /// event is either returned or left for the next call.
+    pub async fn next(&mut self) -> Option<Delivery> {
+        loop {
+            if let Some(delivery) = self.try_next() {
+                return Some(delivery);
+            }
+            let wanted = self.next;
+            self.published
+                .wait_for(|&next_id| next_id > wanted)
+                .await
+                .ok()?;
+        }
+    }
+
+    /// The next event as a record, like `tokio::sync::broadcast::Receiver::recv`:
+    /// `Err(Lagged(n))` when events were lost (`n` is 0 when the count is
+    /// unknown).
+    pub async fn recv(&mut self) -> Result<Event, RecvError> {
+        match self.next().await {
+            Some(Delivery::Event(event)) => Ok(event.event()),
+            Some(Delivery::Lagged { missed }) => Err(RecvError::Lagged(missed.unwrap_or(0))),
+            None => Err(RecvError::Closed),
+        }
+    }
+
+    /// [`recv`](Self::recv) without waiting.
+    pub fn try_recv(&mut self) -> Result<Event, TryRecvError> {
+        match self.try_next() {
+            Some(Delivery::Event(event)) => Ok(event.event()),
+            Some(Delivery::Lagged { missed }) => Err(TryRecvError::Lagged(missed.unwrap_or(0))),
+            None => Err(TryRecvError::Empty),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn ids(reader: &mut Subscriber) -> Vec<u64> {
+        let mut ids = Vec::new();
+        while let Some(delivery) = reader.try_next() {
+            if let Delivery::Event(event) = delivery {
+                ids.push(event.id());
+            }
+        }
+        ids
+    }
+
+    #[test]
+    fn events_get_increasing_ids_and_their_json_carries_the_id() {
+        let bus = EventBus::default();
+        let mut reader = bus.subscribe();
+        bus.publish("a.one", json!({ "n": 1 }));
+        bus.publish("a.two", json!({ "text": "line\nbreak" }));
+        let Some(Delivery::Event(first)) = reader.try_next() else {
+            panic!("no event")
+        };
+        let Some(Delivery::Event(second)) = reader.try_next() else {
+            panic!("no event")
+        };
+        assert_eq!(second.id(), first.id() + 1);
+        let json: Value = serde_json::from_str(second.json()).unwrap();
+        assert_eq!(
+            json,
+            json!({ "id": second.id(), "type": "a.two", "properties": { "text": "line\nbreak" } })
+        );
+        let frame = second.sse_frame();
+        let text = std::str::from_utf8(&frame).unwrap();
+        assert!(text.starts_with(&format!("id: {}\ndata: {{", second.id())));
+        assert!(text.ends_with("}\n\n"));
+        assert_eq!(text.matches('\n').count(), 3, "one id line, one data line");
+        assert_eq!(second.event().kind, "a.two");
+        assert!(reader.try_next().is_none());
+    }
+
+    #[test]
+    fn the_history_is_bounded_in_bytes_and_keeps_the_newest_event() {
+        let bus = EventBus::new(HistoryLimits {
+            events: 1000,
+            bytes: 64 * 1024,
+        });
+        let big = "x".repeat(10 * 1024);
+        for n in 0..100 {
+            bus.publish("test.big", json!({ "n": n, "big": big }));
+        }
+        let (events, bytes) = bus.held();
+        assert!(bytes <= 64 * 1024, "{bytes} bytes held");
+        assert!((5..=6).contains(&events), "{events} events held");
+        // One event larger than the whole limit is still kept (alone).
+        bus.publish("test.huge", json!({ "big": "y".repeat(100 * 1024) }));
+        assert_eq!(bus.held().0, 1);
+    }
+
+    #[test]
+    fn a_reader_behind_the_history_is_told_how_many_it_missed_then_goes_on() {
+        let bus = EventBus::new(HistoryLimits {
+            events: 10,
+            bytes: usize::MAX,
+        });
+        let mut reader = bus.subscribe();
+        for n in 0..25 {
+            bus.publish("test.tick", json!({ "n": n }));
+        }
+        match reader.try_next() {
+            Some(Delivery::Lagged { missed }) => assert_eq!(missed, Some(15)),
+            other => panic!("expected a lag, got {other:?}"),
+        }
+        let rest: Vec<u64> = std::iter::from_fn(|| match reader.try_next() {
+            Some(Delivery::Event(e)) => Some(e.event().properties["n"].as_u64().unwrap()),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(rest, (15..25).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn replay_starts_after_the_last_seen_id_and_zero_means_everything_held() {
+        let bus = EventBus::default();
+        for n in 0..5 {
+            bus.publish("test.tick", json!({ "n": n }));
+        }
+        let all = ids(&mut bus.subscribe_after(0));
+        assert_eq!(all.len(), 5);
+        assert_eq!(ids(&mut bus.subscribe_after(all[2])), all[3..].to_vec());
+        assert!(ids(&mut bus.subscribe_after(all[4])).is_empty());
+        assert!(ids(&mut bus.subscribe()).is_empty());
+        assert_eq!(bus.last_id(), Some(all[4]));
+    }
+
+    #[test]
+    fn an_id_of_another_run_gets_an_unknown_lag_then_everything_held() {
+        let bus = EventBus::default();
+        bus.publish("test.tick", json!({}));
+        let mut reader = bus.subscribe_after(17);
+        assert!(matches!(
+            reader.try_next(),
+            Some(Delivery::Lagged { missed: None })
+        ));
+        assert_eq!(ids(&mut reader).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_reader_wakes_for_the_next_event() {
+        let bus = EventBus::default();
+        let mut reader = bus.subscribe();
+        let publisher = bus.clone();
+        let task = tokio::spawn(async move { reader.recv().await.unwrap() });
+        tokio::task::yield_now().await;
+        publisher.publish("test.later", json!({ "ok": true }));
+        let event = task.await.unwrap();
+        assert_eq!(event.kind, "test.later");
+        assert_eq!(event.properties["ok"], true);
+    }
+}
+
+#[cfg(test)]
+mod contract_table {
     //! The events table of docs/contract.md against the code: every type
     //! the host publishes is in the table, every type in the table is
     //! published (or, marked "stream only", written by the event stream),

@@ -34,7 +34,7 @@ pub use crate::{
     cli::main,
     config::FileConfig,
     error::{Result, ServiceError},
-    event::Event,
+    event::{Delivery, Event, EventBus, HistoryLimits, Published, Subscriber},
     permission::{Action, PermissionRequest, Reply, Rule},
     session::{ServiceConfig, SessionService},
 };

@@ -90,6 +90,7 @@ pub struct PermissionRequest {
     /// The job waiting for the answer (the call's id).
     pub job_id: String,
     /// `pending`, `allowed`, `rejected` or `withdrawn`.
+    #[schema(value_type = crate::event::schema::PermissionStatus)]
     pub status: String,
     /// Why a `withdrawn` question went away: `interrupted`, `cancelled`,
     /// `session_removed`, `timeout` or `shutdown`. Absent otherwise.

@@ -21,6 +21,7 @@ mod engine {
 mod http {
     mod api;
     mod disconnect;
+    mod events;
     mod keepalive;
     mod limits;
     mod plugins;
@@ -58,6 +59,7 @@ mod reload {
 
 /// Restarts: `kill -9` of the real binary, and the service reopened.
 mod restart {
+    mod events;
     mod kill;
     mod service;
 }
@@ -76,6 +78,7 @@ mod store {
 /// Hostile input: ids that must never become paths, duplicate calls,
 /// processes that try to outlive their job, and resource limits.
 mod hardening {
+    mod events;
     mod ids;
     mod limits;
     mod plugin_files;

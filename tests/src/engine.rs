@@ -164,7 +164,7 @@ pub fn gated(first: &str, flag: &Path, second: &str) -> String {
 
 /// Reads events until one satisfies `matches`.
 pub async fn next_event(
-    events: &mut broadcast::Receiver<Event>,
+    events: &mut offstage::Subscriber,
     what: &str,
     matches: impl Fn(&Event) -> bool,
 ) -> Event {
@@ -184,7 +184,7 @@ pub async fn next_event(
 }
 
 /// Every event already queued on `events`, without waiting.
-pub fn drain(events: &mut broadcast::Receiver<Event>) -> Vec<Event> {
+pub fn drain(events: &mut offstage::Subscriber) -> Vec<Event> {
     let mut seen = Vec::new();
     while let Ok(event) = events.try_recv() {
         seen.push(event);

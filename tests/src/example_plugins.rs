@@ -22,7 +22,7 @@ pub struct Host {
     /// Data and plugin dirs, removed on drop.
     pub dir: tempfile::TempDir,
     /// Subscribed before any plugin loaded, so no event is missed.
-    pub events: broadcast::Receiver<Event>,
+    pub events: offstage::Subscriber,
 }
 
 /// One plugin to load: cargo package, manifest name, options.

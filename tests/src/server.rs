@@ -32,7 +32,8 @@ pub struct Server {
     pub url: String,
     /// The token it was started with.
     pub token: Option<String>,
-    _data: tempfile::TempDir,
+    /// The data dir made for it (none when the test chose one).
+    _data: Option<tempfile::TempDir>,
     stdout: Option<std::thread::JoinHandle<String>>,
     stderr: Option<std::thread::JoinHandle<String>>,
 }
@@ -65,6 +66,12 @@ impl Server {
         Self::spawn("serve", args, None, "info", Some(open_files))
     }
 
+    /// `offstage serve` on the data dir `data_dir`, which outlives it: to
+    /// start a host again on the same store.
+    pub fn start_on(data_dir: &Path, args: &[&str]) -> Server {
+        Self::launch("serve", data_dir, None, args, None, "info", None)
+    }
+
     fn start_with(command_name: &str, args: &[&str], token: Option<&str>) -> Server {
         Self::spawn(command_name, args, token, "info", None)
     }
@@ -77,10 +84,23 @@ impl Server {
         open_files: Option<u64>,
     ) -> Server {
         let data = tempfile::tempdir().unwrap();
+        let dir = data.path().join("data");
+        Self::launch(command_name, &dir, Some(data), args, token, log, open_files)
+    }
+
+    fn launch(
+        command_name: &str,
+        data_dir: &Path,
+        data: Option<tempfile::TempDir>,
+        args: &[&str],
+        token: Option<&str>,
+        log: &str,
+        open_files: Option<u64>,
+    ) -> Server {
         let mut command = Command::new(offstage_binary());
         command
             .args([command_name, "--addr", "127.0.0.1:0", "--data-dir"])
-            .arg(data.path().join("data"))
+            .arg(data_dir)
             .args(args)
             .env_remove("OFFSTAGE_TOKEN")
             .env("OFFSTAGE_LOG", log)
@@ -195,10 +215,30 @@ impl Server {
 
     /// Opens `GET /api/event` with the server's token.
     pub fn events(&self) -> EventStream {
+        self.events_at("/api/event", &[])
+    }
+
+    /// Opens the event stream at `path` (e.g. `/api/event?since=0`) with
+    /// the server's token and `headers` (e.g. `Last-Event-ID`).
+    pub fn events_at(&self, path: &str, headers: &[(&str, &str)]) -> EventStream {
         let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
-        let headers: Vec<(&str, &str)> =
+        let mut all: Vec<(&str, &str)> =
             auth.iter().map(|a| ("Authorization", a.as_str())).collect();
-        EventStream::open(self.addr, &headers)
+        all.extend_from_slice(headers);
+        EventStream::open_at(self.addr, path, &all)
+    }
+
+    /// The host's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Kills the host with SIGKILL (no shutdown at all) and waits for it.
+    pub fn kill(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// Sends SIGTERM and waits for the exit; returns the status and stderr.
@@ -492,8 +532,13 @@ pub struct EventStream {
 impl EventStream {
     /// Opens the stream with `headers`.
     pub fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> EventStream {
+        Self::open_at(addr, "/api/event", headers)
+    }
+
+    /// Opens the stream at `path` (a query may follow) with `headers`.
+    pub fn open_at(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> EventStream {
         let mut stream = connect(addr);
-        write_request(&mut stream, addr, "GET", "/api/event", headers, b"");
+        write_request(&mut stream, addr, "GET", path, headers, b"");
         let mut reader = BufReader::new(stream);
         let (status, _) = read_head(&mut reader);
         EventStream {

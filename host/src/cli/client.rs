@@ -110,6 +110,17 @@ impl Client {
         path: &str,
         body: Vec<u8>,
     ) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
+        self.send_with(method, path, body, None)
+    }
+
+    /// [`send`](Self::send) with one more header.
+    fn send_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        header: Option<(&str, String)>,
+    ) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
         let mut request = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.server))
@@ -119,6 +130,9 @@ impl Client {
         }
         if let Some(token) = &self.token {
             request = request.header("Authorization", format!("Bearer {token}"));
+        }
+        if let Some((name, value)) = header {
+            request = request.header(name, value);
         }
         let request = request
             .body(body)
@@ -133,10 +147,13 @@ impl Client {
         }
     }
 
-    /// Opens `GET /api/event` and returns its events, each a JSON `Event`,
-    /// as they arrive. The iterator ends when the host closes the stream.
-    pub(crate) fn events(&self) -> Result<Events, ClientError> {
-        let mut response = self.send(Method::GET, "/api/event", Vec::new())?;
+    /// Opens `GET /api/event` and returns its events, each a JSON event
+    /// `{id, type, properties}`, as they arrive. With `last_event_id`, the
+    /// host first replays the held events after that one (`Last-Event-ID`).
+    /// The iterator ends when the host closes the stream.
+    pub(crate) fn events(&self, last_event_id: Option<u64>) -> Result<Events, ClientError> {
+        let header = last_event_id.map(|id| ("Last-Event-ID", id.to_string()));
+        let mut response = self.send_with(Method::GET, "/api/event", Vec::new(), header)?;
         let status = response.status().as_u16();
         if status != 200 {
             let text = response.body_mut().read_to_string().unwrap_or_default();

@@ -254,7 +254,7 @@ pub(super) fn jobs(args: &ClientArgs, session: Option<&str>) -> ExitCode {
 pub(super) fn events(args: &ClientArgs) -> ExitCode {
     report(|| {
         let client = client(args)?;
-        for event in client.events()? {
+        for event in client.events(None)? {
             let event = event?;
             let line = if args.json {
                 event.to_string()

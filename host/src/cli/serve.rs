@@ -94,12 +94,13 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // is. Jobs the last run left running come back cancelled, with their
     // notices.
     let service = tokio::task::block_in_place(|| {
-        SessionService::open_with(
+        SessionService::open_with_history(
             ServiceConfig {
                 data_dir: config.data_dir.clone(),
                 permissions: config.permissions.clone(),
             },
             config.durability,
+            config.event_history,
         )
     })
     .map_err(|e| e.to_string())?;

@@ -1,27 +1,39 @@
 //! `GET /api/event`: the host's event bus as Server-Sent Events.
 //!
-//! Each SSE `data:` line is one JSON `Event {type, properties}`. The stream
-//! opens with a `server.connected` event, so a client knows from when on it
-//! sees everything; comments keep idle connections alive through proxies.
-//! The bus never waits for a reader: a client that falls more than the
-//! bus's capacity behind gets a `stream.lagged` event saying how many events
-//! it missed, then carries on with the next one.
+//! Each event is one SSE frame, `id: N` and one `data:` line holding the
+//! JSON `{id, type, properties}`. The frame's bytes are made once, when the
+//! event is published (`event.rs`), and every stream writes the same
+//! buffer: the cost of an event does not grow with the number of readers,
+//! and a reader that stops reading holds no events (the bus keeps one
+//! bounded history; a reader is a cursor into it).
+//!
+//! The stream opens with a `server.connected` event (no id), so a client
+//! knows from when on it sees everything; comments keep idle connections
+//! alive through proxies. A client that reconnects with `Last-Event-ID`
+//! (or asks with `?since=ID`; `0` is everything held) first gets the held
+//! events after that id. A reader that falls behind what the history holds,
+//! or asks for more than it holds, gets a `stream.lagged` event saying how
+//! many events it missed, then carries on with the oldest event held.
 
 use std::{convert::Infallible, time::Duration};
 
 use axum::{
+    body::{Body, Bytes},
     extract::State,
-    response::sse::{Event as SseEvent, KeepAlive, Sse},
+    http::{header, HeaderMap, HeaderValue},
+    response::{IntoResponse, Response},
 };
-use futures_util::{stream, Stream, StreamExt};
-use offstage_plugin_api::types::Event;
+use futures_util::{stream, Stream};
+use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{
-    broadcast::{self, error::RecvError},
-    watch,
-};
+use tokio::sync::watch;
 
-use super::AppState;
+use super::{
+    error::{ApiError, ApiResult, ErrorBody},
+    extract::QueryParams,
+    AppState,
+};
+use crate::event::{Delivery, Subscriber};
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 /// Registers this file's route with its OpenAPI entry.
@@ -32,95 +44,199 @@ pub(super) fn routes(api: OpenApiRouter<AppState>) -> OpenApiRouter<AppState> {
 /// How often an idle stream sends a keep-alive comment.
 pub(crate) const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// Query of `GET /api/event`.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct EventsQuery {
+    /// Replay the held events after this id first (`0`: every event held).
+    /// A `Last-Event-ID` header wins over it, so an `EventSource` that
+    /// reconnects resumes where it was.
+    pub since: Option<u64>,
+}
+
 #[utoipa::path(get, path = "/api/event", tag = "event",
-    responses((status = 200, description = "Server-Sent Events; each `data:` is one Event",
-        content_type = "text/event-stream", body = Event)))]
+    params(
+        EventsQuery,
+        ("Last-Event-ID" = Option<u64>, Header,
+            description = "Resume after this event id: the held events after it come first"),
+    ),
+    responses(
+        (status = 200, description = "Server-Sent Events. Each frame is `id: N` and one \
+            `data:` line holding one `StreamEvent`; `server.connected` and `stream.lagged` \
+            have no id.", content_type = "text/event-stream", body = crate::event::schema::StreamEvent),
+        (status = 400, description = "`since` or `Last-Event-ID` is not a number", body = ErrorBody),
+    ))]
 pub(crate) async fn events(
     State(state): State<AppState>,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    let events = event_stream(state.service.events().subscribe(), state.shutdown.clone())
-        .map(|event| Ok(to_sse(&event)));
-    Sse::new(events).keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
-}
-
-/// `server.connected`, then every event from `receiver` — with a
-/// `stream.lagged` event in place of those a slow reader lost — until the
-/// bus closes or `shutdown` turns true.
-pub(crate) fn event_stream(
-    receiver: broadcast::Receiver<Event>,
-    shutdown: watch::Receiver<bool>,
-) -> impl Stream<Item = Event> {
-    let hello = Event {
-        kind: "server.connected".into(),
-        properties: json!({ "version": env!("CARGO_PKG_VERSION") }),
+    headers: HeaderMap,
+    QueryParams(query): QueryParams<EventsQuery>,
+) -> ApiResult<Response> {
+    let bus = state.service.events();
+    let resume = match headers.get("last-event-id") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_request("Last-Event-ID must be an event id (a number)")
+                })?,
+        ),
+        None => query.since,
     };
-    let rest = stream::unfold(receiver, move |mut receiver| {
-        let mut shutdown = shutdown.clone();
-        async move {
-            // Shutdown ends the stream even when no event comes.
-            let event = tokio::select! {
-                _ = shutdown.wait_for(|stop| *stop) => return None,
-                received = receiver.recv() => match received {
-                    Ok(event) => event,
-                    Err(RecvError::Lagged(missed)) => Event {
-                        kind: "stream.lagged".into(),
-                        properties: json!({ "missed": missed }),
-                    },
-                    Err(RecvError::Closed) => return None,
-                },
-            };
-            Some((event, receiver))
-        }
+    let reader = match resume {
+        Some(last_seen) => bus.subscribe_after(last_seen),
+        None => bus.subscribe(),
+    };
+    let hello = json!({
+        "type": "server.connected",
+        "properties": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "last_event_id": bus.last_id(),
+            "history": { "events": bus.limits().events, "bytes": bus.limits().bytes },
+        },
     });
-    stream::iter([hello]).chain(rest)
+    let body = Body::from_stream(frames(hello_frame(&hello), reader, state.shutdown.clone()));
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response())
 }
 
-fn to_sse(event: &Event) -> SseEvent {
-    SseEvent::default().json_data(event).unwrap_or_else(|_| {
-        SseEvent::default().data("{\"type\":\"stream.unserializable\",\"properties\":{}}")
-    })
+fn hello_frame(hello: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("data: {hello}\n\n"))
+}
+
+/// The frame of a `stream.lagged` event (made per reader: it is rare).
+fn lagged_frame(missed: Option<u64>) -> Bytes {
+    let event = json!({ "type": "stream.lagged", "properties": { "missed": missed } });
+    Bytes::from(format!("data: {event}\n\n"))
+}
+
+/// A keep-alive comment.
+const KEEP_ALIVE_FRAME: &[u8] = b":\n\n";
+
+/// `hello`, then the frame of every delivery from `reader` — shared bytes
+/// for events, a `stream.lagged` frame where events were lost — with a
+/// keep-alive comment after [`KEEP_ALIVE`] without one, until the bus goes
+/// or `shutdown` turns true.
+pub(crate) fn frames(
+    hello: Bytes,
+    reader: Subscriber,
+    shutdown: watch::Receiver<bool>,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let rest = stream::unfold(
+        (reader, shutdown),
+        |(mut reader, mut shutdown)| async move {
+            let frame = tokio::select! {
+                biased;
+                // Shutdown ends the stream even when no event comes.
+                _ = shutdown.wait_for(|stop| *stop) => return None,
+                delivery = reader.next() => match delivery? {
+                    Delivery::Event(event) => event.sse_frame(),
+                    Delivery::Lagged { missed } => lagged_frame(missed),
+                },
+                _ = tokio::time::sleep(KEEP_ALIVE) => Bytes::from_static(KEEP_ALIVE_FRAME),
+            };
+            Some((Ok(frame), (reader, shutdown)))
+        },
+    );
+    futures_util::StreamExt::chain(stream::iter([Ok(hello)]), rest)
 }
 
 #[cfg(test)]
 mod tests {
     use futures_util::StreamExt;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     use super::*;
-    use crate::event::EventBus;
+    use crate::event::{EventBus, HistoryLimits};
+
+    /// The JSON of one `data:` frame.
+    fn data(frame: &Bytes) -> Value {
+        let text = std::str::from_utf8(frame).unwrap();
+        let data = text
+            .lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap_or_else(|| panic!("no data in {text:?}"));
+        serde_json::from_str(data).unwrap()
+    }
+
+    /// The frames of `reader` after a minimal hello, and the switch that
+    /// shuts the stream down.
+    fn stream_of(
+        reader: Subscriber,
+    ) -> (
+        watch::Sender<bool>,
+        impl Stream<Item = Result<Bytes, Infallible>>,
+    ) {
+        let (stop, shutdown) = watch::channel(false);
+        let hello = hello_frame(&json!({ "type": "server.connected", "properties": {} }));
+        (stop, frames(hello, reader, shutdown))
+    }
 
     #[tokio::test]
     async fn a_lagging_reader_is_told_how_many_events_it_lost() {
-        let bus = EventBus::default();
-        let (_stop, shutdown) = watch::channel(false);
-        let mut events = Box::pin(event_stream(bus.subscribe(), shutdown));
-        assert_eq!(events.next().await.unwrap().kind, "server.connected");
-        // Far more than the bus holds for one reader.
+        let bus = EventBus::new(HistoryLimits {
+            events: 4096,
+            bytes: usize::MAX,
+        });
+        let (_stop, events) = stream_of(bus.subscribe());
+        let mut events = Box::pin(events);
+        let hello = events.next().await.unwrap().unwrap();
+        assert_eq!(data(&hello)["type"], "server.connected");
+        // Far more than the bus holds.
         let sent = 10_000;
         for n in 0..sent {
             bus.publish("test.tick", json!({ "n": n }));
         }
-        let lagged = events.next().await.unwrap();
-        assert_eq!(lagged.kind, "stream.lagged");
-        let missed = lagged.properties["missed"].as_u64().unwrap();
-        assert!(missed > 0);
+        let lagged = data(&events.next().await.unwrap().unwrap());
+        assert_eq!(lagged["type"], "stream.lagged");
+        let missed = lagged["properties"]["missed"].as_u64().unwrap();
+        assert_eq!(missed, sent - 4096);
         // It carries on with the oldest event still held, in order, to the last.
-        let next = events.next().await.unwrap();
-        assert_eq!(next.kind, "test.tick");
-        assert_eq!(next.properties["n"].as_u64().unwrap(), missed);
+        let next = data(&events.next().await.unwrap().unwrap());
+        assert_eq!(next["type"], "test.tick");
+        assert_eq!(next["properties"]["n"].as_u64().unwrap(), missed);
         let mut last = next;
         for _ in missed + 1..sent {
-            last = events.next().await.unwrap();
+            last = data(&events.next().await.unwrap().unwrap());
         }
-        assert_eq!(last.properties["n"], sent - 1);
+        assert_eq!(last["properties"]["n"], sent - 1);
+    }
+
+    #[tokio::test]
+    async fn each_event_frame_is_the_shared_buffer_with_its_id() {
+        let bus = EventBus::default();
+        let (_stop, events) = stream_of(bus.subscribe());
+        let mut events = Box::pin(events);
+        events.next().await.unwrap().unwrap();
+        bus.publish("test.tick", json!({ "n": 1 }));
+        let frame = events.next().await.unwrap().unwrap();
+        let mut again = bus.subscribe_after(0);
+        let Some(Delivery::Event(held)) = again.try_next() else {
+            panic!("not held")
+        };
+        // The same allocation, not a copy.
+        assert_eq!(frame.as_ptr(), held.sse_frame().as_ptr());
+        assert!(std::str::from_utf8(&frame)
+            .unwrap()
+            .starts_with(&format!("id: {}\n", held.id())));
     }
 
     #[tokio::test]
     async fn shutdown_ends_the_stream() {
         let bus = EventBus::default();
-        let (stop, shutdown) = watch::channel(false);
-        let mut events = Box::pin(event_stream(bus.subscribe(), shutdown));
-        events.next().await.unwrap();
+        let (stop, events) = stream_of(bus.subscribe());
+        let mut events = Box::pin(events);
+        events.next().await.unwrap().unwrap();
         stop.send(true).unwrap();
         assert!(events.next().await.is_none());
     }

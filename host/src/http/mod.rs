@@ -83,7 +83,12 @@ fn api() -> OpenApiRouter<AppState> {
 pub(crate) fn openapi() -> serde_json::Value {
     static DOCUMENT: OnceLock<serde_json::Value> = OnceLock::new();
     DOCUMENT
-        .get_or_init(|| openapi::finish(api().into_openapi()))
+        .get_or_init(|| {
+            let mut document = api().into_openapi();
+            // After the routes: they register the record schemas it refines.
+            utoipa::Modify::modify(&openapi::NoticeMetadataOfMessages, &mut document);
+            openapi::finish(document)
+        })
         .clone()
 }
 

@@ -10,14 +10,19 @@
 //! API's records do so behind its `openapi` feature.
 
 use offstage_plugin_api::types::{
-    Event, Job, JobStatus, Message, Role, Session, SessionStatus, ToolResult, ToolStatus,
+    Job, JobStatus, Message, Role, Session, SessionStatus, ToolResult, ToolStatus,
 };
 use utoipa::{
-    openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+    openapi::{
+        schema::{AnyOfBuilder, ObjectBuilder, Schema},
+        security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+        Ref, RefOr,
+    },
     Modify, OpenApi,
 };
 
 use super::error;
+use crate::event::schema;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,7 +32,9 @@ use super::error;
             Errors are `{\"error\": {\"code\", \"message\"}}` with a 4xx status.",
     ),
     components(schemas(
-        Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus, Event,
+        Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus,
+        schema::StreamEvent, schema::EventPayload, schema::NoticeMetadata,
+        schema::PermissionStatus,
         crate::permission::PermissionRequest, crate::session::jobs::output::OutputChunk,
         crate::plugin::PluginInfo, crate::plugin::PluginStatus,
         error::ErrorBody, error::ErrorDetail,
@@ -155,6 +162,33 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+    }
+}
+
+/// Types `Message.metadata`: a notice's is a `NoticeMetadata`; other
+/// messages' is an object with no fixed fields. (`Message` is the plugin
+/// API's record, whose `metadata` is free JSON.) Applied by
+/// [`super::openapi`] after the routes registered `Message`.
+pub(super) struct NoticeMetadataOfMessages;
+
+impl Modify for NoticeMetadataOfMessages {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = openapi.components.as_mut() else {
+            return;
+        };
+        let Some(RefOr::T(Schema::Object(message))) = components.schemas.get_mut("Message") else {
+            return;
+        };
+        let metadata = AnyOfBuilder::new()
+            .item(Ref::from_schema_name("NoticeMetadata"))
+            .item(ObjectBuilder::new())
+            .description(Some(
+                "For a notice (`role: notice`), a `NoticeMetadata`; otherwise free JSON.",
+            ))
+            .build();
+        message
+            .properties
+            .insert("metadata".into(), RefOr::T(Schema::AnyOf(metadata)));
     }
 }
 
@@ -327,5 +361,45 @@ mod tests {
                 "{path} missing from the OpenAPI document"
             );
         }
+    }
+
+    #[test]
+    fn events_are_a_union_tagged_by_type_with_typed_notices_and_permission_status() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let union = schemas["EventPayload"]["oneOf"].as_array().unwrap();
+        let kinds: BTreeSet<String> = union
+            .iter()
+            .flat_map(|member| {
+                member["properties"]["type"]["enum"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|kind| kind.as_str().unwrap().to_string())
+            .collect();
+        for kind in [
+            "server.connected",
+            "stream.lagged",
+            "job.finished",
+            "message.added",
+            "permission.asked",
+            "plugin.build",
+        ] {
+            assert!(kinds.contains(kind), "{kind} not in the union: {kinds:?}");
+        }
+        let text = doc.to_string();
+        assert!(
+            !schemas.as_object().unwrap().contains_key("Event"),
+            "no opaque Event"
+        );
+        assert!(text.contains("#/components/schemas/NoticeMetadata"));
+        assert_eq!(
+            schemas["PermissionRequest"]["properties"]["status"]["$ref"],
+            "#/components/schemas/PermissionStatus"
+        );
+        let event_route = &doc["paths"]["/api/event"]["get"]["responses"]["200"]["content"]
+            ["text/event-stream"]["schema"];
+        assert_eq!(event_route["$ref"], "#/components/schemas/StreamEvent");
     }
 }

@@ -22,17 +22,17 @@ use std::{
 use serde_json::Value;
 use tokio::{
     runtime::Handle,
-    sync::{broadcast, watch, Notify},
+    sync::{watch, Notify},
 };
 
 use super::{
-    abi::{to_json, Callback, Instance, InstanceError},
+    abi::{Callback, Instance, InstanceError},
     error::one_line,
 };
 use crate::{
     agent::Agent,
     error::Result,
-    event::Event,
+    event::Delivery,
     session::SessionService,
     tool::{Owner, Tool, ToolWrapper},
     util::LockExt,
@@ -96,7 +96,7 @@ pub(crate) struct GenerationState {
 
 /// An event queue, shared by a subscription and its successor in the next
 /// generation. Whoever holds the lock is the one reading it.
-pub(super) type EventQueue = Arc<tokio::sync::Mutex<broadcast::Receiver<Event>>>;
+pub(super) type EventQueue = Arc<tokio::sync::Mutex<crate::event::Subscriber>>;
 
 /// A running subscription.
 struct Subscription {
@@ -463,30 +463,28 @@ impl GenerationState {
                     } => events,
                 };
                 loop {
-                    // `recv` is cancel-safe: an event is either taken here or
-                    // left in the queue for the successor.
+                    // `next` is cancel-safe: an event is either taken here
+                    // or left in the queue for the successor.
                     let received = tokio::select! {
                         biased;
                         _ = stop.wait_for(|stop| *stop) => return,
                         _ = pause.wait_for(|paused| *paused) => continue 'hold,
-                        received = events.recv() => received,
+                        received = events.next() => received,
                     };
                     match received {
-                        Ok(event) => {
-                            if types.is_empty() || types.contains(&event.kind) {
-                                let handled = match to_json(&event) {
-                                    Ok(json) => callback.call(json).await,
-                                    Err(error) => Err(error),
-                                };
+                        Some(Delivery::Event(event)) => {
+                            if types.is_empty() || types.iter().any(|kind| kind == event.kind()) {
+                                // The bytes serialised once at publication.
+                                let handled = callback.call(event.json().to_string()).await;
                                 if let Err(error) = handled {
                                     tracing::warn!(plugin = %callback.plugin.name, %error, "event handler failed");
                                 }
                             }
                         }
-                        Err(tokio::sync::broadcast::error::RecvError::Lagged(lost)) => {
-                            tracing::warn!(plugin = %callback.plugin.name, lost, "event handler fell behind; events lost");
+                        Some(Delivery::Lagged { missed }) => {
+                            tracing::warn!(plugin = %callback.plugin.name, lost = ?missed, "event handler fell behind; events lost");
                         }
-                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                        None => return,
                     }
                 }
             }
@@ -573,7 +571,7 @@ impl GenerationState {
 /// [`resume`](Self::resume), back to the paused generation.
 pub(super) struct PausedSubscriptions<'a> {
     state: &'a GenerationState,
-    _held: Vec<tokio::sync::OwnedMutexGuard<broadcast::Receiver<Event>>>,
+    _held: Vec<tokio::sync::OwnedMutexGuard<crate::event::Subscriber>>,
 }
 
 impl PausedSubscriptions<'_> {

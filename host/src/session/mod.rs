@@ -53,7 +53,7 @@ pub(crate) use jobs::JobRuntime;
 use crate::{
     agent::AgentRegistry,
     error::Result,
-    event::EventBus,
+    event::{EventBus, HistoryLimits},
     ids::{new_id, now},
     permission::Permissions,
     store::{self, Durability, Store, StoreError, Ticket},
@@ -248,12 +248,12 @@ impl SessionService {
     /// itself uses [`SessionService::open`].
     pub fn new(config: ServiceConfig) -> Self {
         let store = Store::open_in_memory().expect("an in-memory SQLite store opens");
-        Self::with_store(config, Arc::new(store))
+        Self::with_store(config, Arc::new(store), EventBus::default())
     }
 
-    /// A service on `store`, empty (nothing is read from the store).
-    fn with_store(config: ServiceConfig, store: Arc<Store>) -> Self {
-        let events = EventBus::default();
+    /// A service on `store`, empty (nothing is read from the store),
+    /// publishing on `events`.
+    fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
         let tools = ToolRegistry::default();
         crate::tool::register_builtin(&tools);
         let agents = AgentRegistry::default();
@@ -296,8 +296,19 @@ impl SessionService {
     /// [`open`](Self::open) with a chosen durability (`[store]
     /// durability` in the config).
     pub fn open_with(config: ServiceConfig, durability: Durability) -> Result<Self, StoreError> {
+        Self::open_with_history(config, durability, HistoryLimits::default())
+    }
+
+    /// [`open_with`](Self::open_with), keeping `history` of events for
+    /// slow readers and replay (`[events]` in the config). Restart
+    /// recovery's events (its notices) are the first in that history.
+    pub fn open_with_history(
+        config: ServiceConfig,
+        durability: Durability,
+        history: HistoryLimits,
+    ) -> Result<Self, StoreError> {
         let store = Arc::new(Store::open_with(&config.data_dir, durability)?);
-        let service = Self::with_store(config, store);
+        let service = Self::with_store(config, store, EventBus::new(history));
         // Damage found while reading the store back is reported with the
         // file's path, like damage found when opening it.
         service

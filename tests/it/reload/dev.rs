@@ -12,10 +12,9 @@ use offstage_tests::{
     wait::until,
 };
 use serde_json::json;
-use tokio::sync::broadcast;
 
 /// The next event of `kind`, within [`offstage_tests::wait::PATIENCE`].
-async fn next_event(events: &mut broadcast::Receiver<Event>, kind: &str) -> Event {
+async fn next_event(events: &mut offstage::Subscriber, kind: &str) -> Event {
     offstage_tests::engine::next_event(events, kind, |event| event.kind == kind).await
 }
 

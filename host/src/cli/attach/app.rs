@@ -97,6 +97,9 @@ pub(crate) struct App {
     /// Transcript lines scrolled up from the bottom.
     pub scroll: usize,
     pub connection: Connection,
+    /// The open stream resumed after the last event seen (no re-read on
+    /// its `server.connected`).
+    pub resumed: bool,
     pub call: Option<Call>,
     /// A one-line message under the transcript until the next key.
     pub status: Option<String>,
@@ -125,6 +128,7 @@ impl App {
             input: String::new(),
             scroll: 0,
             connection: Connection::Connecting,
+            resumed: false,
             call: None,
             status: None,
             overlay: Overlay::None,
@@ -212,8 +216,13 @@ impl App {
             Msg::Resize => Vec::new(),
             Msg::Tick => self.tick(),
             Msg::Quit => vec![Action::Quit],
-            Msg::Connected => {
+            Msg::Connected { resumed } => {
                 self.connection = Connection::Connected;
+                self.resumed = resumed;
+                if resumed && self.session_id.is_some() {
+                    // The host replays what the gap missed.
+                    return Vec::new();
+                }
                 match self.session_id.clone() {
                     Some(session) => vec![Action::Refresh(session)],
                     None if !self.creating => {
@@ -448,6 +457,7 @@ impl App {
         let props = event.get("properties").cloned().unwrap_or(Value::Null);
         let session_of = |v: &Value| v["session_id"].as_str().unwrap_or_default().to_string();
         match kind.as_str() {
+            "server.connected" if self.resumed => return Vec::new(),
             "server.connected" | "stream.lagged" => {
                 // What this stream missed is re-read from the API.
                 return self

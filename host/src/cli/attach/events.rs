@@ -44,7 +44,13 @@ pub(crate) enum Msg {
     /// A signal (SIGTERM, SIGHUP, SIGINT) asked us to stop.
     Quit,
     /// The event stream is open (it begins with `server.connected`).
-    Connected,
+    /// `resumed`: it was reopened with the id of the last event seen, so
+    /// the host replays what was missed (or says `stream.lagged` when it
+    /// cannot) and nothing needs re-reading.
+    Connected {
+        /// Reopened with `Last-Event-ID`.
+        resumed: bool,
+    },
     /// The event stream could not be opened or broke off.
     Disconnected(String),
     /// One event from the stream, `{type, properties}`.
@@ -262,41 +268,59 @@ impl Io {
 /// Follows `GET /api/event` for as long as the process lives: each event
 /// becomes a [`Msg::Event`]; when the stream cannot be opened or ends (the
 /// host stopped or restarted), [`Msg::Disconnected`], a short wait, and
-/// another try. The stream has no event ids to resume from, so the app
-/// re-fetches what it shows on every [`Msg::Connected`].
+/// another try. A new try sends the id of the last event seen
+/// (`Last-Event-ID`), so the host replays what the gap missed; the app
+/// re-reads what it shows only on a first connect or a `stream.lagged`
+/// (the history no longer reached back, or the host restarted).
 pub(crate) fn follow_events(client: Client, tx: Sender<Msg>) {
-    thread::spawn(move || loop {
-        match client.events() {
-            Ok(events) => {
-                if tx.send(Msg::Connected).is_err() {
-                    return;
-                }
-                let mut reason = "the host closed the event stream".to_string();
-                for event in events {
-                    match event {
-                        Ok(event) => {
-                            if tx.send(Msg::Event(event)).is_err() {
-                                return;
+    thread::spawn(move || {
+        let mut last_id: Option<u64> = None;
+        loop {
+            match client.events(last_id) {
+                Ok(events) => {
+                    let resumed = last_id.is_some();
+                    if tx.send(Msg::Connected { resumed }).is_err() {
+                        return;
+                    }
+                    let mut reason = "the host closed the event stream".to_string();
+                    for event in events {
+                        match event {
+                            Ok(event) => {
+                                last_id = last_seen(&event).or(last_id);
+                                if tx.send(Msg::Event(event)).is_err() {
+                                    return;
+                                }
+                            }
+                            Err(error) => {
+                                reason = error.to_string();
+                                break;
                             }
                         }
-                        Err(error) => {
-                            reason = error.to_string();
-                            break;
-                        }
+                    }
+                    if tx.send(Msg::Disconnected(reason)).is_err() {
+                        return;
                     }
                 }
-                if tx.send(Msg::Disconnected(reason)).is_err() {
-                    return;
+                Err(error) => {
+                    if tx.send(Msg::Disconnected(error.to_string())).is_err() {
+                        return;
+                    }
                 }
             }
-            Err(error) => {
-                if tx.send(Msg::Disconnected(error.to_string())).is_err() {
-                    return;
-                }
-            }
+            thread::sleep(RECONNECT_DELAY);
         }
-        thread::sleep(RECONNECT_DELAY);
     });
+}
+
+/// The id to resume after, from one event: its own `id`, or for
+/// `server.connected` the newest id the host had published when the stream
+/// opened (so that a reconnect before any event still resumes).
+pub(crate) fn last_seen(event: &Value) -> Option<u64> {
+    event["id"].as_u64().or_else(|| {
+        (event["type"] == "server.connected")
+            .then(|| event["properties"]["last_event_id"].as_u64())
+            .flatten()
+    })
 }
 
 /// Reads the terminal's events into the channel.

@@ -61,7 +61,10 @@ fn typed(app: &mut App, text: &str) {
 /// An app attached to a connected host with the given session state.
 fn attached(color: bool) -> App {
     let mut app = App::new(Some(SES.into()), color);
-    assert_eq!(app.apply(Msg::Connected), vec![Action::Refresh(SES.into())]);
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::Refresh(SES.into())]
+    );
     app.apply(Msg::Session(Ok(session("idle"))));
     app.apply(Msg::Plugins(vec![
         json!({"name": "audit-log", "status": "loaded"}),
@@ -355,10 +358,13 @@ fn the_jobs_list_opens_a_paged_output() {
 #[test]
 fn reconnecting_refetches_and_a_new_session_is_made_when_none_is_named() {
     let mut app = App::new(None, true);
-    assert_eq!(app.apply(Msg::Connected), vec![Action::CreateSession]);
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::CreateSession]
+    );
     // Only one, however often the stream reconnects meanwhile.
     app.apply(Msg::Disconnected("gone".into()));
-    assert_eq!(app.apply(Msg::Connected), vec![]);
+    assert_eq!(app.apply(Msg::Connected { resumed: false }), vec![]);
     assert_eq!(
         app.apply(Msg::Created(Ok(session("idle")))),
         vec![Action::Refresh(SES.into())]
@@ -368,5 +374,41 @@ fn reconnecting_refetches_and_a_new_session_is_made_when_none_is_named() {
     let (screen, _) = render(&mut app);
     assert!(screen.contains("DISCONNECTED, reconnecting"), "{screen}");
     assert!(screen.contains("disconnected: host restarted"), "{screen}");
-    assert_eq!(app.apply(Msg::Connected), vec![Action::Refresh(SES.into())]);
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::Refresh(SES.into())]
+    );
+}
+
+#[test]
+fn a_resumed_stream_rereads_nothing_unless_the_host_says_it_lagged() {
+    let mut app = App::new(Some(SES.into()), true);
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::Refresh(SES.into())]
+    );
+    app.apply(Msg::Disconnected("gone".into()));
+    // Reopened with Last-Event-ID: the host replays the gap.
+    assert_eq!(app.apply(Msg::Connected { resumed: true }), vec![]);
+    let connected = json!({ "type": "server.connected", "properties": { "last_event_id": 7 } });
+    assert_eq!(app.apply(Msg::Event(connected)), vec![]);
+    // The history did not reach back (or the host restarted): re-read.
+    let lagged = json!({ "type": "stream.lagged", "properties": { "missed": null } });
+    assert_eq!(
+        app.apply(Msg::Event(lagged)),
+        vec![Action::Refresh(SES.into())]
+    );
+}
+
+#[test]
+fn the_resume_point_is_the_last_event_id_or_the_hosts_newest_at_connect() {
+    use super::events::last_seen;
+    assert_eq!(
+        last_seen(&json!({ "id": 42, "type": "job.started" })),
+        Some(42)
+    );
+    let connected = json!({ "type": "server.connected", "properties": { "last_event_id": 9 } });
+    assert_eq!(last_seen(&connected), Some(9));
+    let lagged = json!({ "type": "stream.lagged", "properties": { "missed": 3 } });
+    assert_eq!(last_seen(&lagged), None);
 }

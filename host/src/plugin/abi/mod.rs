@@ -40,7 +40,6 @@ use offstage_plugin_api::abi::{
     host_vtable_layout, HostCtx, HostHandle, HostVtable, HostVtableRef,
 };
 
-pub(super) use convert::to_json;
 pub(super) use hooks::Callback;
 pub(super) use instance::{Exporter, Instance, InstanceError};
 pub(super) use library::{init, manifest, open, ManifestInfo};
