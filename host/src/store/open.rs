@@ -74,26 +74,41 @@ pub(super) fn lock_data_dir(data_dir: &Path) -> Result<DirLock, StoreError> {
     })
 }
 
-/// An exclusive, non-blocking `flock` on `file` (Unix only; elsewhere
-/// nothing).
+/// How long a lock held by someone else is tried again before the store
+/// is refused as `Locked`.
+///
+/// A lock released a moment ago can still be held: a process that forks
+/// (any thread of it starting any command) gives the child a copy of every
+/// descriptor, the lock's included, until the child's `exec` closes it.
+/// Another host holds it for good, and is still refused, a moment later.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// An exclusive `flock` on `file`, tried for [`LOCK_PATIENCE`] (Unix only;
+/// elsewhere nothing).
 fn flock(file: &File, path: &Path) -> Result<(), StoreError> {
     #[cfg(unix)]
     {
         use std::os::unix::io::AsRawFd;
-        // SAFETY: flock on a descriptor we own; no memory is involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
+        let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+        loop {
+            // SAFETY: flock on a descriptor we own; no memory is involved.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                break;
+            }
             let source = std::io::Error::last_os_error();
-            return Err(if source.kind() == std::io::ErrorKind::WouldBlock {
-                StoreError::Locked {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                StoreError::Io {
+            if source.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(StoreError::Io {
                     path: path.to_path_buf(),
                     source,
-                }
-            });
+                });
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(StoreError::Locked {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
     #[cfg(not(unix))]
