@@ -40,6 +40,19 @@ pub(crate) enum Command {
     /// Run the background scenario end to end in a temporary data dir with
     /// the example plugins, printing a transcript.
     Demo,
+    /// Runs one isolated plugin for a host that started this process
+    /// (internal: the host passes the channel as fd 3).
+    #[command(hide = true, name = "plugin-host")]
+    PluginHost {
+        /// The plugin file.
+        file: PathBuf,
+        /// The host's data dir.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Load files others can write.
+        #[arg(long)]
+        allow_insecure: bool,
+    },
     /// Work with plugin files.
     Plugin {
         #[command(subcommand)]
@@ -227,6 +240,11 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args, None),
         Command::Dev { serve, watch_src } => serve::run(serve, Some(watch_src)),
         Command::Demo => crate::demo::run(),
+        Command::PluginHost {
+            file,
+            data_dir,
+            allow_insecure,
+        } => crate::plugin::run_child(file, data_dir, allow_insecure),
         Command::Plugin {
             command:
                 PluginCommand::Check {

@@ -14,7 +14,7 @@ use std::{
     collections::BTreeSet,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
     },
 };
 
@@ -27,6 +27,7 @@ use tokio::{
 use super::{
     abi::{to_json, Callback, Instance, InstanceError},
     error::one_line,
+    isolate::Upstream,
 };
 use crate::{
     agent::Agent,
@@ -67,6 +68,9 @@ pub(crate) struct GenerationState {
     pub(super) options: String,
     pub(super) previous_state: Option<String>,
     on_failure: Arc<dyn Fn(String) + Send + Sync>,
+    /// Set in an isolated plugin's process: session calls, registrations
+    /// and logs go to the host over the channel (`plugin/isolate/`).
+    pub(super) upstream: OnceLock<Arc<dyn Upstream>>,
     failed: AtomicBool,
     subscriptions: Mutex<Vec<Subscription>>,
     /// Registrations made during `init`, until [`commit`] applies them or
@@ -132,6 +136,7 @@ pub(super) fn new_state(
         options,
         previous_state,
         on_failure,
+        upstream: OnceLock::new(),
         failed: AtomicBool::new(false),
         subscriptions: Mutex::new(Vec::new()),
         staged: Mutex::new(Some(Vec::new())),
@@ -274,7 +279,7 @@ impl GenerationState {
 
     /// Marks the plugin failed (once): its hooks are unregistered so the
     /// host goes on without it, and the loader's registry records why.
-    fn fail(&self, message: String) {
+    pub(super) fn fail(&self, message: String) {
         if self.failed.swap(true, Ordering::AcqRel) {
             return;
         }

@@ -27,6 +27,7 @@ mod convert;
 mod hooks;
 mod instance;
 mod library;
+pub(in crate::plugin) mod remote;
 mod services;
 
 use std::{
@@ -39,7 +40,9 @@ use offstage_plugin_api::abi::{
     host_vtable_layout, HostCtx, HostHandle, HostVtable, HostVtableRef,
 };
 
-pub(super) use convert::to_json;
+pub(super) use convert::{plugin_error, to_json};
+pub(super) use hooks::{add_tool, register_agent, subscribe, wrap_tool};
+pub(super) use session::{block_on_host, call_by_name};
 pub(super) use hooks::Callback;
 pub(super) use instance::{Exporter, Instance, InstanceError};
 pub(super) use library::{init, manifest, open, ManifestInfo};

@@ -16,6 +16,10 @@ use super::{
 
 pub(super) extern "C" fn log(ctx: HostCtx, level: u8, target: RStr<'_>, message: RStr<'_>) {
     let plugin = state_from(ctx);
+    if let Some(upstream) = plugin.upstream.get() {
+        upstream.log(level, target.as_str(), message.as_str());
+        return;
+    }
     let (name, target, message) = (plugin.name.as_str(), target.as_str(), message.as_str());
     match level {
         1 => tracing::error!(plugin = name, target, "{message}"),
