@@ -11,9 +11,15 @@
 //! [store]
 //! durability = "normal"         # normal (default) | full, see below
 //!
-//! [plugin.auto-background]      # keys but `enabled` and `grant` are options
-//! grant = ["session.background"]
+//! [plugins]
+//! isolation = "none"            # none (default) | process: each plugin in a child
+//!
+//! [plugin.auto-background]      # keys but `enabled`, `grant` and the
+//! grant = ["session.background"] # isolation keys are options
 //! after_ms = 5000
+//! isolation = "process"         # and restart, max_restarts, restart_window,
+//!                               # call_timeout, event_timeout, ping_interval,
+//!                               # ping_timeout, memory_limit, cpu_limit
 //!
 //! [[permission]]
 //! tool = "shell"
@@ -41,7 +47,11 @@ use std::{
 use serde::{de, Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::{permission::Rule, store::Durability};
+use crate::{
+    permission::Rule,
+    plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
+    store::Durability,
+};
 
 /// Where the host listens when nothing else is said: loopback only.
 pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:4545";
@@ -76,8 +86,11 @@ pub struct FileConfig {
     /// `allow_insecure_plugins`: load plugin files others can write.
     pub allow_insecure_plugins: Option<bool>,
     #[serde(default)]
-    /// `[plugin.NAME]` tables: grants, `enabled` and the plugin's options.
+    /// `[plugin.NAME]` tables: grants, `enabled`, isolation and the plugin's options.
     pub plugin: BTreeMap<String, PluginTable>,
+    #[serde(default)]
+    /// `[plugins]`: isolation settings for every plugin.
+    pub plugins: PluginsTable,
     #[serde(default)]
     /// `[[permission]]` rules, checked in order, last match wins.
     pub permission: Vec<Rule>,
@@ -94,9 +107,31 @@ pub struct StoreTable {
     pub durability: Option<Durability>,
 }
 
+/// The `[plugins]` table: isolation settings for every plugin.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PluginsTable {
+    /// `isolation`, `restart`, ... (see [`crate::plugin::take_isolation_keys`]).
+    pub isolation: IsolationSettings,
+}
+
+impl<'de> Deserialize<'de> for PluginsTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let isolation = take_isolation_keys(&mut table).map_err(de::Error::custom)?;
+        if let Some(key) = table.keys().next() {
+            return Err(de::Error::custom(format!(
+                "unknown key `{key}` in [plugins] (plugin options go in [plugin.NAME])"
+            )));
+        }
+        Ok(PluginsTable { isolation })
+    }
+}
+
 /// One `[plugin.NAME]` table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginTable {
+    /// `isolation = "process"` and the other isolation keys.
+    pub isolation: IsolationSettings,
     /// `enabled = false` keeps the plugin from loading.
     pub enabled: bool,
     /// `grant = [..]`: the capabilities given; all it asks for when absent.
@@ -139,6 +174,7 @@ impl<'de> Deserialize<'de> for PluginTable {
                 )))
             }
         };
+        let isolation = take_isolation_keys(&mut table).map_err(de::Error::custom)?;
         let options = Value::Object(
             table
                 .into_iter()
@@ -146,6 +182,7 @@ impl<'de> Deserialize<'de> for PluginTable {
                 .collect(),
         );
         Ok(PluginTable {
+            isolation,
             enabled,
             grant,
             options,
@@ -227,6 +264,8 @@ pub(crate) struct ServeConfig {
     pub plugin_dirs: Vec<PathBuf>,
     pub allow_insecure_plugins: bool,
     pub plugins: BTreeMap<String, PluginTable>,
+    /// `[plugins]` and each `[plugin.NAME]`'s isolation keys.
+    pub isolation: IsolationConfig,
     pub permissions: Vec<Rule>,
     /// `[store] durability`.
     pub durability: Durability,
@@ -295,6 +334,15 @@ impl ServeConfig {
             plugin_dirs,
             allow_insecure_plugins: overrides.allow_insecure_plugins
                 || file.allow_insecure_plugins.unwrap_or(false),
+            isolation: IsolationConfig {
+                defaults: file.plugins.isolation,
+                plugins: file
+                    .plugin
+                    .iter()
+                    .map(|(name, table)| (name.clone(), table.isolation.clone()))
+                    .collect(),
+                child_exe: None,
+            },
             plugins: file.plugin,
             permissions: file.permission,
             durability: file.store.durability.unwrap_or_default(),

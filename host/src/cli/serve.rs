@@ -113,7 +113,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             (name.clone(), settings)
         })
         .collect();
-    let plugins = PluginHost::new(
+    let plugins = PluginHost::with_isolation(
         service.clone(),
         PluginHostConfig {
             dirs: config.plugin_dirs.clone(),
@@ -121,6 +121,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             allow_insecure_permissions: config.allow_insecure_plugins,
             settings,
         },
+        config.isolation.clone(),
     );
     // Loading is synchronous work (file checks, dlopen, `init`).
     let loaded = tokio::task::block_in_place(|| plugins.load_all());

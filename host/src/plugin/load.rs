@@ -178,7 +178,8 @@ impl PluginHost {
         }
         let module = opened?;
         let manifest = abi::manifest(path, module)?;
-        if manifest.panic_abort {
+        // In an isolated plugin's process an abort ends only that process.
+        if manifest.panic_abort && !self.inner.in_child {
             return Err(LoadFailure {
                 error: LoadError::PanicAbort {
                     path: path.to_path_buf(),

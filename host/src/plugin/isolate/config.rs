@@ -154,3 +154,104 @@ impl IsolationConfig {
         self.defaults.mode.unwrap_or_default()
     }
 }
+
+/// Removes the isolation keys from a `[plugins]` or `[plugin.NAME]` table
+/// of the config file and reads them; what is left are the plugin's options.
+pub fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSettings, String> {
+    fn text(table: &mut toml::Table, key: &str) -> Result<Option<String>, String> {
+        match table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(format!("`{key}` must be a string, not {}", other.type_str())),
+        }
+    }
+    fn duration(table: &mut toml::Table, key: &str) -> Result<Option<Duration>, String> {
+        text(table, key)?
+            .map(|s| {
+                humantime::parse_duration(&s)
+                    .map_err(|e| format!("`{key}` = {s:?} is not a duration like \"30s\": {e}"))
+            })
+            .transpose()
+    }
+    fn count(table: &mut toml::Table, key: &str) -> Result<Option<u64>, String> {
+        match table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(i)) if i >= 0 => Ok(Some(i as u64)),
+            Some(toml::Value::String(s)) => parse_size(&s)
+                .map(Some)
+                .ok_or_else(|| format!("`{key}` = {s:?} is not a size like \"512M\"")),
+            Some(other) => Err(format!(
+                "`{key}` must be a positive integer, not {other}"
+            )),
+        }
+    }
+    Ok(IsolationSettings {
+        mode: text(table, "isolation")?.map(|s| s.parse()).transpose()?,
+        restart: text(table, "restart")?.map(|s| s.parse()).transpose()?,
+        max_restarts: count(table, "max_restarts")?.map(|n| n.min(u32::MAX as u64) as u32),
+        restart_window: duration(table, "restart_window")?,
+        call_timeout: duration(table, "call_timeout")?,
+        event_timeout: duration(table, "event_timeout")?,
+        ping_interval: duration(table, "ping_interval")?,
+        ping_timeout: duration(table, "ping_timeout")?,
+        memory_limit: count(table, "memory_limit")?,
+        cpu_limit: count(table, "cpu_limit")?,
+    })
+}
+
+/// `"512M"`, `"2G"`, `"100K"`, or plain bytes.
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, ""),
+    };
+    let n: u64 = digits.parse().ok()?;
+    let unit = match unit.trim().trim_end_matches("iB").trim_end_matches('B') {
+        "" => 1,
+        "K" | "k" => 1 << 10,
+        "M" | "m" => 1 << 20,
+        "G" | "g" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_keys_are_read_and_the_rest_left() {
+        let mut table: toml::Table = toml::from_str(
+            "isolation = \"process\"\nrestart = \"never\"\nmemory_limit = \"512M\"\ncall_timeout = \"2s\"\nother = 1\n",
+        )
+        .unwrap();
+        let settings = take_isolation_keys(&mut table).unwrap();
+        assert_eq!(settings.mode, Some(Isolation::Process));
+        assert_eq!(settings.restart, Some(RestartPolicy::Never));
+        assert_eq!(settings.memory_limit, Some(512 << 20));
+        assert_eq!(settings.call_timeout, Some(Duration::from_secs(2)));
+        assert_eq!(table.len(), 1);
+        let mut bad: toml::Table = toml::from_str("isolation = \"thread\"\n").unwrap();
+        assert!(take_isolation_keys(&mut bad).unwrap_err().contains("\"none\" or \"process\""));
+    }
+
+    #[test]
+    fn a_plugin_table_overrides_plugins() {
+        let mut config = IsolationConfig::default();
+        config.defaults.mode = Some(Isolation::Process);
+        config.defaults.max_restarts = Some(5);
+        config.plugins.insert(
+            "a".into(),
+            IsolationSettings {
+                mode: Some(Isolation::None),
+                ..Default::default()
+            },
+        );
+        assert_eq!(config.resolve("a").mode, Isolation::None);
+        assert_eq!(config.resolve("a").max_restarts, 5);
+        assert_eq!(config.resolve("b").mode, Isolation::Process);
+        assert!(!config.any_by_name());
+    }
+}
