@@ -300,7 +300,7 @@ pub(super) fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
     })
 }
 
-pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> ExitCode {
+pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool, isolation: &str) -> ExitCode {
     // The answer is the one line below; the loader's own log of the same
     // failure would only repeat it.
     super::init_logging("error");
@@ -308,6 +308,7 @@ pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> Exi
         file,
         crate::plugin::CheckOptions {
             allow_insecure_permissions: allow_insecure,
+            isolation: isolation.parse().unwrap_or_default(),
         },
     ) {
         Ok(info) => {
@@ -324,6 +325,10 @@ pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool) -> Exi
                 };
                 println!("capabilities: {capabilities}");
                 println!("description:  {}", info.description);
+                match info.pid {
+                    Some(pid) => println!("isolation:    process (pid {pid})"),
+                    None => println!("isolation:    none"),
+                }
                 println!("file:         {}", file.display());
             }
             ExitCode::SUCCESS

@@ -140,6 +140,10 @@ pub(crate) enum PluginCommand {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// Load it in this process (`none`) or in a child process of its
+        /// own (`process`), as the host config's `isolation` would.
+        #[arg(long, default_value = "none", value_parser = ["none", "process"])]
+        isolation: String,
     },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
@@ -251,8 +255,9 @@ pub fn main() -> ExitCode {
                     file,
                     allow_insecure,
                     json,
+                    isolation,
                 },
-        } => commands::plugin_check(&file, allow_insecure, json),
+        } => commands::plugin_check(&file, allow_insecure, json, &isolation),
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),

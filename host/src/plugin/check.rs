@@ -16,6 +16,9 @@ pub struct CheckOptions {
     /// Load the file even if it (or its directory) is writable by other
     /// users. For development.
     pub allow_insecure_permissions: bool,
+    /// Where to run it: in this process, or in a child process as
+    /// `isolation = "process"` would (the `offstage` binary running this).
+    pub isolation: super::Isolation,
 }
 
 /// Loads one plugin file in isolation, as `offstage plugin check FILE` does:
@@ -39,13 +42,20 @@ pub fn check_file_with(path: &Path, options: CheckOptions) -> Result<PluginInfo,
             data_dir: temp.path().join("data"),
             permissions: Vec::new(),
         });
-        let host = PluginHost::new(
+        let host = PluginHost::with_isolation(
             service,
             PluginHostConfig {
                 dirs: Vec::new(),
                 data_dir: temp.path().to_path_buf(),
                 allow_insecure_permissions: options.allow_insecure_permissions,
                 settings: BTreeMap::new(),
+            },
+            super::IsolationConfig {
+                defaults: super::IsolationSettings {
+                    mode: Some(options.isolation),
+                    ..Default::default()
+                },
+                ..Default::default()
             },
         );
         let result = host.load_file(path);

@@ -250,3 +250,43 @@ async fn a_panic_abort_plugin_loads_when_isolated() {
     assert!(host.plugins.get("faulty").unwrap().pid.is_some());
     host.plugins.shutdown();
 }
+
+/// What happens to a job whose tool wrapper lived in a plugin whose process
+/// dies (docs/plugins.md, "Isolation"): the call in flight ends with the
+/// plugin failure, its job ends as an error, and the tool goes on unwrapped
+/// until a new process wraps it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_whose_wrapper_dies_ends_with_the_failure_and_the_tool_runs_unwrapped() {
+    let host = crashy_fixture(IsolationSettings {
+        restart: Some(offstage::plugin::RestartPolicy::Never),
+        ..Default::default()
+    })
+    .start();
+    host.assert_loaded("crashy");
+    let session = host.session().await;
+    let request = offstage_plugin_api::types::ToolRequest::new(
+        "shell",
+        json!({ "command": "echo crashy:abort" }),
+    );
+    let message = outcome(host.service.call_tool(&session, request).await);
+    assert!(message.contains("process died"), "{message}");
+    assert!(message.contains("SIGABRT"), "{message}");
+    let jobs = host.service.jobs(Some(&session)).await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(jobs[0].status, offstage_plugin_api::types::JobStatus::Error, "{jobs:?}");
+
+    poll_every("crashy failed", Duration::from_millis(20), async || {
+        host.plugins
+            .get("crashy")
+            .filter(|i| i.status == PluginStatus::Failed)
+    })
+    .await;
+    let request = offstage_plugin_api::types::ToolRequest::new(
+        "shell",
+        json!({ "command": "echo unwrapped" }),
+    );
+    let result = host.service.call_tool(&session, request).await.unwrap();
+    assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
+    assert_eq!(result.output, "unwrapped\n");
+    host.plugins.shutdown();
+}

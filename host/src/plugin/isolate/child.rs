@@ -71,6 +71,20 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
             return ExitCode::FAILURE;
         }
     };
+    // The channel's own thread (see `Peer::start`).
+    let io = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("plugin-host-io")
+        .enable_all()
+        .build()
+    {
+        Ok(io) => io,
+        Err(e) => {
+            eprintln!("offstage plugin-host: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let io_handle = io.handle().clone();
     // SAFETY: the host passes our end of its socket pair as fd 3, ours alone.
     let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(3) };
     if let Err(e) = socket.set_nonblocking(true) {
@@ -78,7 +92,11 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
         return ExitCode::FAILURE;
     }
     runtime.block_on(async move {
-        let stream = match tokio::net::UnixStream::from_std(socket) {
+        let registered = {
+            let _io = io_handle.enter();
+            tokio::net::UnixStream::from_std(socket)
+        };
+        let stream = match registered {
             Ok(stream) => stream,
             Err(e) => {
                 eprintln!("offstage plugin-host: fd 3 is not the host's socket: {e}");
@@ -111,7 +129,7 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
             hooks: Mutex::new(HashMap::new()),
             hook_ids: AtomicU64::new(1),
         });
-        let (peer, closed) = Peer::start(stream, state.clone(), &Handle::current());
+        let (peer, closed) = Peer::start(stream, state.clone(), &io_handle, &Handle::current());
         let _ = state.peer.set(peer);
         let _ = closed.await;
     });

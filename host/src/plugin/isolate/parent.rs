@@ -392,7 +392,7 @@ impl Child {
         };
         let link = Arc::new_cyclic(|weak: &Weak<Link>| {
             let handler: Arc<dyn super::wire::Handler> = Arc::new(Forward(weak.clone()));
-            let (peer, reader) = Peer::start(stream, handler, &runtime);
+            let (peer, reader) = Peer::start(stream, handler, &runtime, &runtime);
             let link = Link {
                 name: OnceLock::new(),
                 pid,

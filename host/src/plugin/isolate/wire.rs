@@ -201,14 +201,22 @@ struct Pending {
 }
 
 impl Peer {
-    /// Starts a peer over `stream` on `runtime`. The returned future
-    /// completes when the other side has closed the channel (or broken
-    /// it); calls still waiting then wait for [`Peer::close`].
+    /// Starts a peer over `stream`: its reading and writing run on `io`
+    /// (whose reactor `stream` is registered with), the handlers of the
+    /// other side's requests on `work`. The returned future completes when
+    /// the other side has closed the channel (or broken it); calls still
+    /// waiting then wait for [`Peer::close`].
+    ///
+    /// Why two runtimes: in a plugin's process, plugin code can hold a
+    /// worker forever (a synchronous loop); the channel must not sit behind
+    /// it, so the child gives it a thread of its own.
     pub(in crate::plugin) fn start(
         stream: UnixStream,
         handler: Arc<dyn Handler>,
-        runtime: &Handle,
+        io: &Handle,
+        work: &Handle,
     ) -> (Arc<Peer>, tokio::task::JoinHandle<()>) {
+        let runtime = io;
         let (read, write) = stream.into_split();
         let (out, mut queue) = mpsc::unbounded_channel::<Frame>();
         let peer = Arc::new(Peer {
@@ -239,7 +247,7 @@ impl Peer {
         });
         let mut frames = FramedRead::new(read, codec());
         let reader = Arc::clone(&peer);
-        let handle = runtime.clone();
+        let handle = work.clone();
         let done = runtime.spawn(async move {
             while let Some(Ok(bytes)) = frames.next().await {
                 let frame: Frame = match serde_json::from_slice(&bytes) {

@@ -9,6 +9,9 @@
 //! - `spin`: a synchronous loop that never returns (one thread stuck);
 //! - `stop`: stops its own process (`SIGSTOP`): nothing answers any more.
 //!
+//! It also wraps `shell`: a command containing `crashy:abort` aborts the
+//! process inside the wrapper, before the command runs.
+//!
 //! `count` adds one to a counter that is handed to the next generation
 //! (`export_state`), and `pid` answers with the process id it runs in.
 //!
@@ -78,7 +81,7 @@ impl Plugin for Crashy {
     fn manifest() -> Manifest {
         Manifest::new("crashy", env!("CARGO_PKG_VERSION"))
             .description("ends its own process on demand")
-            .capabilities([capability::TOOL_ADD])
+            .capabilities([capability::TOOL_ADD, capability::TOOL_WRAP])
     }
 
     fn init(ctx: Context) -> Result<Self> {
@@ -93,6 +96,18 @@ impl Plugin for Crashy {
                 let how = call.input["how"].as_str().unwrap_or_default().to_string();
                 crash(&how);
                 Ok(ToolResult::completed(&call, format!("survived {how}")))
+            })?;
+        ctx.tools()
+            .wrap("shell", |call: ToolCall, next: Next| async move {
+                if call.input["command"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("crashy:abort")
+                {
+                    eprintln!("crashy: aborting in a wrapper");
+                    std::process::abort();
+                }
+                next.run(call).await
             })?;
         let counter = count.clone();
         ctx.tools()
