@@ -300,7 +300,12 @@ pub(super) fn plugin_reload(args: &ClientArgs, name: &str) -> ExitCode {
     })
 }
 
-pub(super) fn plugin_check(file: &Path, allow_insecure: bool, json: bool, isolation: &str) -> ExitCode {
+pub(super) fn plugin_check(
+    file: &Path,
+    allow_insecure: bool,
+    json: bool,
+    isolation: &str,
+) -> ExitCode {
     // The answer is the one line below; the loader's own log of the same
     // failure would only repeat it.
     super::init_logging("error");

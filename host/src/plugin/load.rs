@@ -26,8 +26,7 @@ use super::{
     file,
     generation::{commit, new_state, retire, Generation, GenerationState, Subscriptions},
     info::{failed_info, info_from},
-    isolate,
-    LoadError, PluginHost, PluginInfo, PluginStatus,
+    isolate, LoadError, PluginHost, PluginInfo, PluginStatus,
 };
 use crate::{tool::Owner, util::LockExt};
 

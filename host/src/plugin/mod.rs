@@ -94,7 +94,9 @@ pub use check::{check_file, check_file_with, CheckOptions};
 pub use config::{PluginHostConfig, PluginSettings};
 pub use error::LoadError;
 pub use info::{PluginInfo, PluginStatus};
-pub use isolate::{run_child, take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy};
+pub use isolate::{
+    run_child, take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
+};
 
 use crate::{session::SessionService, util::LockExt};
 use generation::{Generation, Subscriptions};

@@ -58,7 +58,10 @@ async fn crash_and_recover(how: &str, cause: &[&str]) {
     assert_eq!(answered.output, pid.to_string());
     assert_ne!(pid, std::process::id());
     // In process beside it: not isolated.
-    assert_eq!(host.plugins.get("hello").unwrap().isolation, Isolation::None);
+    assert_eq!(
+        host.plugins.get("hello").unwrap().isolation,
+        Isolation::None
+    );
     let session = host.session().await;
     let mut events = host.service.events().subscribe();
 
@@ -69,14 +72,19 @@ async fn crash_and_recover(how: &str, cause: &[&str]) {
     assert!(message.contains("crashy"), "{message}");
 
     // The failure was recorded with its cause.
-    let failed = poll_every("plugin.failed", Duration::from_millis(1), async || {
-        match events.try_recv() {
+    let failed = poll_every(
+        "plugin.failed",
+        Duration::from_millis(1),
+        async || match events.try_recv() {
             Ok(event) if event.kind == "plugin.failed" => Some(event),
             _ => None,
-        }
-    })
+        },
+    )
     .await;
-    let error = failed.properties["error"].as_str().unwrap_or_default().to_string();
+    let error = failed.properties["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     for part in cause {
         assert!(error.contains(part), "{error:?} lacks {part:?}");
     }
@@ -146,7 +154,10 @@ async fn a_sync_hook_that_never_returns_misses_its_deadline() {
     .start();
     host.assert_loaded("crashy");
     let message = outcome(host.call("crash", json!({ "how": "spin" })).await);
-    assert!(message.contains("did not answer a tool call within"), "{message}");
+    assert!(
+        message.contains("did not answer a tool call within"),
+        "{message}"
+    );
     // The process still answers on its other threads; the host serves on.
     assert_eq!(host.call("count", json!({})).await.unwrap().output, "1");
     host.assert_hello_works().await;
@@ -201,7 +212,15 @@ async fn a_constructor_that_exits_fails_the_load_with_the_cause() {
     std::fs::remove_file(&source).unwrap();
     let host = fixture.start();
     let error = host.error("libexit_in_ctor_crashy.so");
-    assert_one_line(&error, &path, &["plugin process", "exited with status 7", "exiting in my constructor"]);
+    assert_one_line(
+        &error,
+        &path,
+        &[
+            "plugin process",
+            "exited with status 7",
+            "exiting in my constructor",
+        ],
+    );
     host.assert_hello_works().await;
     host.plugins.shutdown();
 }
@@ -210,7 +229,10 @@ async fn a_constructor_that_exits_fails_the_load_with_the_cause() {
 async fn state_is_handed_to_the_next_process_on_reload() {
     let host = crashy_fixture(IsolationSettings::default()).start();
     for expected in ["1", "2"] {
-        assert_eq!(host.call("count", json!({})).await.unwrap().output, expected);
+        assert_eq!(
+            host.call("count", json!({})).await.unwrap().output,
+            expected
+        );
     }
     let before = host.plugins.get("crashy").unwrap();
     let plugins = host.plugins.clone();
@@ -234,7 +256,11 @@ async fn state_is_handed_to_the_next_process_on_reload() {
 
 fn zombie(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')))
+        .map(|stat| {
+            stat.split(") ")
+                .nth(1)
+                .is_some_and(|rest| rest.starts_with('Z'))
+        })
         .unwrap_or(true)
 }
 
@@ -273,7 +299,11 @@ async fn a_job_whose_wrapper_dies_ends_with_the_failure_and_the_tool_runs_unwrap
     assert!(message.contains("SIGABRT"), "{message}");
     let jobs = host.service.jobs(Some(&session)).await.unwrap();
     assert_eq!(jobs.len(), 1, "{jobs:?}");
-    assert_eq!(jobs[0].status, offstage_plugin_api::types::JobStatus::Error, "{jobs:?}");
+    assert_eq!(
+        jobs[0].status,
+        offstage_plugin_api::types::JobStatus::Error,
+        "{jobs:?}"
+    );
 
     poll_every("crashy failed", Duration::from_millis(20), async || {
         host.plugins

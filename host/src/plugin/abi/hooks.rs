@@ -21,8 +21,8 @@ use serde_json::Value;
 use tokio::runtime::Handle;
 
 use super::{
-    remote::LocalHook,
     convert::{parse, to_abi_unit, to_json, FromPlugin, InRuntime},
+    remote::LocalHook,
     state_from,
 };
 use crate::{
@@ -186,7 +186,11 @@ pub(in crate::plugin) extern "C" fn wrap_tool(
     let plugin = state_from(ctx);
     if let Some(upstream) = plugin.upstream.get() {
         // An isolated plugin's process: the host checks and registers.
-        return to_abi_unit(upstream.register(HookKind::Wrapper, tool.into_string(), LocalHook::Wrapper(abi)));
+        return to_abi_unit(upstream.register(
+            HookKind::Wrapper,
+            tool.into_string(),
+            LocalHook::Wrapper(abi),
+        ));
     }
     let wrapper = Arc::new(Wrapper::new(abi, plugin));
     to_abi_unit((|| {
@@ -203,7 +207,11 @@ pub(in crate::plugin) extern "C" fn add_tool(
     let plugin = state_from(ctx);
     if let Some(upstream) = plugin.upstream.get() {
         // An isolated plugin's process: the host checks and registers.
-        return to_abi_unit(upstream.register(HookKind::Tool, spec.into_string(), LocalHook::Callback(abi)));
+        return to_abi_unit(upstream.register(
+            HookKind::Tool,
+            spec.into_string(),
+            LocalHook::Callback(abi),
+        ));
     }
     let callback = Callback::new(abi, plugin);
     to_abi_unit((|| {
@@ -230,7 +238,11 @@ pub(in crate::plugin) extern "C" fn register_agent(
     let plugin = state_from(ctx);
     if let Some(upstream) = plugin.upstream.get() {
         // An isolated plugin's process: the host checks and registers.
-        return to_abi_unit(upstream.register(HookKind::Agent, name.into_string(), LocalHook::Callback(abi)));
+        return to_abi_unit(upstream.register(
+            HookKind::Agent,
+            name.into_string(),
+            LocalHook::Callback(abi),
+        ));
     }
     let callback = Callback::new(abi, plugin);
     to_abi_unit((|| {
@@ -252,7 +264,11 @@ pub(in crate::plugin) extern "C" fn subscribe(
     let plugin = state_from(ctx);
     if let Some(upstream) = plugin.upstream.get() {
         // An isolated plugin's process: the host checks and registers.
-        return to_abi_unit(upstream.register(HookKind::Subscription, types.into_string(), LocalHook::Callback(abi)));
+        return to_abi_unit(upstream.register(
+            HookKind::Subscription,
+            types.into_string(),
+            LocalHook::Callback(abi),
+        ));
     }
     let callback = Callback::new(abi, plugin);
     to_abi_unit((|| {

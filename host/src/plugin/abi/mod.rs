@@ -41,11 +41,11 @@ use offstage_plugin_api::abi::{
 };
 
 pub(super) use convert::{plugin_error, to_json};
-pub(super) use hooks::{add_tool, register_agent, subscribe, wrap_tool};
-pub(super) use session::{block_on_host, call_by_name};
 pub(super) use hooks::Callback;
+pub(super) use hooks::{add_tool, register_agent, subscribe, wrap_tool};
 pub(super) use instance::{Exporter, Instance, InstanceError};
 pub(super) use library::{init, manifest, open, ManifestInfo};
+pub(super) use session::{block_on_host, call_by_name};
 
 use super::generation::GenerationState;
 

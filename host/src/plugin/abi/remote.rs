@@ -90,7 +90,11 @@ extern "C" fn remote_call(state: CallbackState, input: RString) -> FfiFuture<Abi
     InRuntime::new(hook.link.runtime().clone(), fut).into_ffi()
 }
 
-extern "C" fn remote_wrap(state: CallbackState, input: RString, next: NextAbi) -> FfiFuture<AbiResult> {
+extern "C" fn remote_wrap(
+    state: CallbackState,
+    input: RString,
+    next: NextAbi,
+) -> FfiFuture<AbiResult> {
     let hook = remote_hook(state);
     let fut = hook
         .link
@@ -206,8 +210,12 @@ impl LocalHook {
 
 fn refusing_next(_: &WrapperAbi) -> NextAbi {
     extern "C" fn call(_: CallbackState, _: RString) -> FfiFuture<AbiResult> {
-        async { RResult::RErr(to_abi_error(crate::ServiceError::Internal("no next".into()))) }
-            .into_ffi()
+        async {
+            RResult::RErr(to_abi_error(crate::ServiceError::Internal(
+                "no next".into(),
+            )))
+        }
+        .into_ffi()
     }
     extern "C" fn drop(_: CallbackState) {}
     NextAbi {

@@ -262,7 +262,13 @@ impl Handler for ChildState {
                 } => {
                     let this = Arc::clone(&self);
                     tokio::task::spawn_blocking(move || {
-                        this.init(name, generation, options, previous_state, (memory_limit, cpu_limit))
+                        this.init(
+                            name,
+                            generation,
+                            options,
+                            previous_state,
+                            (memory_limit, cpu_limit),
+                        )
                     })
                     .await
                     .map_err(|e| ServiceError::Internal(format!("init: {e}")))?
@@ -287,9 +293,8 @@ impl Handler for ChildState {
                 Request::Shutdown => {
                     let instance = self.instance.lock_unpoisoned().take();
                     self.hooks.lock_unpoisoned().clear();
-                    match instance {
-                        Some(instance) => instance.shutdown().map_err(instance_error)?,
-                        None => {}
+                    if let Some(instance) = instance {
+                        instance.shutdown().map_err(instance_error)?;
                     }
                     Ok(String::new())
                 }

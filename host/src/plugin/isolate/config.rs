@@ -162,7 +162,10 @@ pub fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSettings,
         match table.remove(key) {
             None => Ok(None),
             Some(toml::Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(format!("`{key}` must be a string, not {}", other.type_str())),
+            Some(other) => Err(format!(
+                "`{key}` must be a string, not {}",
+                other.type_str()
+            )),
         }
     }
     fn duration(table: &mut toml::Table, key: &str) -> Result<Option<Duration>, String> {
@@ -180,9 +183,7 @@ pub fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSettings,
             Some(toml::Value::String(s)) => parse_size(&s)
                 .map(Some)
                 .ok_or_else(|| format!("`{key}` = {s:?} is not a size like \"512M\"")),
-            Some(other) => Err(format!(
-                "`{key}` must be a positive integer, not {other}"
-            )),
+            Some(other) => Err(format!("`{key}` must be a positive integer, not {other}")),
         }
     }
     Ok(IsolationSettings {
@@ -234,7 +235,9 @@ mod tests {
         assert_eq!(settings.call_timeout, Some(Duration::from_secs(2)));
         assert_eq!(table.len(), 1);
         let mut bad: toml::Table = toml::from_str("isolation = \"thread\"\n").unwrap();
-        assert!(take_isolation_keys(&mut bad).unwrap_err().contains("\"none\" or \"process\""));
+        assert!(take_isolation_keys(&mut bad)
+            .unwrap_err()
+            .contains("\"none\" or \"process\""));
     }
 
     #[test]

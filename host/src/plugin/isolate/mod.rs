@@ -32,8 +32,10 @@ mod parent;
 pub(in crate::plugin) mod wire;
 
 pub use child::run_child;
-pub use config::{take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy};
 pub(in crate::plugin) use config::Resolved;
+pub use config::{
+    take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
+};
 pub(in crate::plugin) use parent::{Child, Supervisor};
 pub(in crate::plugin) use wire::HookKind;
 

@@ -117,13 +117,15 @@ impl Link {
     ) -> Result<String> {
         match deadline {
             None => fut.await,
-            Some(deadline) => tokio::time::timeout(deadline, fut).await.unwrap_or_else(|_| {
-                Err(ServiceError::Plugin(format!(
-                    "plugin `{}` did not answer {what} within {}",
-                    self.name(),
-                    humantime::format_duration(deadline)
-                )))
-            }),
+            Some(deadline) => tokio::time::timeout(deadline, fut)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ServiceError::Plugin(format!(
+                        "plugin `{}` did not answer {what} within {}",
+                        self.name(),
+                        humantime::format_duration(deadline)
+                    )))
+                }),
         }
     }
 
@@ -155,7 +157,9 @@ impl super::wire::Handler for Link {
                     let result = match kind {
                         HookKind::Tool => abi::add_tool(ctx, name, callback_abi(link, hook)),
                         HookKind::Agent => abi::register_agent(ctx, name, callback_abi(link, hook)),
-                        HookKind::Subscription => abi::subscribe(ctx, name, callback_abi(link, hook)),
+                        HookKind::Subscription => {
+                            abi::subscribe(ctx, name, callback_abi(link, hook))
+                        }
                         HookKind::Wrapper => abi::wrap_tool(ctx, name, wrapper_abi(link, hook)),
                     };
                     from_abi_unit(result).map(|()| String::new())
@@ -281,7 +285,9 @@ impl Downstream for Remote {
         })?;
         match done {
             Ok(result) => result.map(drop),
-            Err(_) => Err(ServiceError::Plugin("shutdown did not answer in time".into())),
+            Err(_) => Err(ServiceError::Plugin(
+                "shutdown did not answer in time".into(),
+            )),
         }
     }
 
@@ -311,7 +317,11 @@ fn describe(status: std::process::ExitStatus) -> String {
             libc::SIGTRAP => "SIGTRAP",
             _ => "",
         };
-        let core = if status.core_dumped() { ", core dumped" } else { "" };
+        let core = if status.core_dumped() {
+            ", core dumped"
+        } else {
+            ""
+        };
         if name.is_empty() {
             format!("killed by signal {signal}{core}")
         } else {
@@ -328,7 +338,10 @@ fn describe(status: std::process::ExitStatus) -> String {
 impl Child {
     /// Starts `offstage plugin-host` for `path` and has it run the loader
     /// checks and read the manifest.
-    pub(in crate::plugin) fn spawn(host: &PluginHost, path: &Path) -> std::result::Result<Child, LoadError> {
+    pub(in crate::plugin) fn spawn(
+        host: &PluginHost,
+        path: &Path,
+    ) -> std::result::Result<Child, LoadError> {
         let error = |message: String| LoadError::Isolated {
             path: path.to_path_buf(),
             message,
@@ -421,8 +434,14 @@ impl Child {
             link
         });
         for output in [
-            process.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-            process.stderr.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+            process
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+            process
+                .stderr
+                .take()
+                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
         ]
         .into_iter()
         .flatten()
@@ -599,9 +618,10 @@ impl Link {
                 match tokio::time::timeout(timeout, ping).await {
                     Ok(Ok(_)) => {
                         let export = link.peer.call(Request::Export);
-                        if let Ok(Ok(Ok(json))) = tokio::time::timeout(timeout, export).await.map(|r| {
-                            r.map(|json| serde_json::from_str::<Option<String>>(&json))
-                        }) {
+                        if let Ok(Ok(Ok(json))) = tokio::time::timeout(timeout, export)
+                            .await
+                            .map(|r| r.map(|json| serde_json::from_str::<Option<String>>(&json)))
+                        {
                             *link.last_state.lock_unpoisoned() = json;
                         }
                     }
@@ -629,7 +649,9 @@ impl Link {
         }
         let message = self.failure(cause).to_string();
         ctx.fail(message);
-        let Some(inner) = self.host.upgrade() else { return };
+        let Some(inner) = self.host.upgrade() else {
+            return;
+        };
         let host = PluginHost { inner };
         let name = self.name().to_string();
         let settings = self.settings().clone();

@@ -28,7 +28,9 @@ use tokio::{
 };
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
-use crate::{error::Result, plugin::abi::plugin_error, util::BoxFuture, util::LockExt, ServiceError};
+use crate::{
+    error::Result, plugin::abi::plugin_error, util::BoxFuture, util::LockExt, ServiceError,
+};
 
 /// Largest frame either side accepts (a tool's whole output may cross).
 const MAX_FRAME: usize = 256 * 1024 * 1024;
@@ -171,10 +173,20 @@ impl From<WireError> for ServiceError {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "t", rename_all = "snake_case")]
 enum Frame {
-    Call { id: u64, request: Request },
-    Reply { id: u64, result: std::result::Result<String, WireError> },
-    Cancel { id: u64 },
-    Note { note: Note },
+    Call {
+        id: u64,
+        request: Request,
+    },
+    Reply {
+        id: u64,
+        result: std::result::Result<String, WireError>,
+    },
+    Cancel {
+        id: u64,
+    },
+    Note {
+        note: Note,
+    },
 }
 
 /// What a peer does with what the other side sends.
@@ -312,9 +324,9 @@ impl Peer {
                 armed: true,
             };
             let _ = peer.out.send(Frame::Call { id, request });
-            let result = rx.await.unwrap_or_else(|_| {
-                Err(ServiceError::Plugin("the plugin process is gone".into()))
-            });
+            let result = rx
+                .await
+                .unwrap_or_else(|_| Err(ServiceError::Plugin("the plugin process is gone".into())));
             guard.armed = false;
             result
         })

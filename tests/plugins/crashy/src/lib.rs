@@ -42,6 +42,7 @@ extern "C" fn exit_in_constructor() {
 }
 
 #[inline(never)]
+#[allow(unconditional_recursion)] // the point: a stack overflow
 fn recurse(depth: u64) -> u64 {
     let buffer = std::hint::black_box([depth; 512]);
     recurse(depth + 1) + buffer[(depth % 512) as usize]
@@ -91,12 +92,14 @@ impl Plugin for Crashy {
             .and_then(|state| state["count"].as_u64())
             .unwrap_or(0);
         let count = Arc::new(AtomicU64::new(start));
-        ctx.tools()
-            .add(ToolSpec::new("crash", "ends this process"), |call: ToolCall| async move {
+        ctx.tools().add(
+            ToolSpec::new("crash", "ends this process"),
+            |call: ToolCall| async move {
                 let how = call.input["how"].as_str().unwrap_or_default().to_string();
                 crash(&how);
                 Ok(ToolResult::completed(&call, format!("survived {how}")))
-            })?;
+            },
+        )?;
         ctx.tools()
             .wrap("shell", |call: ToolCall, next: Next| async move {
                 if call.input["command"]
@@ -110,18 +113,22 @@ impl Plugin for Crashy {
                 next.run(call).await
             })?;
         let counter = count.clone();
-        ctx.tools()
-            .add(ToolSpec::new("count", "counts calls"), move |call: ToolCall| {
+        ctx.tools().add(
+            ToolSpec::new("count", "counts calls"),
+            move |call: ToolCall| {
                 let counter = counter.clone();
                 async move {
                     let now = counter.fetch_add(1, Ordering::SeqCst) + 1;
                     Ok(ToolResult::completed(&call, now.to_string()))
                 }
-            })?;
-        ctx.tools()
-            .add(ToolSpec::new("pid", "the process id"), |call: ToolCall| async move {
+            },
+        )?;
+        ctx.tools().add(
+            ToolSpec::new("pid", "the process id"),
+            |call: ToolCall| async move {
                 Ok(ToolResult::completed(&call, std::process::id().to_string()))
-            })?;
+            },
+        )?;
         Ok(Crashy { count })
     }
 
