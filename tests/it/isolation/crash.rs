@@ -123,6 +123,22 @@ async fn an_exit_fails_the_call_and_the_plugin_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocation_past_the_memory_limit_ends_only_the_child() {
+    let host = crashy_fixture(IsolationSettings {
+        memory_limit: Some(2 << 30),
+        restart: Some(offstage::plugin::RestartPolicy::Never),
+        ..Default::default()
+    })
+    .start();
+    host.assert_loaded("crashy");
+    let message = outcome(host.call("crash", json!({ "how": "allocate" })).await);
+    assert!(message.contains("memory allocation"), "{message}");
+    assert!(message.contains("SIGABRT"), "{message}");
+    host.assert_hello_works().await;
+    host.plugins.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_in_flight_fails_at_once_when_the_process_dies() {
     let host = crashy_fixture(IsolationSettings::default()).start();
     host.assert_loaded("crashy");

@@ -7,7 +7,8 @@
 //! - `stack`: unbounded recursion (stack overflow);
 //! - `exit`: `std::process::exit(3)`;
 //! - `spin`: a synchronous loop that never returns (one thread stuck);
-//! - `stop`: stops its own process (`SIGSTOP`): nothing answers any more.
+//! - `stop`: stops its own process (`SIGSTOP`): nothing answers any more;
+//! - `allocate`: allocates and touches 8 GiB (past a `memory_limit`).
 //!
 //! It also wraps `shell`: a command containing `crashy:abort` aborts the
 //! process inside the wrapper, before the command runs.
@@ -70,6 +71,13 @@ fn crash(how: &str) {
             std::hint::spin_loop();
             std::thread::sleep(std::time::Duration::from_millis(5));
         },
+        "allocate" => {
+            let mut big = vec![0u8; 8 << 30];
+            for page in big.iter_mut().step_by(4096) {
+                *page = 1;
+            }
+            std::hint::black_box(&big);
+        }
         "stop" => {
             // SAFETY: a plain system call.
             unsafe { libc::raise(libc::SIGSTOP) };
