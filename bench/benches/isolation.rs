@@ -216,7 +216,10 @@ async fn bare_round_trip(request: &[u8], reply: &[u8], n: u64) -> f64 {
 const FACES: [(&str, &str); 3] = [
     ("async", "async face (`get().await`)"),
     ("blocking", "blocking face, plugin's own thread"),
-    ("blocking-inline", "blocking face, inside a host-polled future"),
+    (
+        "blocking-inline",
+        "blocking face, inside a host-polled future",
+    ),
 ];
 
 fn main() {
