@@ -260,24 +260,12 @@ async fn state_is_handed_to_the_next_process_on_reload() {
     assert_ne!(after.pid, before.pid);
     assert_eq!(host.call("count", json!({})).await.unwrap().output, "3");
     // The old process is ended once drained.
-    let old = before.pid.unwrap() as i32;
+    let old = before.pid.unwrap();
     poll_every("old process gone", Duration::from_millis(20), async || {
-        // SAFETY: signal 0 only checks that the process exists.
-        let alive = unsafe { libc::kill(old, 0) } == 0;
-        (!alive || zombie(old)).then_some(())
+        (!offstage_tests::proc::pid_alive(old)).then_some(())
     })
     .await;
     host.plugins.shutdown();
-}
-
-fn zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|stat| {
-            stat.split(") ")
-                .nth(1)
-                .is_some_and(|rest| rest.starts_with('Z'))
-        })
-        .unwrap_or(true)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,5 +322,32 @@ async fn a_job_whose_wrapper_dies_ends_with_the_failure_and_the_tool_runs_unwrap
     let result = host.service.call_tool(&session, request).await.unwrap();
     assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
     assert_eq!(result.output, "unwrapped\n");
+    host.plugins.shutdown();
+}
+
+/// An unwinding panic, contained by the plugin-api in the child, fails the
+/// plugin as it does in process, and its process is ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contained_panic_fails_the_plugin_and_ends_its_process() {
+    let fixture =
+        Fixture::with_mode(Isolation::Process).options("faulty", json!({ "mode": "panic-hook" }));
+    fixture.install("offstage-test-faulty");
+    let host = fixture.start();
+    host.assert_loaded("faulty");
+    let pid = host.plugins.get("faulty").unwrap().pid.unwrap();
+    let result = host.call("faulty_panic", json!({})).await.unwrap();
+    assert_eq!(result.status, ToolStatus::Error, "{result:?}");
+    assert!(
+        result.output.contains("deliberate panic in a future"),
+        "{result:?}"
+    );
+    let info = host.plugins.get("faulty").unwrap();
+    assert_eq!(info.status, PluginStatus::Failed, "{info:#?}");
+    poll_every(
+        "the panicked plugin's process ends",
+        Duration::from_millis(20),
+        async || (!offstage_tests::proc::pid_alive(pid)).then_some(()),
+    )
+    .await;
     host.plugins.shutdown();
 }

@@ -129,6 +129,18 @@ impl Link {
         }
     }
 
+    /// A panic of the plugin's own (contained in the child) fails the
+    /// plugin as in process (the host's adapter does that); its process is
+    /// of no further use and is ended. Not restarted: as in process, a
+    /// reload brings the plugin back.
+    fn end_if_panicked(&self, result: Result<String>) -> Result<String> {
+        if let Err(ServiceError::PluginPanic { plugin: None, .. }) = &result {
+            self.ending.store(true, Ordering::Release);
+            self.kill();
+        }
+        result
+    }
+
     fn settings(&self) -> &Resolved {
         self.settings.get().expect("settings are set before init")
     }
@@ -230,7 +242,7 @@ impl Downstream for Remote {
                 _ => (link.settings().call_timeout, "a tool call"),
             };
             let call = link.peer.call(Request::Invoke { hook, input });
-            link.with_deadline(deadline, what, call).await
+            link.end_if_panicked(link.with_deadline(deadline, what, call).await)
         })
     }
 
@@ -246,7 +258,7 @@ impl Downstream for Remote {
                 next: id,
             });
             let deadline = link.settings().call_timeout;
-            link.with_deadline(deadline, "a tool wrapper", call).await
+            link.end_if_panicked(link.with_deadline(deadline, "a tool wrapper", call).await)
         })
     }
 
