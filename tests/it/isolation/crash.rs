@@ -351,3 +351,33 @@ async fn a_contained_panic_fails_the_plugin_and_ends_its_process() {
     .await;
     host.plugins.shutdown();
 }
+
+/// The child never gains privileges, and its limits are set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_child_runs_without_new_privileges_and_with_its_limits() {
+    let host = crashy_fixture(IsolationSettings {
+        memory_limit: Some(4 << 30),
+        cpu_limit: Some(3600),
+        ..Default::default()
+    })
+    .start();
+    host.assert_loaded("crashy");
+    let pid = host.plugins.get("crashy").unwrap().pid.unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{status}");
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = |name: &str| {
+        limits
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing: {limits}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        line("Max address space").contains(&"4294967296"),
+        "{limits}"
+    );
+    assert!(line("Max cpu time").contains(&"3600"), "{limits}");
+    host.plugins.shutdown();
+}
