@@ -392,14 +392,14 @@ impl Child {
                 } else if libc::dup2(their_fd, 3) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // The child never gains privileges (setuid, file caps) and
-                // dies with the host.
+                // The child never gains privileges (setuid, file caps).
+                // (Not PR_SET_PDEATHSIG: it fires when the *thread* that
+                // forked ends, and loads run on pool threads. The child
+                // leaves when its channel closes, which the host's death
+                // does too.)
                 #[cfg(target_os = "linux")]
-                {
-                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
