@@ -3,6 +3,11 @@
 //!
 //! ```text
 //! cargo bench -p offstage-bench --bench isolation
+//! # or, reusing the bench's release dependencies:
+//! cargo build --release -p offstage --bin offstage -p offstage-test-racer
+//! OFFSTAGE_BENCH_EXE=target/release/offstage \
+//!   OFFSTAGE_BENCH_RACER=target/release/liboffstage_test_racer.so \
+//!   cargo bench -p offstage-bench --bench isolation
 //! ```
 //!
 //! - `get` through each face of the racer plugin: in process, isolated, and
@@ -58,7 +63,18 @@ fn build(args: &[&str]) {
     assert!(status.success(), "cargo build {args:?} failed");
 }
 
+/// `OFFSTAGE_BENCH_RACER` / `OFFSTAGE_BENCH_EXE` name prebuilt release
+/// files (e.g. `cargo build --release -p offstage --bin offstage -p
+/// offstage-test-racer` into the workspace target, sharing the bench's
+/// dependencies); otherwise they are built into `target/bench-plugins`.
+fn prebuilt(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var).map(PathBuf::from)
+}
+
 fn racer_plugin() -> PathBuf {
+    if let Some(path) = prebuilt("OFFSTAGE_BENCH_RACER") {
+        return path;
+    }
     build(&["-p", "offstage-test-racer"]);
     let name = format!(
         "{}offstage_test_racer{}",
@@ -71,6 +87,9 @@ fn racer_plugin() -> PathBuf {
 }
 
 fn offstage_binary() -> PathBuf {
+    if let Some(path) = prebuilt("OFFSTAGE_BENCH_EXE") {
+        return path;
+    }
     build(&["-p", "offstage", "--bin", "offstage"]);
     workspace_root().join("target/bench-plugins/release/offstage")
 }
