@@ -22,9 +22,15 @@
 //! history = 4096                # events kept for replay and slow readers
 //! history_bytes = 16777216      # and at most this many bytes of them
 //!
-//! [plugin.auto-background]      # keys but `enabled` and `grant` are options
-//! grant = ["session.background"]
+//! [plugins]
+//! isolation = "none"            # none (default) | process: each plugin in a child
+//!
+//! [plugin.auto-background]      # keys but `enabled`, `grant` and the
+//! grant = ["session.background"] # isolation keys are options
 //! after_ms = 5000
+//! isolation = "process"         # and restart, max_restarts, restart_window,
+//!                               # call_timeout, event_timeout, ping_interval,
+//!                               # ping_timeout, memory_limit, cpu_limit
 //!
 //! [[permission]]
 //! tool = "shell"
@@ -53,7 +59,12 @@ use std::{
 use serde::{de, Deserialize, Deserializer};
 use serde_json::Value;
 
-use crate::{event::HistoryLimits, permission::Rule, store::Durability};
+use crate::{
+    event::HistoryLimits,
+    permission::Rule,
+    plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
+    store::Durability,
+};
 
 /// Where the host listens when nothing else is said: loopback only.
 pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:4545";
@@ -88,8 +99,11 @@ pub struct FileConfig {
     /// `allow_insecure_plugins`: load plugin files others can write.
     pub allow_insecure_plugins: Option<bool>,
     #[serde(default)]
-    /// `[plugin.NAME]` tables: grants, `enabled` and the plugin's options.
+    /// `[plugin.NAME]` tables: grants, `enabled`, isolation and the plugin's options.
     pub plugin: BTreeMap<String, PluginTable>,
+    #[serde(default)]
+    /// `[plugins]`: isolation settings for every plugin.
+    pub plugins: PluginsTable,
     #[serde(default)]
     /// `[[permission]]` rules, checked in order, last match wins.
     pub permission: Vec<Rule>,
@@ -232,9 +246,31 @@ pub struct StoreTable {
     pub durability: Option<Durability>,
 }
 
+/// The `[plugins]` table: isolation settings for every plugin.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PluginsTable {
+    /// `isolation`, `restart`, ... (see [`crate::plugin::take_isolation_keys`]).
+    pub isolation: IsolationSettings,
+}
+
+impl<'de> Deserialize<'de> for PluginsTable {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let isolation = take_isolation_keys(&mut table).map_err(de::Error::custom)?;
+        if let Some(key) = table.keys().next() {
+            return Err(de::Error::custom(format!(
+                "unknown key `{key}` in [plugins] (plugin options go in [plugin.NAME])"
+            )));
+        }
+        Ok(PluginsTable { isolation })
+    }
+}
+
 /// One `[plugin.NAME]` table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PluginTable {
+    /// `isolation = "process"` and the other isolation keys.
+    pub isolation: IsolationSettings,
     /// `enabled = false` keeps the plugin from loading.
     pub enabled: bool,
     /// `grant = [..]`: the capabilities given; all it asks for when absent.
@@ -277,6 +313,7 @@ impl<'de> Deserialize<'de> for PluginTable {
                 )))
             }
         };
+        let isolation = take_isolation_keys(&mut table).map_err(de::Error::custom)?;
         let options = Value::Object(
             table
                 .into_iter()
@@ -284,6 +321,7 @@ impl<'de> Deserialize<'de> for PluginTable {
                 .collect(),
         );
         Ok(PluginTable {
+            isolation,
             enabled,
             grant,
             options,
@@ -365,6 +403,8 @@ pub(crate) struct ServeConfig {
     pub plugin_dirs: Vec<PathBuf>,
     pub allow_insecure_plugins: bool,
     pub plugins: BTreeMap<String, PluginTable>,
+    /// `[plugins]` and each `[plugin.NAME]`'s isolation keys.
+    pub isolation: IsolationConfig,
     pub permissions: Vec<Rule>,
     /// `[store] durability`.
     pub durability: Durability,
@@ -445,6 +485,15 @@ impl ServeConfig {
             plugin_dirs,
             allow_insecure_plugins: overrides.allow_insecure_plugins
                 || file.allow_insecure_plugins.unwrap_or(false),
+            isolation: IsolationConfig {
+                defaults: file.plugins.isolation,
+                plugins: file
+                    .plugin
+                    .iter()
+                    .map(|(name, table)| (name.clone(), table.isolation.clone()))
+                    .collect(),
+                child_exe: None,
+            },
             plugins: file.plugin,
             permissions: file.permission,
             durability: file.store.durability.unwrap_or_default(),

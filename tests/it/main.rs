@@ -37,7 +37,7 @@ mod attach;
 /// session domain as a plugin sees it, compatibility across API releases.
 mod loader {
     mod compat;
-    mod domain;
+    pub(crate) mod domain;
     mod failures;
     mod load;
 }
@@ -90,6 +90,13 @@ mod reliability {
     mod corpus;
     mod fuzz_regressions;
     mod soak;
+}
+
+/// Plugins out of process (`isolation = "process"`): processes that crash
+/// or hang, restarts, state handoff, and the plugin-domain suite isolated.
+mod isolation {
+    mod crash;
+    mod domain;
 }
 
 /// `docs/plugins.md` and `templates/plugin`, followed literally.

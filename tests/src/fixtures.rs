@@ -48,6 +48,7 @@ pub const PLUGINS: &[&str] = &[
     "offstage-auto-background",
     "offstage-check-agent",
     "offstage-test-bad-abi",
+    "offstage-test-crashy",
     "offstage-test-domain",
     "offstage-test-faulty",
     "offstage-test-hang",

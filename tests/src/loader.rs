@@ -8,7 +8,10 @@ use std::{
 };
 
 use offstage::{
-    plugin::{PluginHost, PluginInfo, PluginSettings, PluginStatus},
+    plugin::{
+        Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginInfo,
+        PluginSettings, PluginStatus,
+    },
     SessionService,
 };
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolResult};
@@ -31,6 +34,8 @@ pub struct Fixture {
     pub settings: BTreeMap<String, PluginSettings>,
     /// Load files others can write (tests copy into temp dirs).
     pub allow_insecure_permissions: bool,
+    /// Which plugins run in a child process (none by default).
+    pub isolation: IsolationConfig,
 }
 
 /// A loaded host.
@@ -66,7 +71,28 @@ impl Fixture {
             data_dir,
             settings: BTreeMap::new(),
             allow_insecure_permissions: false,
+            isolation: IsolationConfig::default(),
         }
+    }
+
+    /// A fixture whose plugins run as `mode` says: every plugin in a child
+    /// process of its own (the `offstage` binary) with
+    /// [`Isolation::Process`], in the host with [`Isolation::None`].
+    pub fn with_mode(mode: Isolation) -> Fixture {
+        Fixture::new().isolation(mode, IsolationSettings::default())
+    }
+
+    /// Sets `[plugins]` isolation: `mode` for every plugin, with `settings`
+    /// (its `mode` is overridden).
+    pub fn isolation(mut self, mode: Isolation, settings: IsolationSettings) -> Fixture {
+        self.isolation.defaults = IsolationSettings {
+            mode: Some(mode),
+            ..settings
+        };
+        if mode == Isolation::Process {
+            self.isolation.child_exe = Some(crate::fixtures::offstage_binary());
+        }
+        self
     }
 
     /// Installs the cdylib of workspace package `package` under its own
@@ -115,12 +141,15 @@ impl Fixture {
     /// inside a multi-thread tokio runtime.
     pub fn start(self) -> Host {
         let service = crate::host::service(self.data_dir.clone(), vec![]);
-        let plugins = crate::host::plugin_host(
-            &service,
-            self.plugin_dir.clone(),
-            self.data_dir.clone(),
-            self.settings.clone(),
-            self.allow_insecure_permissions,
+        let plugins = PluginHost::with_isolation(
+            service.clone(),
+            PluginHostConfig {
+                dirs: vec![self.plugin_dir.clone()],
+                data_dir: self.data_dir.clone(),
+                allow_insecure_permissions: self.allow_insecure_permissions,
+                settings: self.settings.clone(),
+            },
+            self.isolation.clone(),
         );
         let loaded = plugins.load_all();
         Host {

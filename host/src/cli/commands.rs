@@ -305,6 +305,7 @@ pub(super) fn plugin_check(
     config: Option<&Path>,
     allow_insecure: bool,
     json: bool,
+    isolation: &str,
 ) -> ExitCode {
     // The answer is the report below; the loader's own log of the same
     // failure would only repeat it.
@@ -312,6 +313,7 @@ pub(super) fn plugin_check(
     let mut options = crate::plugin::CheckOptions {
         allow_insecure_permissions: allow_insecure,
         settings: Default::default(),
+        isolation: isolation.parse().unwrap_or_default(),
     };
     if let Some(config) = config {
         match crate::config::FileConfig::load(config) {
@@ -359,6 +361,10 @@ pub(super) fn plugin_check(
             };
             println!("capabilities: {capabilities}");
             println!("description:  {}", info.description);
+            match info.pid {
+                Some(pid) => println!("isolation:    process (pid {pid})"),
+                None => println!("isolation:    none"),
+            }
             println!("file:         {}", file.display());
             println!("file and ABI: ok");
             println!(

@@ -40,6 +40,19 @@ pub(crate) enum Command {
     /// Run the background scenario end to end in a temporary data dir with
     /// the example plugins, printing a transcript.
     Demo,
+    /// Runs one isolated plugin for a host that started this process
+    /// (internal: the host passes the channel as fd 3).
+    #[command(hide = true, name = "plugin-host")]
+    PluginHost {
+        /// The plugin file.
+        file: PathBuf,
+        /// The host's data dir.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Load files others can write.
+        #[arg(long)]
+        allow_insecure: bool,
+    },
     /// Work with plugin files.
     Plugin {
         #[command(subcommand)]
@@ -132,6 +145,10 @@ pub(crate) enum PluginCommand {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+        /// Load it in this process (`none`) or in a child process of its
+        /// own (`process`), as the host config's `isolation` would.
+        #[arg(long, default_value = "none", value_parser = ["none", "process"])]
+        isolation: String,
     },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
@@ -232,6 +249,11 @@ pub fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args, None),
         Command::Dev { serve, watch_src } => serve::run(serve, Some(watch_src)),
         Command::Demo => crate::demo::run(),
+        Command::PluginHost {
+            file,
+            data_dir,
+            allow_insecure,
+        } => crate::plugin::run_child(file, data_dir, allow_insecure),
         Command::Plugin {
             command:
                 PluginCommand::Check {
@@ -239,8 +261,9 @@ pub fn main() -> ExitCode {
                     config,
                     allow_insecure,
                     json,
+                    isolation,
                 },
-        } => commands::plugin_check(&file, config.as_deref(), allow_insecure, json),
+        } => commands::plugin_check(&file, config.as_deref(), allow_insecure, json, &isolation),
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),

@@ -109,7 +109,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // (After the store opened, so a refused start stays one line.)
     crate::session::jobs::tree::init();
     let settings = plugin_settings(&config.plugins);
-    let plugins = PluginHost::new(
+    let plugins = PluginHost::with_isolation(
         service.clone(),
         PluginHostConfig {
             dirs: config.plugin_dirs.clone(),
@@ -117,6 +117,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             allow_insecure_permissions: config.allow_insecure_plugins,
             settings,
         },
+        config.isolation.clone(),
     );
     // Loading is synchronous work (file checks, dlopen, `init`). The
     // loader logs each outcome once; here they are only counted.

@@ -79,6 +79,8 @@ mod tests {
             capabilities: vec![],
             description: String::new(),
             api_version: "1.1.0".into(),
+            isolation: crate::plugin::Isolation::Process,
+            pid: Some(1),
         };
         let real: BTreeSet<String> = serde_json::to_value(info)
             .unwrap()

@@ -23,6 +23,9 @@ pub struct CheckOptions {
     /// Per-plugin settings (grants, options) by plugin name, as a host
     /// config's `[plugin.NAME]` tables give them; none by default.
     pub settings: BTreeMap<String, PluginSettings>,
+    /// Where to run it: in this process, or in a child process as
+    /// `isolation = "process"` would (the `offstage` binary running this).
+    pub isolation: super::Isolation,
 }
 
 /// What [`check_file_with`] found.
@@ -83,13 +86,20 @@ fn check_inner(path: &Path, options: CheckOptions) -> Result<CheckReport, LoadEr
             data_dir: temp.path().join("data"),
             permissions: Vec::new(),
         });
-        let host = PluginHost::new(
+        let host = PluginHost::with_isolation(
             service,
             PluginHostConfig {
                 dirs: Vec::new(),
                 data_dir: temp.path().to_path_buf(),
                 allow_insecure_permissions: options.allow_insecure_permissions,
                 settings: options.settings.clone(),
+            },
+            super::IsolationConfig {
+                defaults: super::IsolationSettings {
+                    mode: Some(options.isolation),
+                    ..Default::default()
+                },
+                ..Default::default()
             },
         );
         let (plugin, error) = host.load_recorded(path);

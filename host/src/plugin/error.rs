@@ -246,6 +246,15 @@ pub enum LoadError {
         found: String,
     },
 
+    /// An isolated plugin's process refused, failed or died while it
+    /// opened or started the plugin (`isolation = "process"`).
+    #[error("{}: plugin process: {message}", path.display())]
+    Isolated {
+        /// The plugin file.
+        path: PathBuf,
+        /// What the process reported, or how it ended.
+        message: String,
+    },
     /// A reload named a plugin the host has never seen.
     #[error("no plugin named `{name}`")]
     Unknown {
@@ -307,6 +316,7 @@ impl LoadError {
             | LoadError::InitPanic { path, .. }
             | LoadError::InitError { path, .. }
             | LoadError::Host { path, .. }
+            | LoadError::Isolated { path, .. }
             | LoadError::NameChanged { path, .. } => path,
             LoadError::Unknown { .. } => std::path::Path::new(""),
         }

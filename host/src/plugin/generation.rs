@@ -14,7 +14,7 @@ use std::{
     collections::BTreeSet,
     sync::{
         atomic::{AtomicBool, AtomicUsize, Ordering},
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
     },
     time::Duration,
 };
@@ -28,6 +28,7 @@ use tokio::{
 use super::{
     abi::{Callback, Instance, InstanceError},
     error::one_line,
+    isolate::Upstream,
 };
 use crate::{
     agent::Agent,
@@ -70,6 +71,9 @@ pub(crate) struct GenerationState {
     /// The plugin's own data dir (`Context::data_dir`), made on first use.
     pub(super) data_dir: std::path::PathBuf,
     on_failure: Arc<dyn Fn(String) + Send + Sync>,
+    /// Set in an isolated plugin's process: session calls, registrations
+    /// and logs go to the host over the channel (`plugin/isolate/`).
+    pub(super) upstream: OnceLock<Arc<dyn Upstream>>,
     failed: AtomicBool,
     subscriptions: Mutex<Vec<Subscription>>,
     /// Registrations made during `init`, until [`commit`] applies them or
@@ -163,6 +167,7 @@ pub(super) fn new_state(
         previous_state,
         data_dir,
         on_failure,
+        upstream: OnceLock::new(),
         failed: AtomicBool::new(false),
         subscriptions: Mutex::new(Vec::new()),
         staged: Mutex::new(Some(Vec::new())),
@@ -308,7 +313,7 @@ impl GenerationState {
 
     /// Marks the plugin failed (once): its hooks are unregistered so the
     /// host goes on without it, and the loader's registry records why.
-    fn fail(&self, message: String) {
+    pub(super) fn fail(&self, message: String) {
         if self.failed.swap(true, Ordering::AcqRel) {
             return;
         }

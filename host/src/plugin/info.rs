@@ -47,6 +47,10 @@ pub struct PluginInfo {
     pub description: String,
     /// The `offstage-plugin-api` version it was built against.
     pub api_version: String,
+    /// Where its code runs: `none` (in the host) or `process`.
+    pub isolation: super::Isolation,
+    /// The process id of its child process, when isolated and loaded.
+    pub pid: Option<u32>,
 }
 
 pub(super) fn info_from(
@@ -66,6 +70,8 @@ pub(super) fn info_from(
         capabilities,
         description: manifest.description.clone(),
         api_version: manifest.api_version.clone(),
+        isolation: super::Isolation::None,
+        pid: None,
     }
 }
 
@@ -88,6 +94,8 @@ pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
             capabilities: Vec::new(),
             description: String::new(),
             api_version: String::new(),
+            isolation: super::Isolation::None,
+            pid: None,
         },
     };
     info.error = Some(failure.error.to_string());

@@ -27,18 +27,26 @@ use super::{
     file,
     generation::{commit, new_state, retire, Generation, GenerationState, Start, Subscriptions},
     info::{failed_info, info_from},
-    LoadError, PluginHost, PluginInfo, PluginStatus,
+    isolate, LoadError, PluginHost, PluginInfo, PluginStatus,
 };
 use crate::{tool::Owner, util::LockExt};
 
 /// What was learnt about a file before `init`: enough to start it.
 pub(super) struct CheckedLibrary {
     pub(super) runtime: Handle,
-    pub(super) module: PluginModuleRef,
+    pub(super) module: Opened,
     pub(super) manifest: ManifestInfo,
     pub(super) settings: PluginSettings,
     /// Length and hash of the bytes loaded.
     pub(super) content: file::Content,
+}
+
+/// Where the library was opened.
+pub(super) enum Opened {
+    /// In this process.
+    Local(PluginModuleRef),
+    /// In a child process of its own (`isolation = "process"`).
+    Isolated(isolate::Child),
 }
 
 /// Distinguishes private copies made by this process.
@@ -150,6 +158,9 @@ impl PluginHost {
             path: path.to_path_buf(),
             message: "plugins must be loaded inside a tokio runtime".into(),
         })?;
+        if let Some(opened) = self.open_isolated(path, &runtime)? {
+            return Ok(opened);
+        }
         if !config.allow_insecure_permissions {
             file::check_permissions(path)?;
         }
@@ -201,7 +212,8 @@ impl PluginHost {
         }
         let module = opened?;
         let manifest = abi::manifest(path, module)?;
-        if manifest.panic_abort {
+        // In an isolated plugin's process an abort ends only that process.
+        if manifest.panic_abort && !self.inner.in_child {
             return Err(LoadFailure {
                 error: LoadError::PanicAbort {
                     path: path.to_path_buf(),
@@ -219,11 +231,58 @@ impl PluginHost {
         check_capabilities(path, &manifest, &settings)?;
         Ok(CheckedLibrary {
             runtime,
-            module,
+            module: Opened::Local(module),
             manifest,
             settings,
             content,
         })
+    }
+
+    /// Steps 1–5 in a child process, when the plugin runs isolated
+    /// (`plugin/isolate/`). `None`: it runs here. With isolation chosen
+    /// by name only, the child is also how the name is learnt without
+    /// running the file's code in the host; a plugin that turns out not to
+    /// be isolated is then opened again here.
+    fn open_isolated(
+        &self,
+        path: &Path,
+        runtime: &Handle,
+    ) -> Result<Option<CheckedLibrary>, LoadFailure> {
+        let isolation = &self.inner.isolation;
+        if self.inner.in_child
+            || (isolation.default_mode() == isolate::Isolation::None && !isolation.any_by_name())
+        {
+            return Ok(None);
+        }
+        let child = isolate::Child::spawn(self, path)?;
+        if isolation.resolve(&child.manifest.name).mode != isolate::Isolation::Process {
+            return Ok(None);
+        }
+        let manifest = child.manifest.clone();
+        let settings = self
+            .inner
+            .config
+            .settings
+            .get(&manifest.name)
+            .cloned()
+            .unwrap_or_default();
+        // Grants are the host's to check, as in process.
+        check_capabilities(path, &manifest, &settings)?;
+        // What the child loaded, for telling copies apart (the file was
+        // checked there; here it is only read).
+        let content = std::fs::File::open(path)
+            .and_then(|mut file| file::content_of(&mut file))
+            .map_err(|e| LoadError::Io {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        Ok(Some(CheckedLibrary {
+            runtime: runtime.clone(),
+            module: Opened::Isolated(child),
+            manifest,
+            settings,
+            content,
+        }))
     }
 
     /// Steps 6–7: `init` as a new generation (handing it `previous_state`),
@@ -263,6 +322,7 @@ impl PluginHost {
             name: manifest.name.clone(),
             generation,
         };
+        let (options_json, handed_state) = (options.to_string(), previous_state.clone());
         let ctx = new_state(
             self.inner.service.clone(),
             runtime.clone(),
@@ -276,9 +336,16 @@ impl PluginHost {
             },
         );
         let handle = abi::host_handle(&ctx);
-        let initialised = {
-            let _runtime = runtime.enter();
-            abi::init(path, &manifest.name, module, handle)
+        let mut pid = None;
+        let initialised = match module {
+            Opened::Local(module) => {
+                let _runtime = runtime.enter();
+                abi::init(path, &manifest.name, module, handle)
+            }
+            Opened::Isolated(child) => {
+                pid = Some(child.pid());
+                child.init(path, &ctx, handle.ctx, options_json, handed_state)
+            }
         };
         let instance = match initialised {
             Ok(instance) => instance,
@@ -315,13 +382,17 @@ impl PluginHost {
                 message: format!("cannot register what the plugin added: {error}"),
             }));
         }
-        let info = info_from(
+        let mut info = info_from(
             path,
             &manifest,
             generation,
             PluginStatus::Loaded,
             grants.into_iter().collect(),
         );
+        if pid.is_some() {
+            info.isolation = isolate::Isolation::Process;
+            info.pid = pid;
+        }
         Ok((info, live))
     }
 

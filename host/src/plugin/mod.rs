@@ -88,6 +88,7 @@ mod error;
 mod file;
 mod generation;
 mod info;
+mod isolate;
 mod load;
 mod registry;
 mod reload;
@@ -102,10 +103,13 @@ pub use check::{check_file, check_file_with, CheckOptions, CheckReport};
 pub use config::{PluginHostConfig, PluginSettings};
 pub use error::{LoadError, LoadStage};
 pub use info::{PluginInfo, PluginStatus};
+pub use isolate::{
+    run_child, take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
+};
 
 use crate::{session::SessionService, util::LockExt};
 use generation::{Generation, Subscriptions};
-use load::plugin_files;
+use load::{plugin_files, Opened};
 use registry::State;
 
 /// Loads plugins and keeps track of them. Cheap to clone.
@@ -122,17 +126,50 @@ struct Inner {
     /// that follows it cannot interleave with another load. Never held by
     /// anything a plugin can call back into.
     loading: Mutex<()>,
+    /// Which plugins run in a child process, and how (`isolate/`).
+    isolation: IsolationConfig,
+    /// Restarts of isolated plugins, held to their policy.
+    supervisor: isolate::Supervisor,
+    /// This host is an isolated plugin's process: it opens here.
+    in_child: bool,
 }
 
 impl PluginHost {
     /// A plugin host for `service`. Loads nothing yet.
     pub fn new(service: SessionService, config: PluginHostConfig) -> Self {
+        Self::with_isolation(service, config, IsolationConfig::default())
+    }
+
+    /// [`new`](Self::new), with plugins run in child processes as
+    /// `isolation` says (`[plugins]` and `[plugin.NAME] isolation`).
+    pub fn with_isolation(
+        service: SessionService,
+        config: PluginHostConfig,
+        isolation: IsolationConfig,
+    ) -> Self {
+        Self::build(service, config, isolation, false)
+    }
+
+    /// The host inside an isolated plugin's process.
+    fn for_child(service: SessionService, config: PluginHostConfig) -> Self {
+        Self::build(service, config, IsolationConfig::default(), true)
+    }
+
+    fn build(
+        service: SessionService,
+        config: PluginHostConfig,
+        isolation: IsolationConfig,
+        in_child: bool,
+    ) -> Self {
         PluginHost {
             inner: Arc::new(Inner {
                 service,
                 config,
                 state: Mutex::new(State::default()),
                 loading: Mutex::new(()),
+                isolation,
+                supervisor: isolate::Supervisor::default(),
+                in_child,
             }),
         }
     }

@@ -5,13 +5,13 @@
 //! inside a future the host is polling. Each walk is bounded by a timeout,
 //! so a deadlock fails the test instead of hanging it.
 
-use offstage::ServiceError;
-use offstage_plugin_api::types::{JobStatus, NewSession, Role};
+use offstage::{plugin::Isolation, ServiceError};
+use offstage_plugin_api::types::JobStatus;
 use offstage_tests::loader::*;
 use serde_json::{json, Value};
 
-async fn domain_host() -> Host {
-    let fixture = Fixture::new();
+pub(crate) async fn domain_host(mode: Isolation) -> Host {
+    let fixture = Fixture::with_mode(mode);
     fixture.install("offstage-test-domain");
     fixture.install("offstage-test-hello");
     let host = fixture.start();
@@ -21,8 +21,8 @@ async fn domain_host() -> Host {
 
 /// Runs the plugin's `tour` tool with `face` and checks its report against
 /// the host's own view of the same sessions and jobs.
-async fn tour(face: &str) {
-    let host = domain_host().await;
+pub(crate) async fn tour(face: &str, mode: Isolation) {
+    let host = domain_host(mode).await;
     let result = host.call("tour", json!({ "face": face })).await.unwrap();
     let report: Value =
         serde_json::from_str(&result.output).unwrap_or_else(|e| panic!("{e}: {}", result.output));
@@ -137,59 +137,68 @@ async fn tour(face: &str) {
     host.assert_hello_works().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn async_face_of_every_method() {
-    tour("async").await;
-}
+/// The suite, for plugins run as `$mode` says: in process here, in a
+/// child process in `isolation::domain` (the same tests, not a copy).
+macro_rules! domain_suite {
+    ($mode:expr) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn async_face_of_every_method() {
+            $crate::loader::domain::tour("async", $mode).await;
+        }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocking_face_from_a_plugin_thread() {
-    tour("thread").await;
-}
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn blocking_face_from_a_plugin_thread() {
+            $crate::loader::domain::tour("thread", $mode).await;
+        }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn blocking_face_inside_a_hook_future_does_not_deadlock() {
-    tour("inline").await;
-}
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn blocking_face_inside_a_hook_future_does_not_deadlock() {
+            $crate::loader::domain::tour("inline", $mode).await;
+        }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn all_faces_at_once_on_a_small_runtime() {
-    // Three walks in parallel on two workers: the blocking ones park
-    // workers while the async one needs them to make progress.
-    let host = domain_host().await;
-    let (a, b, c) = tokio::join!(
-        host.call("tour", json!({ "face": "async" })),
-        host.call("tour", json!({ "face": "thread" })),
-        host.call("tour", json!({ "face": "inline" })),
-    );
-    for result in [a, b, c] {
-        let report: Value = serde_json::from_str(&result.unwrap().output).unwrap();
-        assert_eq!(report["sleep_status"], "backgrounded", "{report}");
-        assert_eq!(report["after_remove"], "NotFound");
-    }
-}
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn all_faces_at_once_on_a_small_runtime() {
+            // Three walks in parallel on two workers: the blocking ones park
+            // workers while the async one needs them to make progress.
+            let host = $crate::loader::domain::domain_host($mode).await;
+            let (a, b, c) = tokio::join!(
+                host.call("tour", ::serde_json::json!({ "face": "async" })),
+                host.call("tour", ::serde_json::json!({ "face": "thread" })),
+                host.call("tour", ::serde_json::json!({ "face": "inline" })),
+            );
+            for result in [a, b, c] {
+                let report: ::serde_json::Value = serde_json::from_str(&result.unwrap().output).unwrap();
+                assert_eq!(report["sleep_status"], "backgrounded", "{report}");
+                assert_eq!(report["after_remove"], "NotFound");
+            }
+        }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_agent_runs_turns_driven_by_the_host() {
-    let host = domain_host().await;
-    let session = host
-        .service
-        .create(NewSession {
-            title: Some("driven".into()),
-            agent: Some("domain-echo".into()),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let added = tokio::time::timeout(PATIENCE, host.service.prompt(&session.id, "hi there", None))
-        .await
-        .expect("the agent's turn ended")
-        .unwrap();
-    let reply = added
-        .iter()
-        .find(|m| m.role == Role::Assistant)
-        .expect("a reply");
-    // The agent read the session (blocking face) and its messages (async
-    // face): one user message so far, in the session titled "driven".
-    assert_eq!(reply.text, "echo: hi there (1 messages in driven)");
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_plugin_agent_runs_turns_driven_by_the_host() {
+            let host = $crate::loader::domain::domain_host($mode).await;
+            let session = host
+                .service
+                .create(::offstage_plugin_api::types::NewSession {
+                    title: Some("driven".into()),
+                    agent: Some("domain-echo".into()),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            let added = tokio::time::timeout(::offstage_tests::loader::PATIENCE, host.service.prompt(&session.id, "hi there", None))
+                .await
+                .expect("the agent's turn ended")
+                .unwrap();
+            let reply = added
+                .iter()
+                .find(|m| m.role == ::offstage_plugin_api::types::Role::Assistant)
+                .expect("a reply");
+            // The agent read the session (blocking face) and its messages (async
+            // face): one user message so far, in the session titled "driven".
+            assert_eq!(reply.text, "echo: hi there (1 messages in driven)");
+        }
+    };
 }
+pub(crate) use domain_suite;
+
+domain_suite!(Isolation::None);

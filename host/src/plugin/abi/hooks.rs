@@ -22,12 +22,16 @@ use tokio::runtime::Handle;
 
 use super::{
     convert::{parse, to_abi_unit, to_json, FromPlugin, InRuntime},
+    remote::LocalHook,
     state_from,
 };
 use crate::{
     agent::Agent,
     error::Result,
-    plugin::generation::{GenerationState, Staged},
+    plugin::{
+        generation::{GenerationState, Staged},
+        isolate::HookKind,
+    },
     session::SessionService,
     tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
     util::BoxFuture,
@@ -174,12 +178,20 @@ impl Agent for Arc<PluginAgent> {
     }
 }
 
-pub(super) extern "C" fn wrap_tool(
+pub(in crate::plugin) extern "C" fn wrap_tool(
     ctx: HostCtx,
     tool: RString,
     abi: WrapperAbi,
 ) -> RResult<(), AbiError> {
     let plugin = state_from(ctx);
+    if let Some(upstream) = plugin.upstream.get() {
+        // An isolated plugin's process: the host checks and registers.
+        return to_abi_unit(upstream.register(
+            HookKind::Wrapper,
+            tool.into_string(),
+            LocalHook::Wrapper(abi),
+        ));
+    }
     let wrapper = Arc::new(Wrapper::new(abi, plugin));
     to_abi_unit((|| {
         plugin.check_grant(capability::TOOL_WRAP)?;
@@ -187,12 +199,20 @@ pub(super) extern "C" fn wrap_tool(
     })())
 }
 
-pub(super) extern "C" fn add_tool(
+pub(in crate::plugin) extern "C" fn add_tool(
     ctx: HostCtx,
     spec: RString,
     abi: CallbackAbi,
 ) -> RResult<(), AbiError> {
     let plugin = state_from(ctx);
+    if let Some(upstream) = plugin.upstream.get() {
+        // An isolated plugin's process: the host checks and registers.
+        return to_abi_unit(upstream.register(
+            HookKind::Tool,
+            spec.into_string(),
+            LocalHook::Callback(abi),
+        ));
+    }
     let callback = Callback::new(abi, plugin);
     to_abi_unit((|| {
         plugin.check_grant(capability::TOOL_ADD)?;
@@ -210,12 +230,20 @@ pub(super) extern "C" fn add_tool(
     })())
 }
 
-pub(super) extern "C" fn register_agent(
+pub(in crate::plugin) extern "C" fn register_agent(
     ctx: HostCtx,
     name: RString,
     abi: CallbackAbi,
 ) -> RResult<(), AbiError> {
     let plugin = state_from(ctx);
+    if let Some(upstream) = plugin.upstream.get() {
+        // An isolated plugin's process: the host checks and registers.
+        return to_abi_unit(upstream.register(
+            HookKind::Agent,
+            name.into_string(),
+            LocalHook::Callback(abi),
+        ));
+    }
     let callback = Callback::new(abi, plugin);
     to_abi_unit((|| {
         plugin.check_grant(capability::AGENTS)?;
@@ -228,12 +256,20 @@ pub(super) extern "C" fn register_agent(
     })())
 }
 
-pub(super) extern "C" fn subscribe(
+pub(in crate::plugin) extern "C" fn subscribe(
     ctx: HostCtx,
     types: RString,
     abi: CallbackAbi,
 ) -> RResult<(), AbiError> {
     let plugin = state_from(ctx);
+    if let Some(upstream) = plugin.upstream.get() {
+        // An isolated plugin's process: the host checks and registers.
+        return to_abi_unit(upstream.register(
+            HookKind::Subscription,
+            types.into_string(),
+            LocalHook::Callback(abi),
+        ));
+    }
     let callback = Callback::new(abi, plugin);
     to_abi_unit((|| {
         plugin.check_grant(capability::EVENTS)?;

@@ -35,7 +35,7 @@ use super::{convert::plugin_error, instance::Instance};
 use crate::plugin::error::{one_line, trim_layout_report, LoadError};
 
 /// What a plugin says about itself, in host types.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(in crate::plugin) struct ManifestInfo {
     pub name: String,
     pub version: String,

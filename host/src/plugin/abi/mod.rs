@@ -28,6 +28,7 @@ mod convert;
 mod hooks;
 mod instance;
 mod library;
+pub(in crate::plugin) mod remote;
 mod services;
 
 use std::{
@@ -40,9 +41,13 @@ use offstage_plugin_api::abi::{
     host_vtable_layout, HostCtx, HostHandle, HostVtable, HostVtableRef,
 };
 
+pub(super) use convert::plugin_error;
 pub(super) use hooks::Callback;
+pub(super) use hooks::{add_tool, register_agent, subscribe, wrap_tool};
 pub(super) use instance::{Exporter, Instance, InstanceError};
 pub(super) use library::{init, manifest, open, ManifestInfo};
+pub(super) use services::emit_log;
+pub(super) use session::{block_on_host, call_by_name};
 
 use super::generation::GenerationState;
 

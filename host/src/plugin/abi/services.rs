@@ -19,7 +19,17 @@ use super::{
 
 pub(super) extern "C" fn log(ctx: HostCtx, level: u8, target: RStr<'_>, message: RStr<'_>) {
     let plugin = state_from(ctx);
-    plugin_log::emit(&plugin.name, level, target.as_str(), message.as_str());
+    if let Some(upstream) = plugin.upstream.get() {
+        upstream.log(level, target.as_str(), message.as_str());
+        return;
+    }
+    emit_log(&plugin.name, level, target.as_str(), message.as_str());
+}
+
+/// Logs a plugin's line under the target `plugin::NAME` (see
+/// `plugin_log`); an isolated plugin's lines arrive here from its process.
+pub(in crate::plugin) fn emit_log(plugin: &str, level: u8, module: &str, message: &str) {
+    plugin_log::emit(plugin, level, module, message);
 }
 
 /// A plugin's log lines as `tracing` events whose target is

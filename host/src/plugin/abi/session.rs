@@ -158,7 +158,6 @@ macro_rules! host_session {
 
         impl Method {
             /// Every method, in table (vtable) order.
-            #[cfg_attr(not(test), allow(dead_code))]
             pub(crate) const ALL: &[Method] = &[$( $(#[cfg($cfg)])* Method::$name, )*];
 
             /// The method's name, as plugins call it.
@@ -231,6 +230,11 @@ offstage_plugin_api::session_methods!(host_session);
 
 fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult> {
     let plugin = state_from(ctx);
+    if let Some(upstream) = plugin.upstream.get() {
+        // An isolated plugin's process: the host checks the grant.
+        let fut = upstream.session(method.name(), args.into_string());
+        return InRuntime::new(plugin.runtime.clone(), fut).into_ffi();
+    }
     let checked = plugin.check_grant(method.capability());
     let service = plugin.service.clone();
     let fut = async move {
@@ -243,6 +247,10 @@ fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult
 fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
     let plugin = state_from(ctx);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
+        if let Some(upstream) = plugin.upstream.get() {
+            let fut = upstream.session(method.name(), args.into_string());
+            return block_on_host(&plugin.runtime, fut)?;
+        }
         plugin.check_grant(method.capability())?;
         let fut = dispatch(plugin.service.clone(), method, args.into_string());
         block_on_host(&plugin.runtime, fut)?
@@ -253,6 +261,23 @@ fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
             panic_message(payload.as_ref())
         )))
     }))
+}
+
+/// The async face of the method called `name`, for the generation behind
+/// `ctx`: how the host serves an isolated plugin's session calls
+/// (`plugin/isolate/`), grant check included.
+pub(in crate::plugin) fn call_by_name(
+    ctx: HostCtx,
+    name: &str,
+    args: String,
+) -> crate::util::BoxFuture<Result<String>> {
+    let Some(method) = Method::ALL.iter().copied().find(|m| m.name() == name) else {
+        let error = ServiceError::Unsupported(format!("no session method `{name}` in this host"));
+        return Box::pin(async move { Err(error) });
+    };
+    Box::pin(super::convert::FromPlugin {
+        inner: run_async(ctx, method, RString::from(args)),
+    })
 }
 
 /// Runs `fut` to completion from synchronous code (the blocking face).
@@ -266,7 +291,7 @@ fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
 /// deadlocks — that hand-off is what costs tens of microseconds. A
 /// current-thread runtime cannot hand off; the call fails with a clear
 /// error instead of hanging.
-fn block_on_host<F: Future>(handle: &Handle, fut: F) -> Result<F::Output> {
+pub(in crate::plugin) fn block_on_host<F: Future>(handle: &Handle, fut: F) -> Result<F::Output> {
     let on_worker = match Handle::try_current() {
         Err(_) => false,
         Ok(current) if current.runtime_flavor() == RuntimeFlavor::MultiThread => true,

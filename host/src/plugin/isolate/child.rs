@@ -1,0 +1,363 @@
+//! The plugin's process: `offstage plugin-host FILE` (hidden), started by
+//! the host with its end of the channel as file descriptor 3.
+//!
+//! It runs the loader's own checks and opens the library
+//! (`PluginHost::open`), and `init`s the plugin with a generation whose
+//! `upstream` is this process's channel: the plugin's session calls (both
+//! faces, from any thread), registrations and logs go to the host; its
+//! `sleep`, `spawn` and options are served here. The hooks it registers
+//! are kept here by id and called when the host asks. When the host closes
+//! the channel, the process exits.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    os::fd::FromRawFd,
+    path::PathBuf,
+    process::ExitCode,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, OnceLock,
+    },
+};
+
+use tokio::runtime::Handle;
+
+use super::{
+    wire::{Handler, HookKind, Note, Peer, Request},
+    Upstream,
+};
+use crate::{
+    error::Result,
+    plugin::{
+        abi::{
+            self, block_on_host,
+            remote::{forwarded_next, LocalHook, NextUpstream},
+            Instance, InstanceError,
+        },
+        generation::{new_state, Start},
+        load::CheckedLibrary,
+        Opened, PluginHost, PluginHostConfig,
+    },
+    session::{ServiceConfig, SessionService},
+    tool::Owner,
+    util::{BoxFuture, LockExt},
+    ServiceError,
+};
+
+/// The state of the plugin's process.
+struct ChildState {
+    file: PathBuf,
+    host: PluginHost,
+    runtime: Handle,
+    peer: OnceLock<Arc<Peer>>,
+    opened: Mutex<Option<CheckedLibrary>>,
+    instance: Mutex<Option<Instance>>,
+    hooks: Mutex<HashMap<u64, Arc<LocalHook>>>,
+    hook_ids: AtomicU64,
+}
+
+/// Runs the plugin's process until the host closes the channel. Started by
+/// the host only; the channel is file descriptor 3.
+pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> ExitCode {
+    crate::cli::init_logging("warn");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("offstage plugin-host: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The channel's own thread (see `Peer::start`).
+    let io = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("plugin-host-io")
+        .enable_all()
+        .build()
+    {
+        Ok(io) => io,
+        Err(e) => {
+            eprintln!("offstage plugin-host: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let io_handle = io.handle().clone();
+    // SAFETY: the host passes our end of its socket pair as fd 3, ours alone.
+    let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(3) };
+    if let Err(e) = socket.set_nonblocking(true) {
+        eprintln!("offstage plugin-host: fd 3 is not the host's socket: {e}");
+        return ExitCode::FAILURE;
+    }
+    runtime.block_on(async move {
+        let registered = {
+            let _io = io_handle.enter();
+            tokio::net::UnixStream::from_std(socket)
+        };
+        let stream = match registered {
+            Ok(stream) => stream,
+            Err(e) => {
+                eprintln!("offstage plugin-host: fd 3 is not the host's socket: {e}");
+                return;
+            }
+        };
+        // A stand-in service: nothing of it is consulted, the generation's
+        // upstream sends everything to the host.
+        let scratch = data_dir.join("plugin-host-scratch");
+        let service = SessionService::new(ServiceConfig {
+            data_dir: scratch,
+            permissions: Vec::new(),
+        });
+        let host = PluginHost::for_child(
+            service,
+            PluginHostConfig {
+                dirs: Vec::new(),
+                data_dir,
+                allow_insecure_permissions: allow_insecure,
+                settings: Default::default(),
+            },
+        );
+        let state = Arc::new(ChildState {
+            file,
+            host,
+            runtime: Handle::current(),
+            peer: OnceLock::new(),
+            opened: Mutex::new(None),
+            instance: Mutex::new(None),
+            hooks: Mutex::new(HashMap::new()),
+            hook_ids: AtomicU64::new(1),
+        });
+        let (peer, closed) = Peer::start(stream, state.clone(), &io_handle, &Handle::current());
+        let _ = state.peer.set(peer);
+        let _ = closed.await;
+    });
+    // The host is gone or done with us: leave without running the plugin's
+    // destructors (it was shut down, or it is not trusted to).
+    std::process::exit(0)
+}
+
+impl ChildState {
+    fn peer(&self) -> &Arc<Peer> {
+        self.peer.get().expect("the peer is set before any request")
+    }
+
+    fn open(&self) -> Result<String> {
+        let opened = self.host.open(&self.file).map_err(|failure| {
+            let text = failure.error.to_string();
+            let prefix = format!("{}: ", self.file.display());
+            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
+        })?;
+        let json = serde_json::to_string(&opened.manifest)
+            .map_err(|e| ServiceError::Internal(e.to_string()))?;
+        *self.opened.lock_unpoisoned() = Some(opened);
+        Ok(json)
+    }
+
+    fn init(
+        self: &Arc<Self>,
+        name: String,
+        generation: u64,
+        options: String,
+        previous_state: Option<String>,
+        limits: (Option<u64>, Option<u64>),
+    ) -> Result<String> {
+        let opened = self
+            .opened
+            .lock_unpoisoned()
+            .take()
+            .ok_or_else(|| ServiceError::InvalidInput("init before open".into()))?;
+        let Opened::Local(module) = opened.module else {
+            return Err(ServiceError::Internal("nested isolation".into()));
+        };
+        apply_limits(limits)?;
+        let options = serde_json::from_str(&options).unwrap_or_default();
+        let ctx = new_state(
+            self.host.inner.service.clone(),
+            self.runtime.clone(),
+            Start {
+                data_dir: self.host.inner.config.plugin_data_dir(&name),
+                owner: Owner::Plugin {
+                    name: name.clone(),
+                    generation,
+                },
+                grants: BTreeSet::new(),
+                options,
+                previous_state,
+                on_failure: Arc::new(|_| {}),
+            },
+        );
+        let upstream: Arc<dyn Upstream> = self.clone();
+        let _ = ctx.upstream.set(upstream);
+        let handle = abi::host_handle(&ctx);
+        let instance = {
+            let _entered = self.runtime.enter();
+            abi::init(&self.file, &name, module, handle)
+        }
+        .map_err(|failure| {
+            let text = failure.to_string();
+            let prefix = format!("{}: ", self.file.display());
+            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
+        })?;
+        *self.instance.lock_unpoisoned() = Some(instance);
+        Ok(String::new())
+    }
+
+    fn hook(&self, hook: u64) -> Result<Arc<LocalHook>> {
+        self.hooks
+            .lock_unpoisoned()
+            .get(&hook)
+            .cloned()
+            .ok_or_else(|| ServiceError::NotFound(format!("no hook {hook} in the plugin process")))
+    }
+}
+
+fn instance_error(error: InstanceError) -> ServiceError {
+    match error {
+        InstanceError::Failed(message) => ServiceError::Plugin(message),
+        InstanceError::Panicked => ServiceError::PluginPanic {
+            plugin: None,
+            message: "panicked in export_state or shutdown".into(),
+        },
+    }
+}
+
+/// Sets the process's own `RLIMIT_AS` and `RLIMIT_CPU` (before `init`).
+fn apply_limits((memory, cpu): (Option<u64>, Option<u64>)) -> Result<()> {
+    for (resource, value, what) in [
+        (libc::RLIMIT_AS, memory, "memory_limit"),
+        (libc::RLIMIT_CPU, cpu, "cpu_limit"),
+    ] {
+        let Some(value) = value else { continue };
+        let limit = libc::rlimit {
+            rlim_cur: value as libc::rlim_t,
+            rlim_max: value as libc::rlim_t,
+        };
+        // SAFETY: a plain system call with a valid pointer.
+        if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+            return Err(ServiceError::Unsupported(format!(
+                "cannot set {what}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+    }
+    Ok(())
+}
+
+impl Handler for ChildState {
+    fn call(self: Arc<Self>, request: Request) -> BoxFuture<Result<String>> {
+        Box::pin(async move {
+            match request {
+                Request::Open => {
+                    let this = Arc::clone(&self);
+                    tokio::task::spawn_blocking(move || this.open())
+                        .await
+                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?
+                }
+                Request::Init {
+                    name,
+                    generation,
+                    options,
+                    previous_state,
+                    memory_limit,
+                    cpu_limit,
+                } => {
+                    let this = Arc::clone(&self);
+                    tokio::task::spawn_blocking(move || {
+                        this.init(
+                            name,
+                            generation,
+                            options,
+                            previous_state,
+                            (memory_limit, cpu_limit),
+                        )
+                    })
+                    .await
+                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?
+                }
+                Request::Invoke { hook, input } => self.hook(hook)?.invoke(input).await,
+                Request::Wrap { hook, input, next } => {
+                    let up: Arc<dyn NextUpstream> = self.clone();
+                    self.hook(hook)?.wrap(input, forwarded_next(up, next)).await
+                }
+                Request::Export => {
+                    let exporter = self
+                        .instance
+                        .lock_unpoisoned()
+                        .as_ref()
+                        .map(Instance::exporter);
+                    let state = match exporter {
+                        Some(exporter) => exporter.export().map_err(instance_error)?,
+                        None => None,
+                    };
+                    serde_json::to_string(&state).map_err(|e| ServiceError::Internal(e.to_string()))
+                }
+                Request::Shutdown => {
+                    let instance = self.instance.lock_unpoisoned().take();
+                    self.hooks.lock_unpoisoned().clear();
+                    if let Some(instance) = instance {
+                        instance.shutdown().map_err(instance_error)?;
+                    }
+                    Ok(String::new())
+                }
+                Request::Ping => Ok(String::new()),
+                other => Err(ServiceError::Unsupported(format!(
+                    "the host cannot ask a plugin process for {other:?}"
+                ))),
+            }
+        })
+    }
+
+    fn note(&self, note: Note) {
+        if let Note::DropHook { hook } = note {
+            self.hooks.lock_unpoisoned().remove(&hook);
+        }
+    }
+}
+
+impl Upstream for ChildState {
+    fn session(&self, method: &'static str, args: String) -> BoxFuture<Result<String>> {
+        self.peer().call(Request::Session {
+            method: method.to_string(),
+            args,
+        })
+    }
+
+    fn register(&self, kind: HookKind, name: String, hook: LocalHook) -> Result<()> {
+        let id = self.hook_ids.fetch_add(1, Ordering::Relaxed);
+        self.hooks.lock_unpoisoned().insert(id, Arc::new(hook));
+        let call = self.peer().call(Request::Register {
+            kind,
+            name,
+            hook: id,
+        });
+        let result = block_on_host(&self.runtime, call).and_then(|r| r);
+        if result.is_err() {
+            self.hooks.lock_unpoisoned().remove(&id);
+        }
+        result.map(drop)
+    }
+
+    fn log(&self, level: u8, target: &str, message: &str) {
+        self.peer().note(Note::Log {
+            level,
+            target: target.to_string(),
+            message: message.to_string(),
+        });
+    }
+}
+
+impl NextUpstream for ChildState {
+    fn next(&self, next: u64, input: String) -> BoxFuture<Result<String>> {
+        self.peer().call(Request::Next { next, input })
+    }
+
+    fn drop_next(&self, next: u64) {
+        self.peer().note(Note::DropNext { next });
+    }
+
+    fn runtime(&self) -> &Handle {
+        &self.runtime
+    }
+}
