@@ -70,11 +70,6 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     for warning in &config.warnings {
         tracing::warn!("{warning}");
     }
-    let open_files = http::raise_open_file_limit_and_log();
-    let (limits, lowered) = http::Limits::resolve(&config.http, open_files);
-    if let Some(lowered) = lowered {
-        tracing::warn!("{lowered}");
-    }
     // Bind first: a busy port fails before any plugin is loaded. Clients
     // that connect early wait in the backlog until the server runs.
     let listener = TcpListener::bind(config.addr)
@@ -108,6 +103,12 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // Before any job starts: orphans of jobs are re-parented to the host.
     // (After the store opened, so a refused start stays one line.)
     crate::session::jobs::tree::init();
+    // Raised (and logged) once the store opened, for the same reason.
+    let open_files = http::raise_open_file_limit_and_log();
+    let (limits, lowered) = http::Limits::resolve(&config.http, open_files);
+    if let Some(lowered) = lowered {
+        tracing::warn!("{lowered}");
+    }
     let settings = plugin_settings(&config.plugins);
     let plugins = PluginHost::with_isolation(
         service.clone(),
