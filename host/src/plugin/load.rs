@@ -39,6 +39,8 @@ pub(super) struct CheckedLibrary {
     pub(super) settings: PluginSettings,
     /// Length and hash of the bytes loaded.
     pub(super) content: file::Content,
+    /// The library mapped here (`None` when it runs in a child process).
+    pub(super) mapping: Option<abi::Mapping>,
 }
 
 /// Where the library was opened.
@@ -125,6 +127,8 @@ impl PluginHost {
         let manifest = &opened.manifest;
         if !opened.settings.enabled {
             let info = info_from(path, manifest, 0, PluginStatus::Unloaded, Vec::new());
+            // Only its manifest ran: nothing keeps it mapped.
+            unmap(opened);
             return Ok((info, None));
         }
         let duplicate = self
@@ -136,7 +140,7 @@ impl PluginHost {
             .find(|e| e.info.name == manifest.name && e.info.status == PluginStatus::Loaded)
             .map(|e| e.info.path.clone());
         if let Some(other) = duplicate {
-            return Err(LoadFailure {
+            let failure = LoadFailure {
                 error: LoadError::DuplicateName {
                     path: path.to_path_buf(),
                     name: manifest.name.clone(),
@@ -144,7 +148,11 @@ impl PluginHost {
                 },
                 manifest: Some(Box::new(manifest.clone())),
                 generation: 0,
-            });
+            };
+            // Refused before `init`: only its manifest ran, so it is not
+            // kept mapped.
+            unmap(opened);
+            return Err(failure);
         }
         let (info, live) = self.start(path, opened, None, None)?;
         Ok((info, Some(live)))
@@ -210,7 +218,7 @@ impl PluginHost {
         if cfg!(unix) || opened.is_err() {
             let _ = std::fs::remove_file(&copy);
         }
-        let module = opened?;
+        let (module, mapping) = opened?;
         let manifest = abi::manifest(path, module)?;
         // In an isolated plugin's process an abort ends only that process.
         if manifest.panic_abort && !self.inner.in_child {
@@ -235,6 +243,7 @@ impl PluginHost {
             manifest,
             settings,
             content,
+            mapping: Some(mapping),
         })
     }
 
@@ -282,6 +291,7 @@ impl PluginHost {
             manifest,
             settings,
             content,
+            mapping: None,
         }))
     }
 
@@ -301,7 +311,10 @@ impl PluginHost {
             manifest,
             settings,
             content,
+            mapping,
         } = opened;
+        // From here its code may start threads: mapped for good.
+        drop(mapping);
         let grants = granted(&manifest.capabilities, settings.grant.as_deref());
         let options = match settings.options {
             Value::Object(map) => Value::Object(map),
@@ -532,6 +545,14 @@ pub(super) fn file_stem(path: &Path) -> String {
         "plugin".to_string()
     } else {
         name.to_string()
+    }
+}
+
+/// Unmaps a library refused before `init` (a child process, if isolated,
+/// ends when its handle goes).
+fn unmap(opened: CheckedLibrary) {
+    if let Some(mapping) = opened.mapping {
+        mapping.unmap();
     }
 }
 

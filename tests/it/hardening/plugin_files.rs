@@ -215,3 +215,34 @@ fn a_typo_in_a_grant_is_refused_with_the_valid_names() {
     assert!(stdout.contains("file and ABI: ok"), "{stdout}");
     assert!(stdout.contains("start:        failed"), "{stdout}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_same_name_copy_with_other_bytes_is_unmapped() {
+    let fixture = Fixture::new();
+    fixture.install("offstage-test-reloadable");
+    // Another build of the same plugin: other bytes, the same name, known
+    // only from its manifest, so it is mapped to read it — and unmapped
+    // again once refused, since none of its code but the manifest ran.
+    let other = fixture.install_file(
+        &offstage_tests::fixtures::reloadable_b(),
+        &format!("zz-reloadable-b{}", std::env::consts::DLL_SUFFIX),
+    );
+    let host = fixture.start();
+    assert_one_line(
+        &host.error(&format!("zz-reloadable-b{}", std::env::consts::DLL_SUFFIX)),
+        &other,
+        &["duplicate plugin name `reloadable`"],
+    );
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let private = host.fixture.data_dir.join("plugins");
+    let mapped = |stem: &str| {
+        let prefix = format!("{}/{stem}-", private.display());
+        maps.lines().filter(|l| l.contains(&prefix)).count()
+    };
+    assert!(
+        mapped("offstage_test_reloadable") > 0,
+        "the probe sees the loaded plugin"
+    );
+    assert_eq!(mapped("zz-reloadable-b"), 0, "the refused copy is unmapped");
+    host.assert_loaded("reloadable");
+}

@@ -10,11 +10,16 @@
 //!
 //! - `RootModule::load_from_file` keeps one module per interface type in a
 //!   static, so a second plugin would get the first one's module. Each file
-//!   is opened with [`lib_header_from_path`] and its own header is asked for
-//!   its root module.
-//! - abi_stable never unloads a library, and opening a path that is already
-//!   open returns the image already mapped. The caller therefore hands us a
-//!   fresh copy at a unique path for every load.
+//!   is opened as a [`RawLibrary`] and its own header is asked for its root
+//!   module.
+//! - A library stays mapped for the life of the process ([`Mapping`]): the
+//!   references abi_stable hands out into it are `'static`, and a plugin's
+//!   threads may run its code at any time. The one exception is a library
+//!   refused right after its manifest was read (a second plugin of a loaded
+//!   name), before `init` let it start anything: it is unmapped again.
+//! - Opening a path that is already open returns the image already mapped.
+//!   The caller therefore hands us a fresh copy at a unique path for every
+//!   load.
 //! - The root module holds only `manifest` and `init`, so abi_stable's own
 //!   layout check at this point never grows; the host vtable's layout is
 //!   checked by the plugin inside `init` and comes back as an
@@ -23,7 +28,7 @@
 use std::path::Path;
 
 use abi_stable::{
-    library::{lib_header_from_path, AbiHeader, LibraryError, RootModule},
+    library::{lib_header_from_raw_library, AbiHeader, LibraryError, RawLibrary, RootModule},
     std_types::RResult,
 };
 use offstage_plugin_api::{
@@ -47,11 +52,44 @@ pub(in crate::plugin) struct ManifestInfo {
 
 /// Opens the library at `copy` (a private copy of `path`, which is the name
 /// errors use) and returns its checked root module.
-pub(in crate::plugin) fn open(path: &Path, copy: &Path) -> Result<PluginModuleRef, LoadError> {
-    let header = lib_header_from_path(copy).map_err(|e| classify(path, e))?;
-    header
+pub(in crate::plugin) fn open(
+    path: &Path,
+    copy: &Path,
+) -> Result<(PluginModuleRef, Mapping), LoadError> {
+    let library = RawLibrary::load_at(copy).map_err(|e| classify(path, e))?;
+    // Kept mapped from here on, failures included (abi_stable's checks may
+    // have run the library's code), unless `Mapping::unmap` says otherwise.
+    let mapping = Mapping(Some(library));
+    let raw = mapping.0.as_ref().expect("just set");
+    // SAFETY: the header and the module point into `raw`, which stays
+    // mapped as long as anything may use them: `Mapping` never unmaps but
+    // through `unmap`, whose caller drops every reference first.
+    let header = unsafe { lib_header_from_raw_library(raw) }.map_err(|e| classify(path, e))?;
+    let module = header
         .init_root_module::<PluginModuleRef>()
-        .map_err(|e| classify(path, e))
+        .map_err(|e| classify(path, e))?;
+    Ok((module, mapping))
+}
+
+/// A plugin library as mapped by [`open`]. Dropped, it stays mapped for
+/// good (see the module docs); only [`Mapping::unmap`] unmaps it.
+pub(in crate::plugin) struct Mapping(Option<RawLibrary>);
+
+impl Mapping {
+    /// Unmaps a library refused after its manifest was read and before
+    /// `init`: nothing of it may be used after this (the caller holds no
+    /// module, record or string of it).
+    pub(in crate::plugin) fn unmap(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        if let Some(library) = self.0.take() {
+            std::mem::forget(library);
+        }
+    }
 }
 
 /// Calls the plugin's `manifest()`.

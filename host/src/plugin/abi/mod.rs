@@ -45,7 +45,7 @@ pub(super) use convert::plugin_error;
 pub(super) use hooks::Callback;
 pub(super) use hooks::{add_tool, register_agent, subscribe, wrap_tool};
 pub(super) use instance::{Exporter, Instance, InstanceError};
-pub(super) use library::{init, manifest, open, ManifestInfo};
+pub(super) use library::{init, manifest, open, ManifestInfo, Mapping};
 pub(super) use services::emit_log;
 pub(super) use session::{block_on_host, call_by_name};
 
