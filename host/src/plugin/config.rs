@@ -47,23 +47,23 @@ pub struct PluginHostConfig {
 impl PluginHostConfig {
     /// The data dir of plugin `name`: `<data_dir>/plugin-data/<name>`
     /// (`Context::data_dir`). Plugin names are checked by the SDK's
-    /// manifest; a name that could leave the dir (`..`, a separator) is
-    /// encoded so that it cannot.
+    /// manifest, but a library need not use the SDK: every byte other than
+    /// `[A-Za-z0-9_-]` is written `.XX` (hex), so no name leaves the dir
+    /// (`..`, a separator) and no two names share one (`a.b`, `a_b`).
     pub fn plugin_data_dir(&self, name: &str) -> PathBuf {
-        let safe: String = name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let safe = if safe.is_empty() || safe != name && safe.chars().all(|c| c == '_') {
-            format!("plugin_{}", safe.len())
+        let safe: String = if name.is_empty() {
+            // `.` followed by no hex pair: no encoded name looks like it.
+            ".none".to_string()
         } else {
-            safe
+            name.bytes()
+                .map(|b| {
+                    if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                        char::from(b).to_string()
+                    } else {
+                        format!(".{b:02x}")
+                    }
+                })
+                .collect()
         };
         self.data_dir.join("plugin-data").join(safe)
     }
@@ -90,9 +90,18 @@ mod tests {
         };
         let root = PathBuf::from("/data/plugin-data");
         assert_eq!(config.plugin_data_dir("audit-log"), root.join("audit-log"));
-        assert_eq!(config.plugin_data_dir("a/../b"), root.join("a____b"));
-        assert_eq!(config.plugin_data_dir(".."), root.join("plugin_2"));
-        assert_eq!(config.plugin_data_dir(""), root.join("plugin_0"));
+        assert_eq!(
+            config.plugin_data_dir("a/../b"),
+            root.join("a.2f.2e.2e.2fb")
+        );
+        assert_eq!(config.plugin_data_dir(".."), root.join(".2e.2e"));
+        assert_eq!(config.plugin_data_dir(""), root.join(".none"));
+        // Names that differ get different dirs.
+        assert_ne!(config.plugin_data_dir("a.b"), config.plugin_data_dir("a_b"));
+        assert_ne!(
+            config.plugin_data_dir("plugin_2"),
+            config.plugin_data_dir("..")
+        );
     }
 
     #[test]
