@@ -10,10 +10,11 @@
 //! (`<!-- guide:run -->`, `<!-- guide:file PATH -->`, ...), so editing the
 //! guide's code changes what this test builds.
 //!
-//! Builds share `target/guide` so dependencies compile once, and use a copy
-//! of the workspace's Cargo.lock so they resolve to versions already here.
-//! The template is built as a fixture (`offstage_tests::fixtures`), early:
-//! by the time the guide's crate builds, the dependencies are there.
+//! The crates are built where the fixture plugins are (a `.cargo/config.toml`
+//! in the temp dir names `target/fixtures` and the workspace's profile), with
+//! a copy of the workspace's Cargo.lock: their dependencies are the ones the
+//! fixtures compiled already, so each build compiles only the guide's crate.
+//! The template is built as a fixture (`offstage_tests::fixtures`).
 
 use std::{collections::BTreeMap, path::Path, process::Command};
 
@@ -22,7 +23,10 @@ use offstage::{
     ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolStatus};
-use offstage_tests::{fixtures::guide_target_dir, library_file_name, workspace_root};
+use offstage_tests::{
+    fixtures::{fixtures_target_dir, write_outside_cargo_config, OUTSIDE_PROFILE},
+    library_file_name, workspace_root,
+};
 use serde_json::json;
 
 /// What the guide's placeholder for the checkout becomes.
@@ -76,8 +80,8 @@ fn block<'a>(blocks: &'a [Block], marker: &str) -> &'a Block {
         .unwrap_or_else(|| panic!("the guide has no `<!-- guide:{marker} -->` block"))
 }
 
-/// Runs a shell snippet as a user would type it, with cargo on the PATH and
-/// the shared target dir.
+/// Runs a shell snippet as a user would type it, with cargo on the PATH
+/// (and the config of [`write_outside_cargo_config`] above `dir`).
 fn run_shell(script: &str, dir: &Path) {
     let cargo_dir = Path::new(env!("CARGO")).parent().unwrap().to_path_buf();
     let mut paths = vec![cargo_dir];
@@ -89,7 +93,6 @@ fn run_shell(script: &str, dir: &Path) {
         .arg(script)
         .current_dir(dir)
         .env("PATH", std::env::join_paths(paths).unwrap())
-        .env("CARGO_TARGET_DIR", guide_target_dir())
         .output()
         .expect("run sh");
     assert!(
@@ -180,6 +183,7 @@ fn the_guide_works_as_written() {
         !work.path().starts_with(workspace_root()),
         "must build outside the workspace"
     );
+    write_outside_cargo_config(work.path());
 
     // 1. cargo new
     run_shell(&block(&blocks, "run").text, work.path());
@@ -210,7 +214,7 @@ fn the_guide_works_as_written() {
 
     // 4. cargo build
     run_shell(&block(&blocks, "run word-count").text, &krate);
-    let library = guide_target_dir()
+    let library = fixtures_target_dir()
         .join("debug")
         .join(library_file_name("word-count"));
     assert!(library.exists(), "{} not built", library.display());
@@ -252,6 +256,7 @@ fn the_template_builds_and_loads() {
 fn build_wrapper_example() -> std::path::PathBuf {
     let blocks = guide_blocks();
     let work = tempfile::tempdir().unwrap();
+    write_outside_cargo_config(work.path());
     let krate = work.path().join("slow-shell");
     std::fs::create_dir_all(krate.join("src")).unwrap();
     let manifest = block(&blocks, "file word-count/Cargo.toml")
@@ -270,7 +275,7 @@ fn build_wrapper_example() -> std::path::PathBuf {
     )
     .unwrap();
     run_shell("cargo build", &krate);
-    let library = guide_target_dir()
+    let library = fixtures_target_dir()
         .join("debug")
         .join(library_file_name("slow-shell"));
     assert!(library.exists(), "{} not built", library.display());
@@ -405,4 +410,32 @@ fn crate_metadata_has_no_placeholder_urls() {
         }
     }
     assert!(found.is_empty(), "placeholder URLs:\n{}", found.join("\n"));
+}
+
+/// The crates built outside the workspace (the guide's, the template, the
+/// compat plugins) share the fixtures' compiled dependencies only while
+/// `fixtures::OUTSIDE_PROFILE` says what the root Cargo.toml's
+/// `[profile.dev]` says.
+#[test]
+fn outside_crates_build_with_the_workspace_profile() {
+    let manifest = std::fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
+    let mut section = String::new();
+    let mut profile = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = header.to_string();
+        } else if section.starts_with("profile.dev") && !line.starts_with('#') {
+            if let Some((key, value)) = line.split_once('=') {
+                profile.push((
+                    format!("{section}.{}", key.trim()),
+                    value.trim().to_string(),
+                ));
+            }
+        }
+    }
+    let outside: Vec<(String, String)> = OUTSIDE_PROFILE
+        .iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect();
+    assert_eq!(profile, outside, "the root Cargo.toml's [profile.dev*]");
 }

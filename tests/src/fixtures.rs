@@ -4,39 +4,49 @@
 //! needing a fixture seldom waits for it and tests that need none run
 //! meanwhile.
 //!
-//! What is built, and where (the build of each is what it was when every
-//! test binary built its own; only the grouping changed):
+//! What is built, and where:
 //!
 //! | fixture | cargo | target dir |
 //! |---|---|---|
-//! | every plugin in [`PLUGINS`] | ONE `cargo build -p a -p b ...` | `target/test-plugins` |
-//! | `reloadable` variant b | `-p offstage-test-reloadable --features variant-b` | `target/test-plugins` |
-//! | `reloadable` broken | `-p offstage-test-reloadable --features broken` | `target/test-plugins` |
-//! | `faulty` with `panic = "abort"` | `--config profile.dev.panic="abort"` | `target/test-plugins-abort` |
-//! | `tests/compat/plugin-*` | one build per workspace (each is its own) | `target/guide` |
+//! | every plugin in [`PLUGINS`] | ONE `cargo build -p a -p b ...` | `target/fixtures` |
+//! | `reloadable` variant b | `-p offstage-test-reloadable --features variant-b` | `target/fixtures` |
+//! | `reloadable` broken | `-p offstage-test-reloadable --features broken` | `target/fixtures` |
+//! | `faulty` with `panic = "abort"` | `cargo rustc -p offstage-test-faulty --lib -- -C panic=abort` | `target/fixtures` |
+//! | `tests/compat/plugin-*` | one build per workspace (each is its own) | `target/fixtures` |
+//! | `templates/plugin`, copied out as an author would | `cargo build` in the copy | `target/fixtures` |
 //! | the `offstage` binary | `-p offstage --bin offstage` | the workspace's own |
-//! | `templates/plugin`, copied out as an author would | `cargo build` in the copy | `target/guide` |
 //!
-//! The three builds into `target/test-plugins` share its dependencies, but
-//! each leaves its own `reloadable` in `debug/`: so every library is copied
-//! out right after its build, into `target/test-plugins/lib*/`, and tests
-//! load those copies. Builds into different target dirs run side by side
-//! (two background lanes); cargo's lock orders builds into the same one.
+//! Every plugin library goes to ONE target dir, so the dependencies they
+//! all share (abi_stable, async-ffi, serde...) compile once per run, not
+//! once per kind of fixture. Three things make that hold:
 //!
-//! `target/guide` holds every crate built outside the workspace, so they
-//! share their dependencies (same Cargo.lock, same default profile): the
-//! compat plugins', the template's, and those of the crate the `guide` test
-//! makes from `docs/plugins.md`, which are built by then.
+//! - crates outside the workspace (the compat plugins, the template, the
+//!   crates the `guide` and `reload::dev` tests write) build with the
+//!   workspace's `[profile.dev]` ([`OUTSIDE_PROFILE`], passed as cargo
+//!   `--config`) and a copy of its Cargo.lock, so their dependencies are
+//!   the very units the workspace's plugins use;
+//! - `panic = "abort"` is given to `faulty`'s own crate only (`cargo
+//!   rustc`), not through the profile, which would rebuild every
+//!   dependency with it: rustc links unwind-built dependencies into an
+//!   abort-built library, and `export_plugin!` — what the host checks —
+//!   expands in that crate;
+//! - the builds run one after another on one background lane, and each
+//!   library is copied out of `debug/` right after its build (into
+//!   `target/fixtures/lib*/`, [`keep`]): the variants of `reloadable` and
+//!   `faulty` leave the same file name there. Tests load those copies.
 //!
-//! Plugin libraries go to their own target dirs because the `cargo test`
-//! that runs us holds the lock on the main one while it builds.
+//! The `offstage` binary builds on a second lane into the workspace's own
+//! target dir, beside the fixtures. Plugin libraries do not go there: the
+//! plugins' dependencies are built with other features in the workspace
+//! build (feature unification with the host), and the `cargo test` that
+//! runs us may still be building there.
 
 use std::{
     any::Any,
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     process::Command,
-    sync::{Once, OnceLock},
+    sync::{Mutex, MutexGuard, Once, OnceLock},
 };
 
 use crate::{library_file_name, workspace_root};
@@ -82,20 +92,20 @@ pub fn warm_up() {
         return;
     }
     STARTED.call_once(|| {
-        // Lane 1: everything in target/test-plugins, most needed first.
+        // Lane 1: every library, into target/fixtures, most needed first.
         lane(|| {
             plugins_built();
+            faulty_panic_abort();
             reloadable_b();
             reloadable_broken();
-        });
-        // Lane 2: the binary, then the other target dirs.
-        lane(|| {
-            offstage_binary();
+            template_library();
             for variant in COMPAT {
                 compat(variant);
             }
-            template_library();
-            faulty_panic_abort();
+        });
+        // Lane 2: the binary, into the workspace's own target dir.
+        lane(|| {
+            offstage_binary();
         });
     });
 }
@@ -109,30 +119,92 @@ fn lane(work: impl FnOnce() + Send + 'static) {
     });
 }
 
-fn target(dir: &str) -> PathBuf {
-    workspace_root().join("target").join(dir)
+/// The one target dir of every plugin library the tests build (see the
+/// module docs).
+pub fn fixtures_target_dir() -> PathBuf {
+    workspace_root().join("target").join("fixtures")
 }
 
-/// Runs `cargo build --quiet ARGS` in the workspace; fails the caller with
-/// what was built on error.
-fn cargo_build(what: &str, args: &[&str], target_dir: &Path) {
+/// The workspace's `[profile.dev]` (the root Cargo.toml), as cargo config
+/// for crates outside the workspace: built with it, their dependencies are
+/// the units the workspace's plugins already built into
+/// [`fixtures_target_dir`]. Kept equal to the root Cargo.toml by the
+/// `guide` tests (a difference would only cost build time).
+pub const OUTSIDE_PROFILE: &[(&str, &str)] = &[
+    ("profile.dev.debug", "\"line-tables-only\""),
+    ("profile.dev.package.\"*\".debug", "false"),
+];
+
+/// [`OUTSIDE_PROFILE`] and [`fixtures_target_dir`] as `--config` arguments.
+fn outside_config_args() -> Vec<String> {
+    let mut args = Vec::new();
+    for (key, value) in OUTSIDE_PROFILE {
+        args.push("--config".to_string());
+        args.push(format!("{key}={value}"));
+    }
+    args.push("--target-dir".to_string());
+    args.push(fixtures_target_dir().display().to_string());
+    args
+}
+
+/// Writes `dir/.cargo/config.toml` so that a plain `cargo build` in `dir`
+/// or below (a crate made outside the workspace, as an author would) builds
+/// into [`fixtures_target_dir`] with [`OUTSIDE_PROFILE`].
+pub fn write_outside_cargo_config(dir: &Path) {
+    let mut text = format!(
+        "# Written by the tests: build where the fixtures are built.\n\
+         build.target-dir = {:?}\n",
+        fixtures_target_dir().display().to_string()
+    );
+    for (key, value) in OUTSIDE_PROFILE {
+        text.push_str(&format!("{key} = {value}\n"));
+    }
+    std::fs::create_dir_all(dir.join(".cargo")).unwrap();
+    std::fs::write(dir.join(".cargo/config.toml"), text).unwrap();
+}
+
+/// Held from a build into [`fixtures_target_dir`] until its library is
+/// kept: cargo's own lock orders the builds, but the copy out of `debug/`
+/// comes after cargo let go, and the next build may leave another variant
+/// under the same name.
+static BUILD_AND_KEEP: Mutex<()> = Mutex::new(());
+
+fn build_lock() -> MutexGuard<'static, ()> {
+    BUILD_AND_KEEP
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `cargo SUBCOMMAND --quiet ARGS` in the workspace; fails the caller
+/// with what was built on error.
+fn cargo(subcommand: &str, what: &str, args: &[&str]) {
     let status = Command::new(env!("CARGO"))
         .current_dir(workspace_root())
-        .args(["build", "--quiet"])
+        .args([subcommand, "--quiet"])
         .args(args)
-        .arg("--target-dir")
-        .arg(target_dir)
         .status()
         .expect("run cargo");
-    assert!(status.success(), "cargo build of {what} failed");
+    assert!(status.success(), "cargo {subcommand} of {what} failed");
 }
 
-/// Copies `package`'s library from `target_dir/debug` into `into` (written
-/// beside it, then renamed: a reader never sees half a file).
-fn keep(package: &str, target_dir: &Path, into: &Path) -> PathBuf {
+/// Runs `cargo build --quiet ARGS --target-dir` [`fixtures_target_dir`] in
+/// the workspace.
+fn cargo_build(what: &str, args: &[&str]) {
+    let target_dir = fixtures_target_dir();
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--target-dir", target_dir.to_str().unwrap()]);
+    cargo("build", what, &all);
+}
+
+/// Copies `package`'s library from the fixtures' `debug/` into
+/// `target/fixtures/KEPT/` (written beside it, then renamed: a reader
+/// never sees half a file).
+fn keep(package: &str, kept: &str) -> PathBuf {
+    let target_dir = fixtures_target_dir();
     let built = target_dir.join("debug").join(library_file_name(package));
     assert!(built.exists(), "{} missing after build", built.display());
-    std::fs::create_dir_all(into).unwrap();
+    let into = target_dir.join(kept);
+    std::fs::create_dir_all(&into).unwrap();
     let kept = into.join(library_file_name(package));
     let partial = kept.with_extension("partial");
     std::fs::copy(&built, &partial).unwrap();
@@ -140,27 +212,24 @@ fn keep(package: &str, target_dir: &Path, into: &Path) -> PathBuf {
     kept
 }
 
-/// Where the libraries of the one build of [`PLUGINS`] are kept.
-fn plugins_dir() -> PathBuf {
-    target("test-plugins").join("lib")
-}
-
-/// Builds every plugin of [`PLUGINS`] in one cargo invocation (once).
+/// Builds every plugin of [`PLUGINS`] in one cargo invocation (once);
+/// the dir their libraries are kept in.
 fn plugins_built() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let dir = plugins_dir();
+        const KEPT: &str = "lib";
+        let dir = fixtures_target_dir().join(KEPT);
         if in_ready_child() {
             return dir;
         }
-        let target_dir = target("test-plugins");
         let mut args = Vec::new();
         for package in PLUGINS {
             args.extend(["-p", package]);
         }
-        cargo_build("the test plugins", &args, &target_dir);
+        let _kept_first = build_lock();
+        cargo_build("the test plugins", &args);
         for package in PLUGINS {
-            keep(package, &target_dir, &dir);
+            keep(package, KEPT);
         }
         dir
     })
@@ -177,20 +246,20 @@ pub fn plugin_library(package: &str) -> PathBuf {
     plugins_built().join(library_file_name(package))
 }
 
-/// `reloadable` built with one extra feature, kept in `lib-NAME`.
+/// `reloadable` built with one extra feature, kept in `KEPT`.
 fn reloadable_with(feature: &str, kept: &str) -> PathBuf {
     const PACKAGE: &str = "offstage-test-reloadable";
-    let dir = target("test-plugins").join(kept);
-    if !in_ready_child() {
-        let target_dir = target("test-plugins");
-        cargo_build(
-            &format!("{PACKAGE} --features {feature}"),
-            &["-p", PACKAGE, "--features", feature],
-            &target_dir,
-        );
-        keep(PACKAGE, &target_dir, &dir);
+    if in_ready_child() {
+        return fixtures_target_dir()
+            .join(kept)
+            .join(library_file_name(PACKAGE));
     }
-    dir.join(library_file_name(PACKAGE))
+    let _kept_first = build_lock();
+    cargo_build(
+        &format!("{PACKAGE} --features {feature}"),
+        &["-p", PACKAGE, "--features", feature],
+    );
+    keep(PACKAGE, kept)
 }
 
 /// The `reloadable` test plugin built as variant b (once).
@@ -212,32 +281,45 @@ pub fn reloadable_broken() -> PathBuf {
         .clone()
 }
 
-/// The `faulty` test plugin built with `panic = "abort"` (every crate of
-/// it, so a target dir of its own; once).
+/// The `faulty` test plugin built with `panic = "abort"` (once): the flag
+/// on its own crate, whose `export_plugin!` reports it to the host (see the
+/// module docs).
 pub fn faulty_panic_abort() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     const PACKAGE: &str = "offstage-test-faulty";
+    const KEPT: &str = "lib-panic-abort";
     warm_up();
     BUILT
         .get_or_init(|| {
-            let target_dir = target("test-plugins-abort");
-            if !in_ready_child() {
-                cargo_build(
-                    &format!("{PACKAGE} with panic = \"abort\""),
-                    &["-p", PACKAGE, "--config", "profile.dev.panic=\"abort\""],
-                    &target_dir,
-                );
+            if in_ready_child() {
+                return fixtures_target_dir()
+                    .join(KEPT)
+                    .join(library_file_name(PACKAGE));
             }
-            let path = target_dir.join("debug").join(library_file_name(PACKAGE));
-            assert!(path.exists(), "{} missing after build", path.display());
-            path
+            let target_dir = fixtures_target_dir();
+            let _kept_first = build_lock();
+            cargo(
+                "rustc",
+                &format!("{PACKAGE} with panic = \"abort\""),
+                &[
+                    "-p",
+                    PACKAGE,
+                    "--lib",
+                    "--target-dir",
+                    target_dir.to_str().unwrap(),
+                    "--",
+                    "-C",
+                    "panic=abort",
+                ],
+            );
+            keep(PACKAGE, KEPT)
         })
         .clone()
 }
 
 /// `tests/compat/plugin-<variant>`, a plugin in a workspace of its own
 /// built against another release of plugin-api, built into
-/// [`guide_target_dir`] (once per variant).
+/// [`fixtures_target_dir`] (once per variant).
 pub fn compat(variant: &str) -> PathBuf {
     static BUILT: [OnceLock<PathBuf>; 4] = [const { OnceLock::new() }; 4];
     let index = COMPAT
@@ -249,18 +331,16 @@ pub fn compat(variant: &str) -> PathBuf {
         .get_or_init(|| {
             let root = workspace_root();
             let dir = root.join("tests/compat").join(format!("plugin-{variant}"));
-            let target_dir = guide_target_dir();
             if !in_ready_child() {
                 // Same dependency versions as the workspace, so they build once.
                 std::fs::copy(root.join("Cargo.lock"), dir.join("Cargo.lock")).unwrap();
                 let manifest = dir.join("Cargo.toml");
-                cargo_build(
-                    &dir.display().to_string(),
-                    &["--manifest-path", manifest.to_str().unwrap()],
-                    &target_dir,
-                );
+                let mut args = vec!["--manifest-path", manifest.to_str().unwrap()];
+                let config = outside_config_args();
+                args.extend(config.iter().map(String::as_str));
+                cargo("build", &dir.display().to_string(), &args);
             }
-            let library = target_dir
+            let library = fixtures_target_dir()
                 .join("debug")
                 .join(library_file_name(&format!("offstage-compat-{variant}")));
             assert!(
@@ -284,12 +364,11 @@ pub fn offstage_binary() -> PathBuf {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| workspace_root().join("target"));
             if !in_ready_child() {
-                let status = Command::new(env!("CARGO"))
-                    .current_dir(workspace_root())
-                    .args(["build", "--quiet", "-p", "offstage", "--bin", "offstage"])
-                    .status()
-                    .expect("run cargo");
-                assert!(status.success(), "cargo build -p offstage failed");
+                cargo(
+                    "build",
+                    "-p offstage --bin offstage",
+                    &["-p", "offstage", "--bin", "offstage"],
+                );
             }
             let path = target_dir
                 .join("debug")
@@ -300,22 +379,16 @@ pub fn offstage_binary() -> PathBuf {
         .clone()
 }
 
-/// The target dir of the crates built outside the workspace, as a plugin
-/// author would: the guide's and the template's.
-pub fn guide_target_dir() -> PathBuf {
-    target("guide")
-}
-
 /// `templates/plugin` copied out of the workspace (its path to plugin-api
 /// pointed at this checkout, as the template's comment asks; the
 /// workspace's Cargo.lock, so no index is needed) and built with `cargo
-/// build` into [`guide_target_dir`] (once).
+/// build` into [`fixtures_target_dir`] (once).
 pub fn template_library() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     warm_up();
     BUILT
         .get_or_init(|| {
-            let library = guide_target_dir()
+            let library = fixtures_target_dir()
                 .join("debug")
                 .join(library_file_name("my-plugin"));
             if in_ready_child() {
@@ -323,6 +396,7 @@ pub fn template_library() -> PathBuf {
             }
             let root = workspace_root();
             let work = tempfile::tempdir().unwrap();
+            write_outside_cargo_config(work.path());
             let krate = work.path().join("my-plugin");
             let template = root.join("templates/plugin");
             std::fs::create_dir_all(krate.join("src")).unwrap();
@@ -338,7 +412,6 @@ pub fn template_library() -> PathBuf {
             let output = Command::new(env!("CARGO"))
                 .arg("build")
                 .current_dir(&krate)
-                .env("CARGO_TARGET_DIR", guide_target_dir())
                 .output()
                 .expect("run cargo");
             assert!(

@@ -171,15 +171,13 @@ fn write_source(crate_dir: &Path, greeting: &str) {
 /// dir: one test at a time.
 static DEVSRC_TARGET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A plugin crate outside the workspace, building into `target/guide` of
-/// the workspace (kept between runs; shared with the other crates built
-/// outside the workspace, so its dependencies are built once — hold
-/// [`DEVSRC_TARGET`] while using it).
+/// A plugin crate outside the workspace, building where the fixtures build
+/// (`offstage_tests::fixtures::write_outside_cargo_config`), so its
+/// dependencies are built already — hold [`DEVSRC_TARGET`] while using it.
 fn plugin_crate(dir: &Path) -> std::path::PathBuf {
     let root = offstage_tests::workspace_root();
     let crate_dir = dir.join("devsrc");
     std::fs::create_dir_all(crate_dir.join("src")).unwrap();
-    std::fs::create_dir_all(crate_dir.join(".cargo")).unwrap();
     std::fs::write(
         crate_dir.join("Cargo.toml"),
         format!(
@@ -190,14 +188,7 @@ fn plugin_crate(dir: &Path) -> std::path::PathBuf {
         ),
     )
     .unwrap();
-    std::fs::write(
-        crate_dir.join(".cargo/config.toml"),
-        format!(
-            "[build]\ntarget-dir = {:?}\n",
-            offstage_tests::fixtures::guide_target_dir()
-        ),
-    )
-    .unwrap();
+    offstage_tests::fixtures::write_outside_cargo_config(&crate_dir);
     // The workspace's lock file: the same dependency versions, no index.
     std::fs::copy(root.join("Cargo.lock"), crate_dir.join("Cargo.lock")).unwrap();
     write_source(&crate_dir, "zero");
