@@ -32,14 +32,14 @@
 //!   expands in that crate;
 //! - the builds run one after another on one background lane, and each
 //!   library is copied out of `debug/` right after its build (into
-//!   `target/fixtures/lib*/`, [`keep`]): the variants of `reloadable` and
+//!   `target/fixtures/lib*/`, `keep`): the variants of `reloadable` and
 //!   `faulty` leave the same file name there. Tests load those copies.
 //!
 //! The `offstage` binary builds on a second lane into the workspace's own
-//! target dir, beside the fixtures. Plugin libraries do not go there: the
-//! plugins' dependencies are built with other features in the workspace
-//! build (feature unification with the host), and the `cargo test` that
-//! runs us may still be building there.
+//! target dir, beside the fixtures, reusing what `cargo test` compiled (see
+//! CONTRIBUTING.md, "Test time"). Plugin libraries do not go there: the
+//! workspace build compiled their dependencies with the host's features
+//! (feature unification), so a plugin-only build would share nothing.
 
 use std::{
     any::Any,
