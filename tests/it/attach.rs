@@ -26,6 +26,8 @@ struct Attached {
     child: Box<dyn Child + Send + Sync>,
     writer: Arc<Mutex<Box<dyn Write + Send>>>,
     parser: Arc<Mutex<vt100::Parser>>,
+    /// Reads the pty into `parser` until the client's side is closed.
+    reader: thread::JoinHandle<()>,
     _master: Box<dyn MasterPty + Send>,
 }
 
@@ -57,7 +59,7 @@ impl Attached {
         let parser = Arc::new(Mutex::new(vt100::Parser::new(ROWS, COLS, 0)));
         let screen = parser.clone();
         let answer = writer.clone();
-        thread::spawn(move || {
+        let reader = thread::spawn(move || {
             let mut buf = [0; 8192];
             while let Ok(n) = reader.read(&mut buf) {
                 if n == 0 {
@@ -80,6 +82,7 @@ impl Attached {
             child,
             writer,
             parser,
+            reader,
             _master: pty.master,
         }
     }
@@ -110,11 +113,22 @@ impl Attached {
         writer.flush().unwrap();
     }
 
-    /// Waits for the client to exit; its success.
+    /// Waits for the client to exit, and for everything it wrote before
+    /// exiting to reach the screen (the reader thread ends at the pty's
+    /// end: a loaded machine may still be reading when the child is
+    /// gone); its success.
     fn wait_exit(&mut self) -> bool {
         let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
+                while !self.reader.is_finished() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the pty was not closed after attach exited:\n{}",
+                        self.screen()
+                    );
+                    thread::sleep(Duration::from_millis(50));
+                }
                 return status.success();
             }
             assert!(
