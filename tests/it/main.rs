@@ -93,10 +93,12 @@ mod reliability {
 }
 
 /// Plugins out of process (`isolation = "process"`): processes that crash
-/// or hang, restarts, state handoff, and the plugin-domain suite isolated.
+/// or hang, restarts, state handoff, the plugin-domain suite isolated, and
+/// the Landlock filesystem restriction.
 mod isolation {
     mod crash;
     mod domain;
+    mod filesystem;
 }
 
 /// `docs/plugins.md` and `templates/plugin`, followed literally.

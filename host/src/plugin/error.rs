@@ -255,6 +255,21 @@ pub enum LoadError {
         /// What the process reported, or how it ended.
         message: String,
     },
+    /// `filesystem = "read-only"` is set for the plugin, but its process
+    /// could not be restricted (no Landlock, or only in part): the plugin
+    /// is not started rather than run unrestricted.
+    #[error(
+        "{}: plugin `{name}` is not started: its `filesystem = \"read-only\"` cannot be enforced: {cause}",
+        path.display()
+    )]
+    Filesystem {
+        /// The plugin file.
+        path: PathBuf,
+        /// The plugin's name.
+        name: String,
+        /// Why, in words.
+        cause: String,
+    },
     /// A reload named a plugin the host has never seen.
     #[error("no plugin named `{name}`")]
     Unknown {
@@ -290,6 +305,7 @@ impl LoadError {
             | LoadError::InitError { .. }
             | LoadError::Host { .. }
             | LoadError::DuplicateName { .. }
+            | LoadError::Filesystem { .. }
             | LoadError::Unknown { .. } => LoadStage::Start,
             _ => LoadStage::File,
         }
@@ -317,6 +333,7 @@ impl LoadError {
             | LoadError::InitError { path, .. }
             | LoadError::Host { path, .. }
             | LoadError::Isolated { path, .. }
+            | LoadError::Filesystem { path, .. }
             | LoadError::NameChanged { path, .. } => path,
             LoadError::Unknown { .. } => std::path::Path::new(""),
         }
@@ -330,6 +347,7 @@ impl LoadError {
             | LoadError::InitPanic { name, .. }
             | LoadError::InitError { name, .. }
             | LoadError::UnknownCapability { name, .. }
+            | LoadError::Filesystem { name, .. }
             | LoadError::Unknown { name } => Some(name),
             LoadError::NameChanged { expected, .. } => Some(expected),
             _ => None,

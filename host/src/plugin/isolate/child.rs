@@ -8,6 +8,11 @@
 //! `sleep`, `spawn` and options are served here. The hooks it registers
 //! are kept here by id and called when the host asks. When the host closes
 //! the channel, the process exits.
+//!
+//! With `--read-only` (`filesystem = "read-only"`), before it starts a
+//! thread or opens the library, it runs the loader's file checks, makes
+//! and holds its private copy, and restricts itself (`sandbox.rs`); an
+//! error there is the answer to the host's `open`.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -23,6 +28,7 @@ use std::{
 use tokio::runtime::Handle;
 
 use super::{
+    sandbox::{self, Sandbox},
     wire::{Handler, HookKind, Note, Peer, Request},
     Upstream,
 };
@@ -35,7 +41,7 @@ use crate::{
             Instance, InstanceError,
         },
         generation::{new_state, Start},
-        load::CheckedLibrary,
+        load::{stage, CheckedLibrary, LoadFailure, Staged},
         Opened, PluginHost, PluginHostConfig,
     },
     session::{ServiceConfig, SessionService},
@@ -51,15 +57,49 @@ struct ChildState {
     runtime: Handle,
     peer: OnceLock<Arc<Peer>>,
     opened: Mutex<Option<CheckedLibrary>>,
+    /// With `--read-only`: the file staged before the restriction, or why
+    /// staging or the restriction failed.
+    staged: Mutex<Option<std::result::Result<Staged, ServiceError>>>,
     instance: Mutex<Option<Instance>>,
     hooks: Mutex<HashMap<u64, Arc<LocalHook>>>,
     hook_ids: AtomicU64,
 }
 
+/// What the host tells the plugin's process on its command line.
+#[derive(Debug, Clone)]
+pub struct ChildArgs {
+    /// The plugin file.
+    pub file: PathBuf,
+    /// The host's data dir.
+    pub data_dir: PathBuf,
+    /// Load files others can write.
+    pub allow_insecure: bool,
+    /// Restrict this process with Landlock before opening the file.
+    pub read_only: bool,
+    /// With `read_only`: the one dir it may write in (the plugin's data
+    /// dir); none at all without it.
+    pub writable: Option<PathBuf>,
+}
+
 /// Runs the plugin's process until the host closes the channel. Started by
 /// the host only; the channel is file descriptor 3.
-pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> ExitCode {
+pub fn run_child(args: ChildArgs) -> ExitCode {
+    let ChildArgs {
+        file,
+        data_dir,
+        allow_insecure,
+        read_only,
+        writable,
+    } = args;
     crate::cli::init_logging("warn");
+    let config = PluginHostConfig {
+        dirs: Vec::new(),
+        data_dir: data_dir.clone(),
+        allow_insecure_permissions: allow_insecure,
+        settings: Default::default(),
+    };
+    // Before any thread is started: see `sandbox.rs`.
+    let staged = read_only.then(|| restrict(&config, &file, writable));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -110,21 +150,14 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
             data_dir: scratch,
             permissions: Vec::new(),
         });
-        let host = PluginHost::for_child(
-            service,
-            PluginHostConfig {
-                dirs: Vec::new(),
-                data_dir,
-                allow_insecure_permissions: allow_insecure,
-                settings: Default::default(),
-            },
-        );
+        let host = PluginHost::for_child(service, config);
         let state = Arc::new(ChildState {
             file,
             host,
             runtime: Handle::current(),
             peer: OnceLock::new(),
             opened: Mutex::new(None),
+            staged: Mutex::new(staged),
             instance: Mutex::new(None),
             hooks: Mutex::new(HashMap::new()),
             hook_ids: AtomicU64::new(1),
@@ -138,17 +171,56 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
     std::process::exit(0)
 }
 
+/// Stages `file` (checks and private copy, held open), then restricts this
+/// process to writing in `writable` only.
+fn restrict(
+    config: &PluginHostConfig,
+    file: &std::path::Path,
+    writable: Option<PathBuf>,
+) -> std::result::Result<Staged, ServiceError> {
+    let staged = stage(config, file, |_| None)
+        .map_err(|failure| load_error(file, failure))?
+        .hold()
+        .map_err(|e| ServiceError::Plugin(format!("cannot hold the private copy: {e}")))?;
+    if let Some(dir) = &writable {
+        // It must exist to be named in a rule (`Context::data_dir` makes
+        // it the same way).
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(dir).map_err(|e| {
+            ServiceError::Plugin(format!(
+                "cannot create the plugin's data dir {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
+    sandbox::restrict_self(&Sandbox { writable })
+        .map_err(|e| ServiceError::Unsupported(format!("{}{e}", sandbox::NOT_ENFORCED)))?;
+    Ok(staged)
+}
+
+/// A load failure as the host's `open` gets it: without the file name,
+/// which the host puts in front.
+fn load_error(file: &std::path::Path, failure: LoadFailure) -> ServiceError {
+    let text = failure.error.to_string();
+    let prefix = format!("{}: ", file.display());
+    ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
+}
+
 impl ChildState {
     fn peer(&self) -> &Arc<Peer> {
         self.peer.get().expect("the peer is set before any request")
     }
 
     fn open(&self) -> Result<String> {
-        let opened = self.host.open(&self.file).map_err(|failure| {
-            let text = failure.error.to_string();
-            let prefix = format!("{}: ", self.file.display());
-            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
-        })?;
+        let staged = self.staged.lock_unpoisoned().take();
+        let opened = match staged {
+            None => self.host.open(&self.file),
+            Some(Ok(staged)) => self.host.open_staged(&self.file, staged),
+            Some(Err(error)) => return Err(error),
+        }
+        .map_err(|failure| load_error(&self.file, failure))?;
         let json = serde_json::to_string(&opened.manifest)
             .map_err(|e| ServiceError::Internal(e.to_string()))?;
         *self.opened.lock_unpoisoned() = Some(opened);

@@ -28,7 +28,7 @@ use tokio::{io::AsyncBufReadExt, runtime::Handle, sync::watch};
 
 use super::{
     wire::{HookKind, Note, Peer, Request},
-    Resolved, RestartPolicy,
+    Resolved, RestartPolicy, Sandbox,
 };
 use crate::{
     error::Result,
@@ -343,10 +343,12 @@ fn describe(status: std::process::ExitStatus) -> String {
 
 impl Child {
     /// Starts `offstage plugin-host` for `path` and has it run the loader
-    /// checks and read the manifest.
+    /// checks and read the manifest; restricted by `sandbox` from its start
+    /// when given (`sandbox.rs`).
     pub(in crate::plugin) fn spawn(
         host: &PluginHost,
         path: &Path,
+        sandbox: Option<&Sandbox>,
     ) -> std::result::Result<Child, LoadError> {
         let error = |message: String| LoadError::Isolated {
             path: path.to_path_buf(),
@@ -375,6 +377,12 @@ impl Child {
             .kill_on_drop(false);
         if config.allow_insecure_permissions {
             command.arg("--allow-insecure");
+        }
+        if let Some(sandbox) = sandbox {
+            command.arg("--read-only");
+            if let Some(dir) = &sandbox.writable {
+                command.arg("--writable").arg(dir);
+            }
         }
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
