@@ -814,6 +814,22 @@ action = "deny"
     }
 
     #[test]
+    fn read_only_filesystem_needs_isolation() {
+        let error = FileConfig::parse(
+            "[plugins]\nisolation = \"process\"\n[plugin.a]\nisolation = \"none\"\nfilesystem = \"read-only\"\n",
+        )
+        .unwrap_err();
+        assert!(error.starts_with("[plugin.a]: "), "{error}");
+        assert!(error.contains("restrict the whole host"), "{error}");
+        let config = FileConfig::parse(
+            "[plugins]\nisolation = \"process\"\nfilesystem = \"read-only\"\n[plugin.a]\nfilesystem = \"unrestricted\"\n",
+        )
+        .unwrap();
+        // Isolation keys are not the plugin's options.
+        assert_eq!(config.plugin["a"].options, serde_json::json!({}));
+    }
+
+    #[test]
     fn refuses_open_addresses_without_a_token() {
         let open = |token: Option<&str>| {
             ServeConfig::resolve(Overrides {

@@ -249,7 +249,9 @@ impl PluginHost {
     ) -> Result<Option<CheckedLibrary>, LoadFailure> {
         let isolation = &self.inner.isolation;
         if self.inner.in_child
-            || (isolation.default_mode() == isolate::Isolation::None && !isolation.any_by_name())
+            || (isolation.default_mode() == isolate::Isolation::None
+                && !isolation.any_by_name()
+                && !isolation.any_read_only())
         {
             return Ok(None);
         }

@@ -158,3 +158,31 @@ async fn a_plugin_table_can_lift_the_default() {
     assert_eq!(status, ToolStatus::Completed, "{output}");
     host.plugins.shutdown();
 }
+
+/// A host built without the config's check (a library user) still never
+/// runs a read-only plugin in its own process: the plugin is refused with
+/// one line naming it, the setting and why; the plugin beside it loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_plugin_that_would_run_in_the_host_is_refused() {
+    let mut fixture = Fixture::new();
+    fixture.isolation.child_exe = Some(offstage_tests::fixtures::offstage_binary());
+    fixture
+        .isolation
+        .plugins
+        .insert("writer".into(), read_only());
+    let path = fixture.install("offstage-test-writer");
+    fixture.install("offstage-test-hello");
+    let host = fixture.start();
+    let error = host.error(&lib_name("offstage-test-writer"));
+    assert_one_line(
+        &error,
+        &path,
+        &[
+            "plugin `writer` is not started",
+            "filesystem = \"read-only\"",
+            "does not run isolated",
+        ],
+    );
+    host.assert_hello_works().await;
+    host.plugins.shutdown();
+}

@@ -177,6 +177,20 @@ mod tests {
             .contains("does not enforce"));
     }
 
+    #[test]
+    fn the_refusal_names_the_plugin_the_setting_and_the_cause() {
+        let error = crate::plugin::LoadError::Filesystem {
+            path: "/plugins/libwriter.so".into(),
+            name: "writer".into(),
+            cause: SandboxError::Partial.to_string(),
+        };
+        let text = error.to_string();
+        assert!(text.starts_with("/plugins/libwriter.so: plugin `writer` is not started"));
+        assert!(text.contains("filesystem = \"read-only\""), "{text}");
+        assert!(text.ends_with("this kernel enforces the Landlock rules only in part"));
+        assert_eq!(error.plugin_name(), Some("writer"));
+    }
+
     /// The test process runs many threads: restricting it would cover only
     /// the calling one, so it is refused before anything is restricted.
     #[test]
