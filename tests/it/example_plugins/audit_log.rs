@@ -1,7 +1,9 @@
 //! The audit-log example plugin, loaded by the real host: one JSON line per
 //! finished job, filtered by tool when asked, and with no options at all
-//! into its own data dir (`Context::data_dir`).
+//! into its own data dir (`Context::data_dir`). In process here, and in a
+//! child process in `isolation::example_plugins` (`audit_log_suite!`).
 
+use offstage::plugin::Isolation;
 use offstage_plugin_api::types::ToolRequest;
 use offstage_tests::example_plugins::*;
 use serde_json::{json, Value};
@@ -27,12 +29,11 @@ async fn wait_lines(path: &std::path::Path, count: usize) -> Vec<Value> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_line_per_finished_job() {
+pub(crate) async fn one_line_per_finished_job(mode: Isolation) {
     let dir = tempfile::tempdir().unwrap();
     // A folder that does not exist yet: the plugin creates it.
     let log = dir.path().join("logs").join("jobs.jsonl");
-    let host = Host::start(&[Load {
+    let host = Host::start_as(mode, &[Load {
         package: PACKAGE,
         name: "audit-log",
         options: json!({ "path": log }),
@@ -83,11 +84,10 @@ async fn one_line_per_finished_job() {
     assert_eq!(lines[..2], [first, second]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tools_option_filters_by_job_type() {
+pub(crate) async fn tools_option_filters_by_job_type(mode: Isolation) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("shell-only.jsonl");
-    let host = Host::start(&[Load {
+    let host = Host::start_as(mode, &[Load {
         package: PACKAGE,
         name: "audit-log",
         options: json!({ "path": log, "tools": ["shell"] }),
@@ -135,10 +135,9 @@ async fn tools_option_filters_by_job_type() {
     assert!(lines.iter().all(|l| l["tool"] == "shell"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_no_options_it_writes_into_its_data_dir() {
+pub(crate) async fn with_no_options_it_writes_into_its_data_dir(mode: Isolation) {
     // Every example plugin, none configured: all load.
-    let mut host = Host::start(&[
+    let mut host = Host::start_as(mode, &[
         Load {
             package: PACKAGE,
             name: "audit-log",
@@ -183,4 +182,22 @@ async fn with_no_options_it_writes_into_its_data_dir() {
             .mode();
         assert_eq!(mode & 0o777, 0o700, "the data dir is the plugin's alone");
     }
+}
+
+/// The suite, for the plugin run as `$mode` says: in process here, in a
+/// child process in `isolation::example_plugins`.
+macro_rules! audit_log_suite {
+    ($mode:expr) => {
+        tests_in_mode!($mode, example_plugins::audit_log {
+            one_line_per_finished_job,
+            tools_option_filters_by_job_type,
+            with_no_options_it_writes_into_its_data_dir,
+        });
+    };
+}
+pub(crate) use audit_log_suite;
+
+/// The suite in process (isolated: `isolation::example_plugins`).
+mod in_process {
+    audit_log_suite!(offstage::plugin::Isolation::None);
 }

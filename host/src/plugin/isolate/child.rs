@@ -36,7 +36,7 @@ use crate::{
         },
         generation::{new_state, Start},
         load::CheckedLibrary,
-        Opened, PluginHost, PluginHostConfig,
+        LoadError, Opened, PluginHost, PluginHostConfig,
     },
     session::{ServiceConfig, SessionService},
     tool::Owner,
@@ -143,14 +143,17 @@ impl ChildState {
         self.peer.get().expect("the peer is set before any request")
     }
 
-    fn open(&self) -> Result<String> {
-        let opened = self.host.open(&self.file).map_err(|failure| {
-            let text = failure.error.to_string();
-            let prefix = format!("{}: ", self.file.display());
-            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
-        })?;
-        let json = serde_json::to_string(&opened.manifest)
-            .map_err(|e| ServiceError::Internal(e.to_string()))?;
+    /// A failure of this process's own, as the loader reports its own.
+    fn host_error(&self, message: impl std::fmt::Display) -> LoadError {
+        LoadError::Host {
+            path: self.file.clone(),
+            message: message.to_string(),
+        }
+    }
+
+    fn open(&self) -> std::result::Result<String, LoadError> {
+        let opened = self.host.open(&self.file).map_err(|failure| failure.error)?;
+        let json = serde_json::to_string(&opened.manifest).map_err(|e| self.host_error(e))?;
         *self.opened.lock_unpoisoned() = Some(opened);
         Ok(json)
     }
@@ -162,16 +165,16 @@ impl ChildState {
         options: String,
         previous_state: Option<String>,
         limits: (Option<u64>, Option<u64>),
-    ) -> Result<String> {
+    ) -> std::result::Result<String, LoadError> {
         let opened = self
             .opened
             .lock_unpoisoned()
             .take()
-            .ok_or_else(|| ServiceError::InvalidInput("init before open".into()))?;
+            .ok_or_else(|| self.host_error("init before open"))?;
         let Opened::Local(module) = opened.module else {
-            return Err(ServiceError::Internal("nested isolation".into()));
+            return Err(self.host_error("nested isolation"));
         };
-        apply_limits(limits)?;
+        apply_limits(limits).map_err(|e| self.host_error(e))?;
         let options = serde_json::from_str(&options).unwrap_or_default();
         let ctx = new_state(
             self.host.inner.service.clone(),
@@ -194,12 +197,7 @@ impl ChildState {
         let instance = {
             let _entered = self.runtime.enter();
             abi::init(&self.file, &name, module, handle)
-        }
-        .map_err(|failure| {
-            let text = failure.to_string();
-            let prefix = format!("{}: ", self.file.display());
-            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
-        })?;
+        }?;
         *self.instance.lock_unpoisoned() = Some(instance);
         Ok(String::new())
     }
@@ -221,6 +219,13 @@ fn instance_error(error: InstanceError) -> ServiceError {
             message: "panicked in export_state or shutdown".into(),
         },
     }
+}
+
+/// The answer to `Open` and `Init`: the loader's own result, error
+/// included, for the host to report as it reports its own (`Child::spawn`,
+/// `Child::init` in `parent.rs`).
+fn load_answer(result: std::result::Result<String, LoadError>) -> Result<String> {
+    serde_json::to_string(&result).map_err(|e| ServiceError::Internal(e.to_string()))
 }
 
 /// Sets the process's own `RLIMIT_AS` and `RLIMIT_CPU` (before `init`).
@@ -251,9 +256,10 @@ impl Handler for ChildState {
             match request {
                 Request::Open => {
                     let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || this.open())
+                    let opened = tokio::task::spawn_blocking(move || this.open())
                         .await
-                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?
+                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?;
+                    load_answer(opened)
                 }
                 Request::Init {
                     name,
@@ -264,7 +270,7 @@ impl Handler for ChildState {
                     cpu_limit,
                 } => {
                     let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || {
+                    let initialised = tokio::task::spawn_blocking(move || {
                         this.init(
                             name,
                             generation,
@@ -274,7 +280,8 @@ impl Handler for ChildState {
                         )
                     })
                     .await
-                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?
+                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?;
+                    load_answer(initialised)
                 }
                 Request::Invoke { hook, input } => self.hook(hook)?.invoke(input).await,
                 Request::Wrap { hook, input, next } => {
