@@ -248,14 +248,17 @@ pub(crate) async fn a_wrapped_call_outlives_the_plugin_shutdown(mode: Isolation)
 /// child process in `isolation::hooks`.
 macro_rules! race_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, engine::plugin_race {
-            plugin_backgrounds_its_own_call_through_the_async_face,
-            plugin_backgrounds_its_own_call_through_the_blocking_face,
-            plugin_backgrounds_its_own_call_blocking_from_a_hook,
-            the_wrapper_moves_only_its_own_job,
-            cancel_through_the_wrapper_kills_the_process_group,
-            a_wrapped_call_outlives_the_plugin_shutdown,
-        });
+        tests_in_mode!(
+            $mode,
+            engine::plugin_race {
+                plugin_backgrounds_its_own_call_through_the_async_face,
+                plugin_backgrounds_its_own_call_through_the_blocking_face,
+                plugin_backgrounds_its_own_call_blocking_from_a_hook,
+                the_wrapper_moves_only_its_own_job,
+                cancel_through_the_wrapper_kills_the_process_group,
+                a_wrapped_call_outlives_the_plugin_shutdown,
+            }
+        );
     };
 }
 pub(crate) use race_suite;

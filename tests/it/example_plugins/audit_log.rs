@@ -33,11 +33,14 @@ pub(crate) async fn one_line_per_finished_job(mode: Isolation) {
     let dir = tempfile::tempdir().unwrap();
     // A folder that does not exist yet: the plugin creates it.
     let log = dir.path().join("logs").join("jobs.jsonl");
-    let host = Host::start_as(mode, &[Load {
-        package: PACKAGE,
-        name: "audit-log",
-        options: json!({ "path": log }),
-    }]);
+    let host = Host::start_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "audit-log",
+            options: json!({ "path": log }),
+        }],
+    );
     let session = host.session().await;
 
     let ok = host
@@ -87,11 +90,14 @@ pub(crate) async fn one_line_per_finished_job(mode: Isolation) {
 pub(crate) async fn tools_option_filters_by_job_type(mode: Isolation) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("shell-only.jsonl");
-    let host = Host::start_as(mode, &[Load {
-        package: PACKAGE,
-        name: "audit-log",
-        options: json!({ "path": log, "tools": ["shell"] }),
-    }]);
+    let host = Host::start_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "audit-log",
+            options: json!({ "path": log, "tools": ["shell"] }),
+        }],
+    );
     let session = host.session().await;
 
     // A subagent job whose child session runs one shell job.
@@ -137,23 +143,26 @@ pub(crate) async fn tools_option_filters_by_job_type(mode: Isolation) {
 
 pub(crate) async fn with_no_options_it_writes_into_its_data_dir(mode: Isolation) {
     // Every example plugin, none configured: all load.
-    let mut host = Host::start_as(mode, &[
-        Load {
-            package: PACKAGE,
-            name: "audit-log",
-            options: json!({}),
-        },
-        Load {
-            package: "offstage-auto-background",
-            name: "auto-background",
-            options: json!({}),
-        },
-        Load {
-            package: "offstage-check-agent",
-            name: "check-agent",
-            options: json!({}),
-        },
-    ]);
+    let mut host = Host::start_as(
+        mode,
+        &[
+            Load {
+                package: PACKAGE,
+                name: "audit-log",
+                options: json!({}),
+            },
+            Load {
+                package: "offstage-auto-background",
+                name: "auto-background",
+                options: json!({}),
+            },
+            Load {
+                package: "offstage-check-agent",
+                name: "check-agent",
+                options: json!({}),
+            },
+        ],
+    );
     let log = host
         .path("data")
         .join("plugin-data")
@@ -188,11 +197,14 @@ pub(crate) async fn with_no_options_it_writes_into_its_data_dir(mode: Isolation)
 /// child process in `isolation::example_plugins`.
 macro_rules! audit_log_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, example_plugins::audit_log {
-            one_line_per_finished_job,
-            tools_option_filters_by_job_type,
-            with_no_options_it_writes_into_its_data_dir,
-        });
+        tests_in_mode!(
+            $mode,
+            example_plugins::audit_log {
+                one_line_per_finished_job,
+                tools_option_filters_by_job_type,
+                with_no_options_it_writes_into_its_data_dir,
+            }
+        );
     };
 }
 pub(crate) use audit_log_suite;

@@ -14,11 +14,14 @@ use serde_json::json;
 const PACKAGE: &str = "offstage-auto-background";
 
 fn host(mode: Isolation, after_ms: u64, ignore: &[&str]) -> Host {
-    Host::start_as(mode, &[Load {
-        package: PACKAGE,
-        name: "auto-background",
-        options: json!({ "after_ms": after_ms, "ignore": ignore }),
-    }])
+    Host::start_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "auto-background",
+            options: json!({ "after_ms": after_ms, "ignore": ignore }),
+        }],
+    )
 }
 
 fn shell(command: &str) -> ToolRequest {
@@ -161,11 +164,14 @@ pub(crate) async fn a_fast_call_completes_normally(mode: Isolation) {
 }
 
 pub(crate) async fn bad_options_fail_the_load_with_a_reason(mode: Isolation) {
-    let host = Host::start_unchecked_as(mode, &[Load {
-        package: PACKAGE,
-        name: "auto-background",
-        options: json!({ "after": 10 }),
-    }]);
+    let host = Host::start_unchecked_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "auto-background",
+            options: json!({ "after": 10 }),
+        }],
+    );
     let plugins = host.plugins.list();
     let info = plugins
         .iter()
@@ -187,11 +193,14 @@ pub(crate) async fn bad_options_fail_the_load_with_a_reason(mode: Isolation) {
 /// child process in `isolation::example_plugins`.
 macro_rules! auto_background_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, example_plugins::auto_background {
-            a_slow_call_is_backgrounded_and_its_notice_has_the_rest,
-            a_fast_call_completes_normally,
-            bad_options_fail_the_load_with_a_reason,
-        });
+        tests_in_mode!(
+            $mode,
+            example_plugins::auto_background {
+                a_slow_call_is_backgrounded_and_its_notice_has_the_rest,
+                a_fast_call_completes_normally,
+                bad_options_fail_the_load_with_a_reason,
+            }
+        );
     };
 }
 pub(crate) use auto_background_suite;

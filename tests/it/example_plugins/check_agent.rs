@@ -145,10 +145,13 @@ async fn a_backgrounded_check_reports_after_the_wake_up() {
 /// child process in `isolation::example_plugins`.
 macro_rules! check_agent_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, example_plugins::check_agent {
-            subagent_calls_get_a_verdict,
-            stop_on_failure_skips_the_rest,
-        });
+        tests_in_mode!(
+            $mode,
+            example_plugins::check_agent {
+                subagent_calls_get_a_verdict,
+                stop_on_failure_skips_the_rest,
+            }
+        );
     };
 }
 pub(crate) use check_agent_suite;

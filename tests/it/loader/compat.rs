@@ -57,7 +57,9 @@ pub(crate) async fn a_plugin_built_against_an_older_minor_works(mode: Isolation)
     host.assert_hello_works().await;
 }
 
-pub(crate) async fn a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks(mode: Isolation) {
+pub(crate) async fn a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks(
+    mode: Isolation,
+) {
     let (host, _) = host_with("newer", mode);
     let info = host.plugins.get("compat-newer").expect("listed");
     assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
@@ -123,12 +125,15 @@ pub(crate) async fn a_plugin_built_against_the_next_major_is_refused(mode: Isola
 /// child process in `isolation::compat`.
 macro_rules! compat_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, loader::compat {
-            a_plugin_built_against_an_older_minor_works,
-            a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks,
-            a_changed_field_type_is_refused_naming_both_types,
-            a_plugin_built_against_the_next_major_is_refused,
-        });
+        tests_in_mode!(
+            $mode,
+            loader::compat {
+                a_plugin_built_against_an_older_minor_works,
+                a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks,
+                a_changed_field_type_is_refused_naming_both_types,
+                a_plugin_built_against_the_next_major_is_refused,
+            }
+        );
     };
 }
 pub(crate) use compat_suite;

@@ -259,10 +259,13 @@ async fn a_missing_plugin_dir_is_skipped() {
 /// in a child process in `isolation::grants`.
 macro_rules! config_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, loader::load {
-            grants_limit_what_a_plugin_may_call,
-            options_reach_the_plugin,
-        });
+        tests_in_mode!(
+            $mode,
+            loader::load {
+                grants_limit_what_a_plugin_may_call,
+                options_reach_the_plugin,
+            }
+        );
     };
 }
 pub(crate) use config_suite;

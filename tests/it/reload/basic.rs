@@ -14,7 +14,9 @@ use offstage_tests::loader::{lib_name, PATIENCE};
 use offstage_tests::reload::*;
 use serde_json::json;
 
-pub(crate) async fn calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new(mode: Isolation) {
+pub(crate) async fn calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new(
+    mode: Isolation,
+) {
     let host = ReloadHost::start_as(mode, Variant::A);
     assert_eq!(host.whoami().await, stamp(Variant::A, 1));
     let gate = gate(host.host.fixture.dir.path(), "gate");
@@ -541,16 +543,19 @@ pub(crate) async fn state_handed_over_counts_every_event_around_a_slow_init(mode
 /// child process in `isolation::reload`.
 macro_rules! reload_suite {
     ($mode:expr) => {
-        tests_in_mode!($mode, reload::basic {
-            calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new,
-            a_broken_build_keeps_the_old_generation_serving,
-            state_survives_reloads,
-            a_wrapper_is_replaced_without_a_gap,
-            reload_refuses_unknown_plugins_and_files_that_changed_plugin,
-            a_plugin_that_failed_to_start_is_loaded_afresh,
-            events_published_during_reloads_are_handled_once_each,
-            state_handed_over_counts_every_event_around_a_slow_init,
-        });
+        tests_in_mode!(
+            $mode,
+            reload::basic {
+                calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new,
+                a_broken_build_keeps_the_old_generation_serving,
+                state_survives_reloads,
+                a_wrapper_is_replaced_without_a_gap,
+                reload_refuses_unknown_plugins_and_files_that_changed_plugin,
+                a_plugin_that_failed_to_start_is_loaded_afresh,
+                events_published_during_reloads_are_handled_once_each,
+                state_handed_over_counts_every_event_around_a_slow_init,
+            }
+        );
     };
 }
 pub(crate) use reload_suite;

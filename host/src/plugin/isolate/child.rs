@@ -152,7 +152,10 @@ impl ChildState {
     }
 
     fn open(&self) -> std::result::Result<String, LoadError> {
-        let opened = self.host.open(&self.file).map_err(|failure| failure.error)?;
+        let opened = self
+            .host
+            .open(&self.file)
+            .map_err(|failure| failure.error)?;
         let json = serde_json::to_string(&opened.manifest).map_err(|e| self.host_error(e))?;
         *self.opened.lock_unpoisoned() = Some(opened);
         Ok(json)
