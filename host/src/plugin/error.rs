@@ -8,8 +8,16 @@
 
 use std::path::PathBuf;
 
+fn known_capabilities() -> &'static [&'static str] {
+    offstage_plugin_api::capability::ALL
+}
+
 /// Why a plugin file was refused or failed to start.
-#[derive(Debug, thiserror::Error)]
+///
+/// Serialisable because an isolated plugin's process runs the same checks
+/// and `init`, and hands the host the same error, not a description of it
+/// (`plugin/isolate/`): a refusal reads and classifies the same either way.
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum LoadError {
     /// The file could not be read or copied.
     #[error("{}: cannot read plugin file: {message}", path.display())]
@@ -69,7 +77,9 @@ pub enum LoadError {
         unknown: Vec<String>,
         /// Whether the host config (not the manifest) has the names.
         in_config: bool,
-        /// Every capability this host knows.
+        /// Every capability this host knows (the host's own list, also
+        /// when the error comes from an isolated plugin's process).
+        #[serde(skip, default = "known_capabilities")]
         valid: &'static [&'static str],
     },
 

@@ -41,8 +41,8 @@ use crate::{
             Instance, InstanceError,
         },
         generation::{new_state, Start},
-        load::{stage, CheckedLibrary, LoadFailure, Staged},
-        Opened, PluginHost, PluginHostConfig,
+        load::{stage, CheckedLibrary, Staged},
+        LoadError, Opened, PluginHost, PluginHostConfig,
     },
     session::{ServiceConfig, SessionService},
     tool::Owner,
@@ -59,7 +59,7 @@ struct ChildState {
     opened: Mutex<Option<CheckedLibrary>>,
     /// With `--read-only`: the file staged before the restriction, or why
     /// staging or the restriction failed.
-    staged: Mutex<Option<std::result::Result<Staged, ServiceError>>>,
+    staged: Mutex<Option<std::result::Result<Staged, LoadError>>>,
     instance: Mutex<Option<Instance>>,
     hooks: Mutex<HashMap<u64, Arc<LocalHook>>>,
     hook_ids: AtomicU64,
@@ -177,11 +177,11 @@ fn restrict(
     config: &PluginHostConfig,
     file: &std::path::Path,
     writable: Option<PathBuf>,
-) -> std::result::Result<Staged, ServiceError> {
+) -> std::result::Result<Staged, LoadError> {
     let staged = stage(config, file, |_| None)
-        .map_err(|failure| load_error(file, failure))?
+        .map_err(|failure| failure.error)?
         .hold()
-        .map_err(|e| ServiceError::Plugin(format!("cannot hold the private copy: {e}")))?;
+        .map_err(|e| host_error(file, format!("cannot hold the private copy: {e}")))?;
     if let Some(dir) = &writable {
         // It must exist to be named in a rule (`Context::data_dir` makes
         // it the same way).
@@ -189,23 +189,26 @@ fn restrict(
         builder.recursive(true);
         std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
         builder.create(dir).map_err(|e| {
-            ServiceError::Plugin(format!(
-                "cannot create the plugin's data dir {}: {e}",
-                dir.display()
-            ))
+            host_error(
+                file,
+                format!("cannot create the plugin's data dir {}: {e}", dir.display()),
+            )
         })?;
     }
-    sandbox::restrict_self(&Sandbox { writable })
-        .map_err(|e| ServiceError::Unsupported(format!("{}{e}", sandbox::NOT_ENFORCED)))?;
+    // `open_isolated` (load.rs) knows the refusal by its prefix.
+    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::Isolated {
+        path: file.to_path_buf(),
+        message: format!("{}{e}", sandbox::NOT_ENFORCED),
+    })?;
     Ok(staged)
 }
 
-/// A load failure as the host's `open` gets it: without the file name,
-/// which the host puts in front.
-fn load_error(file: &std::path::Path, failure: LoadFailure) -> ServiceError {
-    let text = failure.error.to_string();
-    let prefix = format!("{}: ", file.display());
-    ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
+/// A failure of this process's own, as the loader reports its own.
+fn host_error(file: &std::path::Path, message: impl std::fmt::Display) -> LoadError {
+    LoadError::Host {
+        path: file.to_path_buf(),
+        message: message.to_string(),
+    }
 }
 
 impl ChildState {
@@ -213,16 +216,20 @@ impl ChildState {
         self.peer.get().expect("the peer is set before any request")
     }
 
-    fn open(&self) -> Result<String> {
+    /// A failure of this process's own, as the loader reports its own.
+    fn host_error(&self, message: impl std::fmt::Display) -> LoadError {
+        host_error(&self.file, message)
+    }
+
+    fn open(&self) -> std::result::Result<String, LoadError> {
         let staged = self.staged.lock_unpoisoned().take();
         let opened = match staged {
             None => self.host.open(&self.file),
             Some(Ok(staged)) => self.host.open_staged(&self.file, staged),
             Some(Err(error)) => return Err(error),
         }
-        .map_err(|failure| load_error(&self.file, failure))?;
-        let json = serde_json::to_string(&opened.manifest)
-            .map_err(|e| ServiceError::Internal(e.to_string()))?;
+        .map_err(|failure| failure.error)?;
+        let json = serde_json::to_string(&opened.manifest).map_err(|e| self.host_error(e))?;
         *self.opened.lock_unpoisoned() = Some(opened);
         Ok(json)
     }
@@ -234,16 +241,16 @@ impl ChildState {
         options: String,
         previous_state: Option<String>,
         limits: (Option<u64>, Option<u64>),
-    ) -> Result<String> {
+    ) -> std::result::Result<String, LoadError> {
         let opened = self
             .opened
             .lock_unpoisoned()
             .take()
-            .ok_or_else(|| ServiceError::InvalidInput("init before open".into()))?;
+            .ok_or_else(|| self.host_error("init before open"))?;
         let Opened::Local(module) = opened.module else {
-            return Err(ServiceError::Internal("nested isolation".into()));
+            return Err(self.host_error("nested isolation"));
         };
-        apply_limits(limits)?;
+        apply_limits(limits).map_err(|e| self.host_error(e))?;
         let options = serde_json::from_str(&options).unwrap_or_default();
         let ctx = new_state(
             self.host.inner.service.clone(),
@@ -266,12 +273,7 @@ impl ChildState {
         let instance = {
             let _entered = self.runtime.enter();
             abi::init(&self.file, &name, module, handle)
-        }
-        .map_err(|failure| {
-            let text = failure.to_string();
-            let prefix = format!("{}: ", self.file.display());
-            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
-        })?;
+        }?;
         *self.instance.lock_unpoisoned() = Some(instance);
         Ok(String::new())
     }
@@ -293,6 +295,13 @@ fn instance_error(error: InstanceError) -> ServiceError {
             message: "panicked in export_state or shutdown".into(),
         },
     }
+}
+
+/// The answer to `Open` and `Init`: the loader's own result, error
+/// included, for the host to report as it reports its own (`Child::spawn`,
+/// `Child::init` in `parent.rs`).
+fn load_answer(result: std::result::Result<String, LoadError>) -> Result<String> {
+    serde_json::to_string(&result).map_err(|e| ServiceError::Internal(e.to_string()))
 }
 
 /// Sets the process's own `RLIMIT_AS` and `RLIMIT_CPU` (before `init`).
@@ -323,9 +332,10 @@ impl Handler for ChildState {
             match request {
                 Request::Open => {
                     let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || this.open())
+                    let opened = tokio::task::spawn_blocking(move || this.open())
                         .await
-                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?
+                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?;
+                    load_answer(opened)
                 }
                 Request::Init {
                     name,
@@ -336,7 +346,7 @@ impl Handler for ChildState {
                     cpu_limit,
                 } => {
                     let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || {
+                    let initialised = tokio::task::spawn_blocking(move || {
                         this.init(
                             name,
                             generation,
@@ -346,7 +356,8 @@ impl Handler for ChildState {
                         )
                     })
                     .await
-                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?
+                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?;
+                    load_answer(initialised)
                 }
                 Request::Invoke { hook, input } => self.hook(hook)?.invoke(input).await,
                 Request::Wrap { hook, input, next } => {
