@@ -10,8 +10,13 @@
 //! `Arc<Session>`), so the plugin and the host cannot disagree on a reply.
 //!
 //! The boundary costs only what it must: replies are encoded straight
-//! from the record (`serde_json::to_string`, no `serde_json::Value` in
-//! between), and the method's name is a `&'static str` from the table.
+//! from the record (no `serde_json::Value` in between) into a buffer sized
+//! by the method's earlier replies; `get` encodes the service's shared
+//! record instead of a copy; arguments are parsed borrowed from the
+//! plugin's buffer; each method's future is its own (sized to its handler,
+//! one allocation for the async face); the generation's runtime handle and
+//! service are borrowed, not cloned; and the method's name is a
+//! `&'static str` from the table.
 
 use std::{
     borrow::Borrow,
