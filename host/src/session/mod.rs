@@ -510,8 +510,15 @@ impl SessionService {
 
     /// One session.
     pub async fn get(&self, id: &str) -> Result<Session> {
-        let session = self.state().session(id)?.session.clone();
+        let session = self.shared_session(id)?;
         Ok(Session::clone(&session))
+    }
+
+    /// [`get`](Self::get) without copying the record: the session as the
+    /// service holds it, for a caller that only encodes it (the plugin
+    /// boundary), so the copy is not paid twice.
+    pub(crate) fn shared_session(&self, id: &str) -> Result<Arc<Session>> {
+        Ok(Arc::clone(&self.state().session(id)?.session))
     }
 
     /// Changes a session's title.

@@ -94,7 +94,11 @@ impl Tool for Shell {
         input["command"].as_str().unwrap_or_default().to_string()
     }
 
-    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+    fn run(
+        self: std::sync::Arc<Self>,
+        ctx: JobContext,
+        input: Value,
+    ) -> BoxFuture<Result<ToolOutcome>> {
         Box::pin(async move {
             let input = parse(&input)?;
             run_command(ctx, input).await
