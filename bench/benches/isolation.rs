@@ -4,10 +4,12 @@
 //! ```text
 //! cargo bench -p offstage-bench --bench isolation
 //! # or, reusing the bench's release dependencies:
-//! cargo build --release -p offstage --bin offstage -p offstage-test-racer
+//! cargo build --release -p offstage --bin offstage -p offstage-test-racer \
+//!   -p offstage-test-hello
 //! OFFSTAGE_BENCH_EXE=target/release/offstage \
 //!   OFFSTAGE_BENCH_RACER=target/release/liboffstage_test_racer.so \
 //!   cargo bench -p offstage-bench --bench isolation
+//! # (hello is taken from beside the racer)
 //! ```
 //!
 //! - `get` through each face of the racer plugin: in process, isolated, and
@@ -15,6 +17,11 @@
 //!   bytes (the isolated call's request and reply frames) over a tokio
 //!   socket pair with the same length-delimited framing, echoed by a thread
 //!   of its own (target: an isolated call ≤ 2× that round trip).
+//! - A tool wrapper's added latency per tool call: a call of `hello` (a
+//!   trivial tool of a plugin in process) and of `shell` (`true`), each
+//!   unwrapped, wrapped by the racer plugin in process, and wrapped by it
+//!   isolated (`hello`'s wrapper only hands the call on; `shell`'s races it
+//!   against a timer that never fires).
 //! - A child's start time: `load_file` of the racer plugin isolated (start
 //!   the process, loader checks, `init`) against in process.
 //! - Memory: resident size of one isolated plugin's process, and the
@@ -76,14 +83,21 @@ fn racer_plugin() -> PathBuf {
         return path;
     }
     build(&["-p", "offstage-test-racer"]);
-    let name = format!(
-        "{}offstage_test_racer{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    );
     workspace_root()
         .join("target/bench-plugins/release")
-        .join(name)
+        .join(offstage_tests::library_file_name("offstage-test-racer"))
+}
+
+/// The `hello` test plugin: beside a prebuilt racer if it is there.
+fn hello_plugin(racer: &Path) -> PathBuf {
+    let beside = racer.with_file_name(offstage_tests::library_file_name("offstage-test-hello"));
+    if beside.exists() {
+        return beside;
+    }
+    build(&["-p", "offstage-test-hello"]);
+    workspace_root()
+        .join("target/bench-plugins/release")
+        .join(offstage_tests::library_file_name("offstage-test-hello"))
 }
 
 fn offstage_binary() -> PathBuf {
@@ -232,6 +246,115 @@ async fn bare_round_trip(request: &[u8], reply: &[u8], n: u64) -> f64 {
     ns
 }
 
+/// A host with the `hello` plugin in process and, with `wrapper` set, the
+/// racer plugin run as it says, wrapping `hello` (handing each call on)
+/// and `shell` (racing it against a timer that never fires).
+async fn wrapper_setup(
+    racer: &Path,
+    hello: &Path,
+    wrapper: Option<Isolation>,
+    exe: &Path,
+) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(dir.path());
+    let plugins = dir.path().join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let mut libraries = vec![hello];
+    let mut settings = BTreeMap::new();
+    let mut isolation = IsolationConfig {
+        child_exe: Some(exe.to_path_buf()),
+        ..Default::default()
+    };
+    if let Some(mode) = wrapper {
+        libraries.push(racer);
+        settings.insert(
+            "racer".to_string(),
+            PluginSettings {
+                options: json!({ "after_ms": 600_000, "wrap_through": ["hello"] }),
+                ..PluginSettings::default()
+            },
+        );
+        isolation.plugins.insert(
+            "racer".to_string(),
+            IsolationSettings {
+                mode: Some(mode),
+                ..Default::default()
+            },
+        );
+    }
+    for library in libraries {
+        std::fs::copy(library, plugins.join(library.file_name().unwrap())).unwrap();
+    }
+    let host = PluginHost::with_isolation(
+        service.clone(),
+        PluginHostConfig {
+            dirs: vec![plugins],
+            data_dir: dir.path().join("data"),
+            allow_insecure_permissions: false,
+            settings,
+        },
+        isolation,
+    );
+    let loaded = {
+        let host = host.clone();
+        tokio::task::spawn_blocking(move || host.load_all())
+            .await
+            .unwrap()
+    };
+    for info in &loaded {
+        assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
+    }
+    let session = service.create(NewSession::default()).await.unwrap().id;
+    Setup {
+        _dir: dir,
+        service,
+        host,
+        session,
+    }
+}
+
+/// Nanoseconds per `call_tool` of `tool` with `input`, `n` calls one
+/// after the other in a new session.
+async fn tool_calls(setup: &Setup, tool: &str, input: &serde_json::Value, n: u64) -> f64 {
+    let session = setup
+        .service
+        .create(NewSession::default())
+        .await
+        .unwrap()
+        .id;
+    let start = Instant::now();
+    for _ in 0..n {
+        let result = setup
+            .service
+            .call_tool(&session, ToolRequest::new(tool, input.clone()))
+            .await
+            .unwrap();
+        assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
+    }
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// The wrapped tools: name, input, calls per round, label.
+fn wrapped_tools() -> [(&'static str, serde_json::Value, u64, &'static str); 2] {
+    [
+        (
+            "hello",
+            json!({ "name": "ada" }),
+            400,
+            "`hello` (a trivial plugin tool, in process)",
+        ),
+        (
+            "shell",
+            json!({ "command": "true" }),
+            40,
+            "`shell` running `true`",
+        ),
+    ]
+}
+
+/// The wrapper set-ups, in the order of `wrapper_setup`'s calls in `main`.
+const WRAPPERS: [&str; 3] = ["unwrapped", "in-process", "isolated"];
+
 const FACES: [(&str, &str); 3] = [
     ("async", "async face (`get().await`)"),
     ("blocking", "blocking face, plugin's own thread"),
@@ -250,6 +373,7 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     let library = racer_plugin();
+    let hello = hello_plugin(&library);
     let exe = offstage_binary();
     runtime.block_on(async {
         let (inproc, inproc_load) = setup(&library, Isolation::None, &exe).await;
@@ -298,6 +422,44 @@ fn main() {
                 ns / direct,
                 if ratio <= 2.0 { "yes" } else { "**no**" }
             );
+        }
+
+        // A tool wrapper's added latency per tool call.
+        let wrapper_setups = [
+            wrapper_setup(&library, &hello, None, &exe).await,
+            wrapper_setup(&library, &hello, Some(Isolation::None), &exe).await,
+            wrapper_setup(&library, &hello, Some(Isolation::Process), &exe).await,
+        ];
+        for (tool, input, n, _) in wrapped_tools() {
+            for setup in &wrapper_setups {
+                tool_calls(setup, tool, &input, n / 4).await;
+            }
+        }
+        let mut wrapped: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for _ in 0..ROUNDS {
+            for (tool, input, n, _) in wrapped_tools() {
+                for (key, setup) in WRAPPERS.iter().zip(&wrapper_setups) {
+                    let ns = tool_calls(setup, tool, &input, n).await;
+                    wrapped.entry(format!("{tool}-{key}")).or_default().push(ns);
+                }
+            }
+        }
+        println!("\n## isolation: a tool wrapper's added latency per tool call (x {ROUNDS} rounds, median of rounds)\n");
+        println!("| tool call | unwrapped (baseline) | wrapped in process | wrapped isolated | added in process | added isolated | isolated ratio to unwrapped | isolated ratio to in process |");
+        println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+        for (tool, _, n, label) in wrapped_tools() {
+            let mut w = |key: &str| median(wrapped.get_mut(&format!("{tool}-{key}")).unwrap()) / 1e3;
+            let (bare, inproc, iso) = (w("unwrapped"), w("in-process"), w("isolated"));
+            println!(
+                "| {label}, {n} calls | {bare:.1} µs | {inproc:.1} µs | {iso:.1} µs | {:+.1} µs | {:+.1} µs | {:.2} | {:.2} |",
+                inproc - bare,
+                iso - bare,
+                iso / bare,
+                iso / inproc
+            );
+        }
+        for setup in &wrapper_setups {
+            setup.host.shutdown();
         }
 
         println!("\n## isolation: start and memory\n");

@@ -33,7 +33,8 @@
 //!   `GET /api/health` round trip for both durability levels, idle and
 //!   with 8 sessions running shell calls; 1 000 jobs moved by one call
 //!   (commits counted); shell calls/s of 8 sessions vs bare
-//!   `tokio::process` with 8 concurrent.
+//!   `tokio::process` with 8 concurrent. Its parts run alone as
+//!   `writer_http`, `writer_mass` and `writer_throughput`.
 //!
 //! Each table row: figure, baseline, ratio, target, and whether it is met.
 
@@ -881,7 +882,7 @@ fn main() {
         http_background(&server, tmpfs.as_ref());
         http_rate(&server);
     }
-    if wanted("writer") {
+    if wanted("writer_http") {
         writer_http();
     }
     if wanted("idle") {
@@ -900,8 +901,10 @@ fn main() {
         if wanted("mass") {
             mass().await;
         }
-        if wanted("writer") {
+        if wanted("writer_mass") {
             writer_mass().await;
+        }
+        if wanted("writer_throughput") {
             writer_throughput().await;
         }
     });

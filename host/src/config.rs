@@ -30,7 +30,9 @@
 //! after_ms = 5000
 //! isolation = "process"         # and restart, max_restarts, restart_window,
 //!                               # call_timeout, event_timeout, ping_interval,
-//!                               # ping_timeout, memory_limit, cpu_limit
+//!                               # ping_timeout, memory_limit, cpu_limit,
+//!                               # filesystem ("unrestricted" | "read-only":
+//!                               # write only in its data dir, Landlock)
 //!
 //! [[permission]]
 //! tool = "shell"
@@ -376,7 +378,23 @@ impl FileConfig {
 
     /// Parses config text; the error names the key, line and column.
     pub fn parse(text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+        let config: FileConfig =
+            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        config.isolation().check()?;
+        Ok(config)
+    }
+
+    /// `[plugins]` and each `[plugin.NAME]`'s isolation keys.
+    pub fn isolation(&self) -> IsolationConfig {
+        IsolationConfig {
+            defaults: self.plugins.isolation.clone(),
+            plugins: self
+                .plugin
+                .iter()
+                .map(|(name, table)| (name.clone(), table.isolation.clone()))
+                .collect(),
+            child_exe: None,
+        }
     }
 }
 
@@ -429,6 +447,7 @@ impl ServeConfig {
             Some(path) => FileConfig::load(path)?,
             None => FileConfig::default(),
         };
+        let isolation = file.isolation();
         let addr_text = overrides
             .addr
             .or(file.addr)
@@ -485,15 +504,7 @@ impl ServeConfig {
             plugin_dirs,
             allow_insecure_plugins: overrides.allow_insecure_plugins
                 || file.allow_insecure_plugins.unwrap_or(false),
-            isolation: IsolationConfig {
-                defaults: file.plugins.isolation,
-                plugins: file
-                    .plugin
-                    .iter()
-                    .map(|(name, table)| (name.clone(), table.isolation.clone()))
-                    .collect(),
-                child_exe: None,
-            },
+            isolation,
             plugins: file.plugin,
             permissions: file.permission,
             durability: file.store.durability.unwrap_or_default(),
@@ -800,6 +811,22 @@ action = "deny"
         assert_eq!(config.addr.port(), 2);
         assert_eq!(config.data_dir, PathBuf::from("/elsewhere"));
         assert_eq!(config.plugin_dirs, vec![PathBuf::from("/q")]);
+    }
+
+    #[test]
+    fn read_only_filesystem_needs_isolation() {
+        let error = FileConfig::parse(
+            "[plugins]\nisolation = \"process\"\n[plugin.a]\nisolation = \"none\"\nfilesystem = \"read-only\"\n",
+        )
+        .unwrap_err();
+        assert!(error.starts_with("[plugin.a]: "), "{error}");
+        assert!(error.contains("restrict the whole host"), "{error}");
+        let config = FileConfig::parse(
+            "[plugins]\nisolation = \"process\"\nfilesystem = \"read-only\"\n[plugin.a]\nfilesystem = \"unrestricted\"\n",
+        )
+        .unwrap();
+        // Isolation keys are not the plugin's options.
+        assert_eq!(config.plugin["a"].options, serde_json::json!({}));
     }
 
     #[test]

@@ -166,10 +166,35 @@ impl Default for EventBus {
 /// The shape each event is serialised as (its `id` is put in front when
 /// it is numbered).
 #[derive(Serialize)]
-struct Wire<'a> {
+struct Wire<'a, P: ?Sized> {
     #[serde(rename = "type")]
     kind: &'a str,
-    properties: &'a Value,
+    properties: &'a P,
+}
+
+/// An event serialised but not published yet: the expensive half of a
+/// publication, done ahead (outside any lock) so that publishing is only
+/// numbering and a push ([`EventBus::publish_all`]).
+#[derive(Debug)]
+pub struct PreparedEvent {
+    kind: Box<str>,
+    /// `{"type":...,"properties":...}`.
+    body: Vec<u8>,
+}
+
+impl PreparedEvent {
+    /// Serialises an event of `kind` whose properties are `properties`'
+    /// JSON (a record is serialised as it is, without going through a
+    /// `Value`).
+    pub fn prepare<P: Serialize + ?Sized>(kind: &str, properties: &P) -> PreparedEvent {
+        let body = serde_json::to_vec(&Wire { kind, properties })
+            // Records and `Value`s serialise (their keys are strings).
+            .unwrap_or_else(|_| br#"{"type":"event.unserializable","properties":null}"#.to_vec());
+        PreparedEvent {
+            kind: kind.into(),
+            body,
+        }
+    }
 }
 
 impl EventBus {
@@ -202,35 +227,27 @@ impl EventBus {
     /// it the next id and adds it to the history, dropping the oldest
     /// events past the limits. Never waits for a reader.
     pub fn publish(&self, kind: &str, properties: Value) {
-        // Serialised before the lock; only the id is spliced in under it.
-        let body = serde_json::to_vec(&Wire {
-            kind,
-            properties: &properties,
-        })
-        // A `Value` always serialises (its keys are strings).
-        .unwrap_or_else(|_| br#"{"type":"event.unserializable","properties":null}"#.to_vec());
-        drop(properties);
+        self.publish_all([PreparedEvent::prepare(kind, &properties)]);
+    }
+
+    /// Publishes events serialised ahead, in order, with consecutive ids:
+    /// one lock of the history and one wake-up of the readers for all of
+    /// them (a move of a thousand jobs publishes thousands of events).
+    pub fn publish_all(&self, events: impl IntoIterator<Item = PreparedEvent>) {
         let inner = &*self.inner;
         let mut history = inner.history.write_unpoisoned();
-        // The id is taken under the history lock: ids follow history order.
-        let id = *inner.next_id.borrow();
-        let head = format!("id: {id}\ndata: ");
-        let json_start = head.len();
-        let id_field = format!("{{\"id\":{id},");
-        let mut frame = Vec::with_capacity(head.len() + id_field.len() + body.len() + 2);
-        frame.extend_from_slice(head.as_bytes());
-        frame.extend_from_slice(id_field.as_bytes());
-        // `body` is `{"type":..., "properties":...}`: everything after its `{`.
-        frame.extend_from_slice(&body[1..]);
-        frame.extend_from_slice(b"\n\n");
-        let published = Arc::new(Published {
-            id,
-            kind: kind.into(),
-            frame: Bytes::from(frame),
-            json_start,
-        });
-        history.bytes += published.cost();
-        history.events.push_back(published);
+        // Ids are taken under the history lock: ids follow history order.
+        let first = *inner.next_id.borrow();
+        let mut id = first;
+        for PreparedEvent { kind, body } in events {
+            let published = Arc::new(frame(id, kind, &body));
+            history.bytes += published.cost();
+            history.events.push_back(published);
+            id += 1;
+        }
+        if id == first {
+            return;
+        }
         while history.events.len() > 1
             && (history.events.len() > inner.limits.events || history.bytes > inner.limits.bytes)
         {
@@ -238,7 +255,7 @@ impl EventBus {
                 history.bytes -= dropped.cost();
             }
         }
-        inner.next_id.send_replace(id + 1);
+        inner.next_id.send_replace(id);
     }
 
     /// A new reader that sees events published from now on.
@@ -286,6 +303,25 @@ impl EventBus {
     pub fn held(&self) -> (usize, usize) {
         let history = self.inner.history.read_unpoisoned();
         (history.events.len(), history.bytes)
+    }
+}
+
+/// Event `id`'s SSE frame, `id: N\ndata: {"id":N,...}\n\n`, from its
+/// serialised `{"type":...,"properties":...}`.
+fn frame(id: u64, kind: Box<str>, body: &[u8]) -> Published {
+    use std::io::Write;
+    let mut frame = Vec::with_capacity(body.len() + 48);
+    let _ = write!(frame, "id: {id}\ndata: ");
+    let json_start = frame.len();
+    let _ = write!(frame, "{{\"id\":{id},");
+    // `body` is `{"type":..., "properties":...}`: everything after its `{`.
+    frame.extend_from_slice(&body[1..]);
+    frame.extend_from_slice(b"\n\n");
+    Published {
+        id,
+        kind,
+        frame: Bytes::from(frame),
+        json_start,
     }
 }
 
@@ -555,7 +591,8 @@ mod contract_table {
         }
     }
 
-    /// `publish("type", json!({ "a": .., "b": .. }))` in the host's source:
+    /// `publish("type", json!({ "a": .., "b": .. }))` (or
+    /// `PreparedEvent::prepare("type", ..)`) in the host's source:
     /// each type with the fields of its in-place payloads (`None` for a
     /// payload that is a variable, i.e. a record).
     fn published() -> BTreeMap<String, Vec<Option<BTreeSet<String>>>> {
@@ -572,8 +609,12 @@ mod contract_table {
                 Some(tests) => &text[..tests],
                 None => &text[..],
             };
-            for (at, _) in text.match_indices(".publish(") {
-                let rest = text[at + ".publish(".len()..].trim_start();
+            // Published at once, or serialised ahead and published later.
+            let calls = [".publish(", "PreparedEvent::prepare("]
+                .into_iter()
+                .flat_map(|call| text.match_indices(call));
+            for (at, call) in calls {
+                let rest = text[at + call.len()..].trim_start();
                 let Some(rest) = rest.strip_prefix('"') else {
                     continue; // `publish(kind, ..)`: the bus itself
                 };
@@ -585,7 +626,7 @@ mod contract_table {
                 if !is_type || kind.starts_with("test.") {
                     continue; // not a type name (this scanner), or a test's own
                 }
-                let after = rest[kind.len() + 1..].trim_start_matches([',', ' ', '\n']);
+                let after = rest[kind.len() + 1..].trim_start_matches([',', ' ', '\n', '&']);
                 let fields = after.strip_prefix("json!({").map(|body| {
                     let mut depth = 1;
                     let end = body

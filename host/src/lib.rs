@@ -34,7 +34,7 @@ pub use crate::{
     cli::main,
     config::FileConfig,
     error::{Result, ServiceError},
-    event::{Delivery, Event, EventBus, HistoryLimits, Published, Subscriber},
+    event::{Delivery, Event, EventBus, HistoryLimits, PreparedEvent, Published, Subscriber},
     permission::{Action, PermissionRequest, Reply, Rule},
     session::{ServiceConfig, SessionService},
 };

@@ -24,7 +24,7 @@
 //! /// Docs shown on the plugin's async face.
 //! #[cfg(...)]                                    // optional: which API releases have it
 //! fn get / get_blocking (session_id: &str) -> $crate::types::Session {
-//!     args: $crate::types::args::SessionId = <expression building args from the parameters>,
+//!     args: $crate::types::args::SessionId<'_> = <expression building args from the parameters>,
 //!     capability: SESSION_READ,                  // a name in `crate::capability`
 //!     http: Some("GET /api/session/{id}"),       // or `None`: plugin-only
 //!     since: "1.0",
@@ -66,17 +66,17 @@ macro_rules! session_methods {
             }
             /// One session by id.
             fn get / get_blocking (session_id: &str) -> $crate::types::Session {
-                args: $crate::types::args::SessionId =
-                    $crate::types::args::SessionId { session_id: session_id.to_string() },
+                args: $crate::types::args::SessionId<'_> =
+                    $crate::types::args::SessionId { session_id: session_id.into() },
                 capability: SESSION_READ,
                 http: Some("GET /api/session/{id}"),
                 since: "1.0",
             }
             /// Changes a session's title.
             fn rename / rename_blocking (session_id: &str, title: &str) -> $crate::types::Session {
-                args: $crate::types::args::Rename = $crate::types::args::Rename {
-                    session_id: session_id.to_string(),
-                    title: title.to_string(),
+                args: $crate::types::args::Rename<'_> = $crate::types::args::Rename {
+                    session_id: session_id.into(),
+                    title: title.into(),
                 },
                 capability: SESSION_WRITE,
                 http: Some("PATCH /api/session/{id}"),
@@ -84,16 +84,16 @@ macro_rules! session_methods {
             }
             /// Deletes a session and cancels its jobs.
             fn remove / remove_blocking (session_id: &str) -> () {
-                args: $crate::types::args::SessionId =
-                    $crate::types::args::SessionId { session_id: session_id.to_string() },
+                args: $crate::types::args::SessionId<'_> =
+                    $crate::types::args::SessionId { session_id: session_id.into() },
                 capability: SESSION_WRITE,
                 http: Some("DELETE /api/session/{id}"),
                 since: "1.0",
             }
             /// A session's messages, oldest first.
             fn messages / messages_blocking (session_id: &str) -> ::std::vec::Vec<$crate::types::Message> {
-                args: $crate::types::args::SessionId =
-                    $crate::types::args::SessionId { session_id: session_id.to_string() },
+                args: $crate::types::args::SessionId<'_> =
+                    $crate::types::args::SessionId { session_id: session_id.into() },
                 capability: SESSION_READ,
                 http: Some("GET /api/session/{id}/message"),
                 since: "1.0",
@@ -101,9 +101,9 @@ macro_rules! session_methods {
             /// Adds a user message and runs the session's agent for one turn;
             /// returns the messages the turn added.
             fn prompt / prompt_blocking (session_id: &str, text: &str) -> ::std::vec::Vec<$crate::types::Message> {
-                args: $crate::types::args::Prompt = $crate::types::args::Prompt {
-                    session_id: session_id.to_string(),
-                    text: text.to_string(),
+                args: $crate::types::args::Prompt<'_> = $crate::types::args::Prompt {
+                    session_id: session_id.into(),
+                    text: text.into(),
                     agent: None,
                 },
                 capability: SESSION_WRITE,
@@ -113,9 +113,9 @@ macro_rules! session_methods {
             /// Adds a notice to a session and wakes it, as finished background
             /// work does.
             fn notice / notice_blocking (session_id: &str, text: &str, metadata: $crate::__private::Value) -> $crate::types::Message {
-                args: $crate::types::args::Notice = $crate::types::args::Notice {
-                    session_id: session_id.to_string(),
-                    text: text.to_string(),
+                args: $crate::types::args::Notice<'_> = $crate::types::args::Notice {
+                    session_id: session_id.into(),
+                    text: text.into(),
                     metadata,
                 },
                 capability: SESSION_WRITE,
@@ -125,16 +125,16 @@ macro_rules! session_methods {
             /// Cancels the session's foreground jobs and its running turn;
             /// background jobs go on. Returns whether anything was interrupted.
             fn interrupt / interrupt_blocking (session_id: &str) -> bool {
-                args: $crate::types::args::SessionId =
-                    $crate::types::args::SessionId { session_id: session_id.to_string() },
+                args: $crate::types::args::SessionId<'_> =
+                    $crate::types::args::SessionId { session_id: session_id.into() },
                 capability: SESSION_WRITE,
                 http: Some("POST /api/session/{id}/interrupt"),
                 since: "1.0",
             }
             /// Jobs of one session, or of all sessions with `None`.
             fn jobs / jobs_blocking (session_id: Option<&str>) -> ::std::vec::Vec<$crate::types::Job> {
-                args: $crate::types::args::Jobs =
-                    $crate::types::args::Jobs { session_id: session_id.map(str::to_string) },
+                args: $crate::types::args::Jobs<'_> =
+                    $crate::types::args::Jobs { session_id: session_id.map(::std::borrow::Cow::Borrowed) },
                 capability: SESSION_READ,
                 http: Some("GET /api/job"),
                 since: "1.0",
@@ -142,8 +142,8 @@ macro_rules! session_methods {
             /// Runs a tool in a session and waits until its job ends or is moved
             /// to the background.
             fn call_tool / call_tool_blocking (session_id: &str, request: $crate::types::ToolRequest) -> $crate::types::ToolResult {
-                args: $crate::types::args::CallTool =
-                    $crate::types::args::CallTool { session_id: session_id.to_string(), request },
+                args: $crate::types::args::CallTool<'_> =
+                    $crate::types::args::CallTool { session_id: session_id.into(), request },
                 capability: TOOL_CALL,
                 http: Some("POST /api/session/{id}/tool"),
                 since: "1.0",
@@ -162,8 +162,8 @@ macro_rules! session_methods {
             /// Waits until the session is idle and returns it. *Since 1.1.*
             #[cfg(not(offstage_api_variant = "older"))]
             fn wait_idle / wait_idle_blocking (session_id: &str) -> $crate::types::Session {
-                args: $crate::types::args::SessionId =
-                    $crate::types::args::SessionId { session_id: session_id.to_string() },
+                args: $crate::types::args::SessionId<'_> =
+                    $crate::types::args::SessionId { session_id: session_id.into() },
                 capability: SESSION_READ,
                 http: None,
                 since: "1.1",
@@ -172,8 +172,8 @@ macro_rules! session_methods {
             /// One job by id. *Since 1.2.*
             #[cfg(not(offstage_api_variant = "older"))]
             fn job / job_blocking (job_id: &str) -> $crate::types::Job {
-                args: $crate::types::args::JobId =
-                    $crate::types::args::JobId { job_id: job_id.to_string() },
+                args: $crate::types::args::JobId<'_> =
+                    $crate::types::args::JobId { job_id: job_id.into() },
                 capability: SESSION_READ,
                 http: Some("GET /api/job/{id}"),
                 since: "1.2",
@@ -185,8 +185,8 @@ macro_rules! session_methods {
             /// *Since 1.2.*
             #[cfg(not(offstage_api_variant = "older"))]
             fn job_output / job_output_blocking (job_id: &str, offset: u64, limit: Option<u64>) -> $crate::types::OutputChunk {
-                args: $crate::types::args::JobOutput =
-                    $crate::types::args::JobOutput { job_id: job_id.to_string(), offset, limit },
+                args: $crate::types::args::JobOutput<'_> =
+                    $crate::types::args::JobOutput { job_id: job_id.into(), offset, limit },
                 capability: SESSION_READ,
                 http: Some("GET /api/job/{id}/output"),
                 since: "1.2",
@@ -196,8 +196,8 @@ macro_rules! session_methods {
             /// Moving it to the background first is not needed. *Since 1.2.*
             #[cfg(not(offstage_api_variant = "older"))]
             fn cancel_job / cancel_job_blocking (job_id: &str) -> $crate::types::Job {
-                args: $crate::types::args::JobId =
-                    $crate::types::args::JobId { job_id: job_id.to_string() },
+                args: $crate::types::args::JobId<'_> =
+                    $crate::types::args::JobId { job_id: job_id.into() },
                 capability: SESSION_WRITE,
                 http: Some("DELETE /api/job/{id}"),
                 since: "1.2",
@@ -208,8 +208,8 @@ macro_rules! session_methods {
             /// Copies a session. *Since 1.3* (a fixture for compatibility tests).
             #[cfg(offstage_api_variant = "newer")]
             fn fork / fork_blocking (session_id: &str) -> $crate::types::Session {
-                args: $crate::types::args::SessionId =
-                    $crate::types::args::SessionId { session_id: session_id.to_string() },
+                args: $crate::types::args::SessionId<'_> =
+                    $crate::types::args::SessionId { session_id: session_id.into() },
                 capability: SESSION_READ,
                 http: None,
                 since: "1.3",

@@ -6,12 +6,11 @@
 //! works from any thread; called from inside a future the host is polling it
 //! parks that worker while the call runs, so prefer `.await` there.
 
-use abi_stable::std_types::RString;
+use abi_stable::std_types::{RResult, RString};
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::{
-    abi::{AsyncMethod, BlockingMethod, IntoFace, SessionDomainRef},
-    futures::from_abi_result,
+    abi::{AbiResult, AsyncMethod, BlockingMethod, IntoFace, SessionDomainRef},
     Context, Error, Result,
 };
 
@@ -26,13 +25,18 @@ fn encode(args: impl Serialize) -> Result<RString> {
     Ok(RString::from(serde_json::to_string(&args)?))
 }
 
-fn decode<T: DeserializeOwned>(method: &str, json: String) -> Result<T> {
-    serde_json::from_str(&json).map_err(|e| {
-        Error::new(
-            crate::ErrorKind::HostFailure,
-            format!("host sent a bad {method} reply: {e}"),
-        )
-    })
+/// Reads the host's reply: the record is parsed straight from the host's
+/// buffer, which is then freed, without first being moved into a `String`.
+fn decode<T: DeserializeOwned>(method: &str, reply: AbiResult) -> Result<T> {
+    match reply {
+        RResult::ROk(json) => serde_json::from_str(json.as_str()).map_err(|e| {
+            Error::new(
+                crate::ErrorKind::HostFailure,
+                format!("host sent a bad {method} reply: {e}"),
+            )
+        }),
+        RResult::RErr(error) => Err(Error::from_abi(error)),
+    }
 }
 
 fn unsupported(method: &str) -> Error {
@@ -61,8 +65,7 @@ macro_rules! plugin_faces {
                 let face: Option<AsyncMethod> = IntoFace::into_face(self.vtable().$name());
                 let method = face.ok_or_else(|| unsupported(stringify!($name)))?;
                 let args: $args = $build;
-                let json = from_abi_result(method(self.ctx.inner.ctx, encode(args)?).await)?;
-                decode(stringify!($name), json)
+                decode(stringify!($name), method(self.ctx.inner.ctx, encode(args)?).await)
             }
 
             #[doc = concat!("The blocking face of [`", stringify!($name), "`](Self::", stringify!($name), ").")]
@@ -71,8 +74,7 @@ macro_rules! plugin_faces {
                 let face: Option<BlockingMethod> = IntoFace::into_face(self.vtable().$blocking());
                 let method = face.ok_or_else(|| unsupported(stringify!($name)))?;
                 let args: $args = $build;
-                let json = from_abi_result(method(self.ctx.inner.ctx, encode(args)?))?;
-                decode(stringify!($name), json)
+                decode(stringify!($name), method(self.ctx.inner.ctx, encode(args)?))
             }
         )*}
     };
@@ -106,8 +108,7 @@ impl SessionDomain {
         let face: Option<AsyncMethod> = IntoFace::into_face(self.vtable().prompt());
         let method = face.ok_or_else(|| unsupported("prompt"))?;
         let args = prompt_args(session_id, text, agent);
-        let json = from_abi_result(method(self.ctx.inner.ctx, encode(args)?).await)?;
-        decode("prompt", json)
+        decode("prompt", method(self.ctx.inner.ctx, encode(args)?).await)
     }
 
     /// The blocking face of [`prompt_with_agent`](Self::prompt_with_agent).
@@ -120,15 +121,18 @@ impl SessionDomain {
         let face: Option<BlockingMethod> = IntoFace::into_face(self.vtable().prompt_blocking());
         let method = face.ok_or_else(|| unsupported("prompt"))?;
         let args = prompt_args(session_id, text, agent);
-        let json = from_abi_result(method(self.ctx.inner.ctx, encode(args)?))?;
-        decode("prompt", json)
+        decode("prompt", method(self.ctx.inner.ctx, encode(args)?))
     }
 }
 
-fn prompt_args(session_id: &str, text: &str, agent: &str) -> crate::types::args::Prompt {
+fn prompt_args<'a>(
+    session_id: &'a str,
+    text: &'a str,
+    agent: &'a str,
+) -> crate::types::args::Prompt<'a> {
     crate::types::args::Prompt {
-        session_id: session_id.to_string(),
-        text: text.to_string(),
-        agent: Some(agent.to_string()),
+        session_id: session_id.into(),
+        text: text.into(),
+        agent: Some(agent.into()),
     }
 }

@@ -312,54 +312,69 @@ pub struct OutputChunk {
 
 /// Arguments of the session-domain methods as they cross the boundary.
 /// Not needed by plugin authors; the host parses the same types.
+///
+/// Strings are `Cow`s: the plugin serialises its `&str` arguments without
+/// copying them first, and the host parses them borrowed from the JSON it
+/// received (owned only when the JSON text has escapes).
 #[doc(hidden)]
 pub mod args {
+    use std::borrow::Cow;
+
     use serde::{Deserialize, Serialize};
     use serde_json::Value;
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct SessionId {
-        pub session_id: String,
+    pub struct SessionId<'a> {
+        #[serde(borrow)]
+        pub session_id: Cow<'a, str>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct Rename {
-        pub session_id: String,
-        pub title: String,
+    pub struct Rename<'a> {
+        #[serde(borrow)]
+        pub session_id: Cow<'a, str>,
+        #[serde(borrow)]
+        pub title: Cow<'a, str>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct Prompt {
-        pub session_id: String,
-        pub text: String,
-        #[serde(default)]
-        pub agent: Option<String>,
+    pub struct Prompt<'a> {
+        #[serde(borrow)]
+        pub session_id: Cow<'a, str>,
+        #[serde(borrow)]
+        pub text: Cow<'a, str>,
+        #[serde(default, borrow)]
+        pub agent: Option<Cow<'a, str>>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct Notice {
-        pub session_id: String,
-        pub text: String,
+    pub struct Notice<'a> {
+        #[serde(borrow)]
+        pub session_id: Cow<'a, str>,
+        #[serde(borrow)]
+        pub text: Cow<'a, str>,
         #[serde(default)]
         pub metadata: Value,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct Jobs {
-        #[serde(default)]
-        pub session_id: Option<String>,
+    pub struct Jobs<'a> {
+        #[serde(default, borrow)]
+        pub session_id: Option<Cow<'a, str>>,
     }
 
     /// Since 1.2.
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct JobId {
-        pub job_id: String,
+    pub struct JobId<'a> {
+        #[serde(borrow)]
+        pub job_id: Cow<'a, str>,
     }
 
     /// Since 1.2. `limit: None` is the HTTP route's default page size.
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct JobOutput {
-        pub job_id: String,
+    pub struct JobOutput<'a> {
+        #[serde(borrow)]
+        pub job_id: Cow<'a, str>,
         #[serde(default)]
         pub offset: u64,
         #[serde(default)]
@@ -367,8 +382,9 @@ pub mod args {
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]
-    pub struct CallTool {
-        pub session_id: String,
+    pub struct CallTool<'a> {
+        #[serde(borrow)]
+        pub session_id: Cow<'a, str>,
         #[serde(flatten)]
         pub request: super::ToolRequest,
     }

@@ -5,6 +5,25 @@
 //!
 //! Run one area with a filter: `cargo test -p offstage-tests engine::`.
 
+/// One `#[tokio::test]` per name, each calling the function of that name
+/// in `crate::$area::$file` with the plugins run as `$mode` says.
+///
+/// Why: the plugin suites run both in process and isolated
+/// (`isolation = "process"`) from one definition. A suite module lists its
+/// cases in a macro of its own that expands to this, invokes it with
+/// `Isolation::None`, and `isolation::*` invokes it with
+/// `Isolation::Process`: the same tests, not a copy.
+macro_rules! tests_in_mode {
+    ($mode:expr, $area:ident::$file:ident { $($name:ident),+ $(,)? }) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                crate::$area::$file::$name($mode).await
+            }
+        )+
+    };
+}
+
 /// The session service in process: background moves, cancel, notices,
 /// permissions, a plugin racing its own call, turns.
 mod engine {
@@ -12,7 +31,7 @@ mod engine {
     mod cancel;
     mod notice;
     mod permission;
-    mod plugin_race;
+    pub(crate) mod plugin_race;
     mod turn;
 }
 
@@ -36,23 +55,23 @@ mod attach;
 /// The plugin loader with real cdylibs: loading, every way it fails, the
 /// session domain as a plugin sees it, compatibility across API releases.
 mod loader {
-    mod compat;
+    pub(crate) mod compat;
     pub(crate) mod domain;
     mod failures;
-    mod load;
+    pub(crate) mod load;
 }
 
 /// The example plugins under `plugins/`, and `offstage demo`.
 mod example_plugins {
-    mod audit_log;
-    mod auto_background;
-    mod check_agent;
+    pub(crate) mod audit_log;
+    pub(crate) mod auto_background;
+    pub(crate) mod check_agent;
     mod demo;
 }
 
 /// Hot reload: in process, over the API and CLI, and `offstage dev`.
 mod reload {
-    mod basic;
+    pub(crate) mod basic;
     mod cli;
     mod dev;
 }
@@ -93,10 +112,18 @@ mod reliability {
 }
 
 /// Plugins out of process (`isolation = "process"`): processes that crash
-/// or hang, restarts, state handoff, and the plugin-domain suite isolated.
+/// or hang, restarts, state handoff, the Landlock filesystem restriction;
+/// and the plugin suites of the areas above run isolated (the same tests,
+/// invoked with `Isolation::Process`).
 mod isolation {
+    mod compat;
     mod crash;
     mod domain;
+    mod example_plugins;
+    mod filesystem;
+    mod grants;
+    mod hooks;
+    mod reload;
 }
 
 /// `docs/plugins.md` and `templates/plugin`, followed literally.

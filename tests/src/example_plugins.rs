@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, path::PathBuf};
 
 use offstage::{
-    plugin::{PluginHost, PluginSettings, PluginStatus},
+    plugin::{Isolation, PluginHost, PluginSettings, PluginStatus},
     Event, SessionService,
 };
 use offstage_plugin_api::types::{Message, Role};
@@ -37,9 +37,14 @@ pub struct Load<'a> {
 
 impl Host {
     /// Builds (once per test process) and installs `plugins`, and loads
-    /// them. Fails the test if one does not load.
+    /// them in process. Fails the test if one does not load.
     pub fn start(plugins: &[Load<'_>]) -> Host {
-        let host = Host::start_unchecked(plugins);
+        Host::start_as(Isolation::None, plugins)
+    }
+
+    /// As [`start`](Self::start), the plugins run as `mode` says.
+    pub fn start_as(mode: Isolation, plugins: &[Load<'_>]) -> Host {
+        let host = Host::start_unchecked_as(mode, plugins);
         for info in host.plugins.list() {
             assert_eq!(
                 info.status,
@@ -61,6 +66,12 @@ impl Host {
 
     /// As [`start`](Self::start), but leaves checking the result to the test.
     pub fn start_unchecked(plugins: &[Load<'_>]) -> Host {
+        Host::start_unchecked_as(Isolation::None, plugins)
+    }
+
+    /// As [`start_as`](Self::start_as), but leaves checking the result to
+    /// the test.
+    pub fn start_unchecked_as(mode: Isolation, plugins: &[Load<'_>]) -> Host {
         let dir = tempfile::tempdir().unwrap();
         let plugin_dir = dir.path().join("plugins");
         let mut settings = BTreeMap::new();
@@ -79,7 +90,7 @@ impl Host {
         std::fs::create_dir_all(&data_dir).unwrap();
         let service = crate::host::service(data_dir.clone(), vec![]);
         let events = service.events().subscribe();
-        let plugins = crate::host::plugin_host(&service, plugin_dir, data_dir, settings, false);
+        let plugins = crate::host::plugin_host(&service, plugin_dir, data_dir, settings, mode);
         plugins.load_all();
         Host {
             service,

@@ -68,6 +68,7 @@ pub const PLUGINS: &[&str] = &[
     "offstage-test-panicky",
     "offstage-test-racer",
     "offstage-test-reloadable",
+    "offstage-test-writer",
 ];
 
 /// The `tests/compat/plugin-*` fixtures (see `loader::compat`).

@@ -4,7 +4,9 @@
 use std::{collections::BTreeMap, path::Path, path::PathBuf};
 
 use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginSettings},
+    plugin::{
+        Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginSettings,
+    },
     Rule, ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::NewSession;
@@ -17,22 +19,40 @@ pub fn service(data_dir: PathBuf, permissions: Vec<Rule>) -> SessionService {
     })
 }
 
-/// A plugin host for `service` over one plugin dir (nothing loaded yet).
+/// `[plugins] isolation = MODE` with default settings: with
+/// [`Isolation::Process`] every plugin runs in a child process of its own
+/// (the `offstage` binary, built once per test process).
+///
+/// The suites that run in both modes (`isolation::*`) take their mode here.
+pub fn isolation(mode: Isolation) -> IsolationConfig {
+    IsolationConfig {
+        defaults: IsolationSettings {
+            mode: Some(mode),
+            ..Default::default()
+        },
+        child_exe: (mode == Isolation::Process).then(crate::fixtures::offstage_binary),
+        ..Default::default()
+    }
+}
+
+/// A plugin host for `service` over one plugin dir (nothing loaded yet),
+/// its plugins run as `mode` says.
 pub fn plugin_host(
     service: &SessionService,
     plugin_dir: PathBuf,
     data_dir: PathBuf,
     settings: BTreeMap<String, PluginSettings>,
-    allow_insecure_permissions: bool,
+    mode: Isolation,
 ) -> PluginHost {
-    PluginHost::new(
+    PluginHost::with_isolation(
         service.clone(),
         PluginHostConfig {
             dirs: vec![plugin_dir],
             data_dir,
-            allow_insecure_permissions,
+            allow_insecure_permissions: false,
             settings,
         },
+        isolation(mode),
     )
 }
 

@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use offstage::plugin::Isolation;
 use offstage_plugin_api::types::{ToolRequest, ToolResult};
 use serde_json::{json, Value};
 
@@ -58,14 +59,19 @@ pub struct ReloadHost {
 }
 
 impl ReloadHost {
-    /// A host with build `first` loaded.
+    /// A host with build `first` loaded in process.
     pub fn start(first: Variant) -> ReloadHost {
-        Self::start_with(first, json!({}))
+        Self::start_as(Isolation::None, first)
     }
 
-    /// As [`start`](Self::start), with more plugin options.
-    pub fn start_with(first: Variant, options: Value) -> ReloadHost {
-        let fixture = Fixture::new();
+    /// A host with build `first` loaded, run as `mode` says.
+    pub fn start_as(mode: Isolation, first: Variant) -> ReloadHost {
+        Self::start_with(mode, first, json!({}))
+    }
+
+    /// As [`start_as`](Self::start_as), with more plugin options.
+    pub fn start_with(mode: Isolation, first: Variant, options: Value) -> ReloadHost {
+        let fixture = Fixture::with_mode(mode);
         let log = fixture.dir.path().join("plugin.log");
         let mut options = options;
         options["log"] = json!(log);

@@ -18,7 +18,10 @@ use crate::{error::Result, session::SessionService, tool::Owner, util::BoxFuture
 
 /// Runs one turn of a session and returns the reply.
 pub trait Agent: Send + Sync {
-    fn turn(&self, service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>>;
+    /// Runs the turn; takes the registry's `Arc`, as
+    /// `Tool::run` does.
+    fn turn(self: Arc<Self>, service: SessionService, turn: AgentTurn)
+        -> BoxFuture<Result<String>>;
 }
 
 struct Registered {
@@ -135,7 +138,11 @@ pub(crate) fn register_builtin(registry: &AgentRegistry) {
 pub(crate) struct ScriptAgent;
 
 impl Agent for ScriptAgent {
-    fn turn(&self, service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {
+    fn turn(
+        self: Arc<Self>,
+        service: SessionService,
+        turn: AgentTurn,
+    ) -> BoxFuture<Result<String>> {
         Box::pin(async move {
             let mut summary = Vec::new();
             for message in &turn.messages {

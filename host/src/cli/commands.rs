@@ -305,7 +305,7 @@ pub(super) fn plugin_check(
     config: Option<&Path>,
     allow_insecure: bool,
     json: bool,
-    isolation: &str,
+    (isolation, filesystem): (&str, &str),
 ) -> ExitCode {
     // The answer is the report below; the loader's own log of the same
     // failure would only repeat it.
@@ -314,7 +314,20 @@ pub(super) fn plugin_check(
         allow_insecure_permissions: allow_insecure,
         settings: Default::default(),
         isolation: isolation.parse().unwrap_or_default(),
+        filesystem: filesystem.parse().unwrap_or_default(),
     };
+    if options.filesystem == crate::plugin::Filesystem::ReadOnly
+        && options.isolation != crate::plugin::Isolation::Process
+    {
+        let error = "--filesystem read-only needs --isolation process: \
+                     the restriction applies to the plugin's own process";
+        if json {
+            print_json(&json!({ "stage": "config", "error": error }));
+        } else {
+            eprintln!("{error}");
+        }
+        return ExitCode::FAILURE;
+    }
     if let Some(config) = config {
         match crate::config::FileConfig::load(config) {
             Ok(loaded) => {
@@ -364,6 +377,9 @@ pub(super) fn plugin_check(
             match info.pid {
                 Some(pid) => println!("isolation:    process (pid {pid})"),
                 None => println!("isolation:    none"),
+            }
+            if info.filesystem == crate::plugin::Filesystem::ReadOnly {
+                println!("filesystem:   read-only (writes only in its data dir)");
             }
             println!("file:         {}", file.display());
             println!("file and ABI: ok");

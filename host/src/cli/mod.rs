@@ -52,6 +52,13 @@ pub(crate) enum Command {
         /// Load files others can write.
         #[arg(long)]
         allow_insecure: bool,
+        /// Restrict the process with Landlock before opening the file
+        /// (`filesystem = "read-only"`).
+        #[arg(long)]
+        read_only: bool,
+        /// With `--read-only`: the one dir it may write in.
+        #[arg(long, requires = "read_only")]
+        writable: Option<PathBuf>,
     },
     /// Work with plugin files.
     Plugin {
@@ -149,6 +156,10 @@ pub(crate) enum PluginCommand {
         /// own (`process`), as the host config's `isolation` would.
         #[arg(long, default_value = "none", value_parser = ["none", "process"])]
         isolation: String,
+        /// With `--isolation process`: `read-only` restricts its process
+        /// with Landlock as the config's `filesystem` would.
+        #[arg(long, default_value = "unrestricted", value_parser = ["unrestricted", "read-only"])]
+        filesystem: String,
     },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
@@ -253,7 +264,15 @@ pub fn main() -> ExitCode {
             file,
             data_dir,
             allow_insecure,
-        } => crate::plugin::run_child(file, data_dir, allow_insecure),
+            read_only,
+            writable,
+        } => crate::plugin::run_child(crate::plugin::ChildArgs {
+            file,
+            data_dir,
+            allow_insecure,
+            read_only,
+            writable,
+        }),
         Command::Plugin {
             command:
                 PluginCommand::Check {
@@ -262,8 +281,15 @@ pub fn main() -> ExitCode {
                     allow_insecure,
                     json,
                     isolation,
+                    filesystem,
                 },
-        } => commands::plugin_check(&file, config.as_deref(), allow_insecure, json, &isolation),
+        } => commands::plugin_check(
+            &file,
+            config.as_deref(),
+            allow_insecure,
+            json,
+            (&isolation, &filesystem),
+        ),
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),

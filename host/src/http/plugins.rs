@@ -81,6 +81,7 @@ mod tests {
             api_version: "1.1.0".into(),
             isolation: crate::plugin::Isolation::Process,
             pid: Some(1),
+            filesystem: crate::plugin::Filesystem::ReadOnly,
         };
         let real: BTreeSet<String> = serde_json::to_value(info)
             .unwrap()

@@ -26,6 +26,9 @@ pub struct CheckOptions {
     /// Where to run it: in this process, or in a child process as
     /// `isolation = "process"` would (the `offstage` binary running this).
     pub isolation: super::Isolation,
+    /// With [`Isolation::Process`](super::Isolation::Process): what its
+    /// process may do to the filesystem, as `filesystem` would.
+    pub filesystem: super::Filesystem,
 }
 
 /// What [`check_file_with`] found.
@@ -97,6 +100,7 @@ fn check_inner(path: &Path, options: CheckOptions) -> Result<CheckReport, LoadEr
             super::IsolationConfig {
                 defaults: super::IsolationSettings {
                     mode: Some(options.isolation),
+                    filesystem: Some(options.filesystem),
                     ..Default::default()
                 },
                 ..Default::default()

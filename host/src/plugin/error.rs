@@ -8,8 +8,16 @@
 
 use std::path::PathBuf;
 
+fn known_capabilities() -> &'static [&'static str] {
+    offstage_plugin_api::capability::ALL
+}
+
 /// Why a plugin file was refused or failed to start.
-#[derive(Debug, thiserror::Error)]
+///
+/// Serialisable because an isolated plugin's process runs the same checks
+/// and `init`, and hands the host the same error, not a description of it
+/// (`plugin/isolate/`): a refusal reads and classifies the same either way.
+#[derive(Debug, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum LoadError {
     /// The file could not be read or copied.
     #[error("{}: cannot read plugin file: {message}", path.display())]
@@ -69,7 +77,9 @@ pub enum LoadError {
         unknown: Vec<String>,
         /// Whether the host config (not the manifest) has the names.
         in_config: bool,
-        /// Every capability this host knows.
+        /// Every capability this host knows (the host's own list, also
+        /// when the error comes from an isolated plugin's process).
+        #[serde(skip, default = "known_capabilities")]
         valid: &'static [&'static str],
     },
 
@@ -255,6 +265,21 @@ pub enum LoadError {
         /// What the process reported, or how it ended.
         message: String,
     },
+    /// `filesystem = "read-only"` is set for the plugin, but its process
+    /// could not be restricted (no Landlock, or only in part): the plugin
+    /// is not started rather than run unrestricted.
+    #[error(
+        "{}: plugin `{name}` is not started: its `filesystem = \"read-only\"` cannot be enforced: {cause}",
+        path.display()
+    )]
+    Filesystem {
+        /// The plugin file.
+        path: PathBuf,
+        /// The plugin's name.
+        name: String,
+        /// Why, in words.
+        cause: String,
+    },
     /// A reload named a plugin the host has never seen.
     #[error("no plugin named `{name}`")]
     Unknown {
@@ -290,6 +315,7 @@ impl LoadError {
             | LoadError::InitError { .. }
             | LoadError::Host { .. }
             | LoadError::DuplicateName { .. }
+            | LoadError::Filesystem { .. }
             | LoadError::Unknown { .. } => LoadStage::Start,
             _ => LoadStage::File,
         }
@@ -317,6 +343,7 @@ impl LoadError {
             | LoadError::InitError { path, .. }
             | LoadError::Host { path, .. }
             | LoadError::Isolated { path, .. }
+            | LoadError::Filesystem { path, .. }
             | LoadError::NameChanged { path, .. } => path,
             LoadError::Unknown { .. } => std::path::Path::new(""),
         }
@@ -330,6 +357,7 @@ impl LoadError {
             | LoadError::InitPanic { name, .. }
             | LoadError::InitError { name, .. }
             | LoadError::UnknownCapability { name, .. }
+            | LoadError::Filesystem { name, .. }
             | LoadError::Unknown { name } => Some(name),
             LoadError::NameChanged { expected, .. } => Some(expected),
             _ => None,

@@ -51,6 +51,9 @@ pub struct PluginInfo {
     pub isolation: super::Isolation,
     /// The process id of its child process, when isolated and loaded.
     pub pid: Option<u32>,
+    /// What its process may do to the filesystem: `unrestricted`, or
+    /// `read-only` (read everywhere, write only in its data dir).
+    pub filesystem: super::Filesystem,
 }
 
 pub(super) fn info_from(
@@ -72,6 +75,7 @@ pub(super) fn info_from(
         api_version: manifest.api_version.clone(),
         isolation: super::Isolation::None,
         pid: None,
+        filesystem: super::Filesystem::Unrestricted,
     }
 }
 
@@ -96,6 +100,7 @@ pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
             api_version: String::new(),
             isolation: super::Isolation::None,
             pid: None,
+            filesystem: super::Filesystem::Unrestricted,
         },
     };
     info.error = Some(failure.error.to_string());

@@ -161,7 +161,6 @@ impl PluginHost {
     /// Steps 1–5 of a load: permissions, format, private copy, root module
     /// and manifest, `panic = "abort"`.
     pub(super) fn open(&self, path: &Path) -> Result<CheckedLibrary, LoadFailure> {
-        let config = &self.inner.config;
         let runtime = Handle::try_current().map_err(|_| LoadError::Host {
             path: path.to_path_buf(),
             message: "plugins must be loaded inside a tokio runtime".into(),
@@ -169,55 +168,38 @@ impl PluginHost {
         if let Some(opened) = self.open_isolated(path, &runtime)? {
             return Ok(opened);
         }
-        if !config.allow_insecure_permissions {
-            file::check_permissions(path)?;
-        }
-        let io = |e: std::io::Error| LoadError::Io {
+        let staged = stage(&self.inner.config, path, |content| {
+            self.loaded_with_content(path, content)
+        })?;
+        self.open_staged(path, staged)
+    }
+
+    /// Steps 4–5 for a file [`stage`]d: maps the private copy and reads
+    /// the manifest.
+    pub(super) fn open_staged(
+        &self,
+        path: &Path,
+        staged: Staged,
+    ) -> Result<CheckedLibrary, LoadFailure> {
+        let config = &self.inner.config;
+        let runtime = Handle::try_current().map_err(|_| LoadError::Host {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        };
-        // One open file for every step, so what is checked is what is
-        // copied even if the path is replaced meanwhile.
-        let mut file = std::fs::File::open(path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        file::check_format(path, &mut file, len)?;
-        let content = file::content_of(&mut file).map_err(io)?;
-        if let Some(other) = self.loaded_with_content(path, content) {
-            // The same bytes as a plugin loaded from another file: its
-            // name is known without mapping this copy, which would stay
-            // mapped for good (§ABI-11).
-            return Err(LoadFailure {
-                error: LoadError::DuplicateName {
-                    path: path.to_path_buf(),
-                    name: other.name.clone(),
-                    other: other.path.clone(),
-                },
-                manifest: Some(Box::new(ManifestInfo {
-                    name: other.name,
-                    version: other.version,
-                    api_version: other.api_version,
-                    description: other.description,
-                    capabilities: Vec::new(),
-                    panic_abort: false,
-                })),
-                generation: 0,
-            });
-        }
-        let (copy, copied) = private_copy(&config.data_dir, path, &mut file).map_err(io)?;
-        if copied != content {
-            return Err(LoadError::Io {
-                path: path.to_path_buf(),
-                message: "the file changed while it was being loaded; try again".into(),
-            }
-            .into());
-        }
+            message: "plugins must be loaded inside a tokio runtime".into(),
+        })?;
+        let Staged {
+            copy,
+            content,
+            held,
+        } = staged;
         let opened = abi::open(path, &copy);
         // The mapping stays valid after the copy is gone; removing it keeps
         // the data dir from growing with every start. (Windows cannot remove
-        // a loaded library; there the copy stays.)
-        if cfg!(unix) || opened.is_err() {
+        // a loaded library; there the copy stays.) A held copy was unlinked
+        // already; its descriptor closes here.
+        if held.is_none() && (cfg!(unix) || opened.is_err()) {
             let _ = std::fs::remove_file(&copy);
         }
+        drop(held);
         let (module, mapping) = opened?;
         let manifest = abi::manifest(path, module)?;
         // In an isolated plugin's process an abort ends only that process.
@@ -252,6 +234,14 @@ impl PluginHost {
     /// by name only, the child is also how the name is learnt without
     /// running the file's code in the host; a plugin that turns out not to
     /// be isolated is then opened again here.
+    ///
+    /// With `filesystem = "read-only"` for any plugin, the name is learnt
+    /// in a child restricted from its start to writing nowhere (so the
+    /// file's constructors never run unrestricted where they might have to
+    /// be restricted); a read-only plugin then gets a new child restricted
+    /// to its own data dir, an unrestricted one a new child without the
+    /// restriction. Where the kernel cannot restrict, the name is learnt
+    /// unrestricted and a read-only plugin is refused (`sandbox.rs`).
     fn open_isolated(
         &self,
         path: &Path,
@@ -259,14 +249,81 @@ impl PluginHost {
     ) -> Result<Option<CheckedLibrary>, LoadFailure> {
         let isolation = &self.inner.isolation;
         if self.inner.in_child
-            || (isolation.default_mode() == isolate::Isolation::None && !isolation.any_by_name())
+            || (isolation.default_mode() == isolate::Isolation::None
+                && !isolation.any_by_name()
+                && !isolation.any_read_only())
         {
             return Ok(None);
         }
-        let child = isolate::Child::spawn(self, path)?;
-        if isolation.resolve(&child.manifest.name).mode != isolate::Isolation::Process {
+        let landlock = isolation
+            .any_read_only()
+            .then(isolate::filesystem_restriction_available);
+        let probe = matches!(landlock, Some(Ok(()))).then(isolate::Sandbox::default);
+        let mut child = isolate::Child::spawn(self, path, probe.as_ref())?;
+        let manifest = child.manifest.clone();
+        let name = manifest.name.clone();
+        let resolved = isolation.resolve(&name);
+        let refuse = |cause: String| LoadFailure {
+            error: LoadError::Filesystem {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                cause,
+            },
+            manifest: Some(Box::new(manifest.clone())),
+            generation: 0,
+        };
+        if resolved.mode != isolate::Isolation::Process {
+            if resolved.filesystem == isolate::Filesystem::ReadOnly {
+                // `IsolationConfig::check` refuses such a config; a host
+                // built without it refuses the plugin.
+                return Err(refuse(
+                    "the plugin does not run isolated, and in the host's process the \
+                     restriction would restrict the whole host"
+                        .into(),
+                ));
+            }
             return Ok(None);
         }
+        let again = match (resolved.filesystem, &landlock) {
+            (isolate::Filesystem::ReadOnly, Some(Err(cause))) => {
+                return Err(refuse(cause.to_string()));
+            }
+            (isolate::Filesystem::ReadOnly, _) => Some(isolate::Sandbox {
+                writable: Some(self.inner.config.plugin_data_dir(&name)),
+            }),
+            (isolate::Filesystem::Unrestricted, _) if probe.is_some() => None,
+            (isolate::Filesystem::Unrestricted, _) => {
+                return self.isolated(path, runtime, child).map(Some);
+            }
+        };
+        drop(child);
+        child = match isolate::Child::spawn(self, path, again.as_ref()) {
+            Ok(child) => child,
+            Err(LoadError::Isolated { message, .. })
+                if message.starts_with(isolate::NOT_ENFORCED) =>
+            {
+                return Err(refuse(message[isolate::NOT_ENFORCED.len()..].to_string()));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if child.manifest.name != name {
+            return Err(LoadError::Isolated {
+                path: path.to_path_buf(),
+                message: "the file changed while it was being loaded; try again".into(),
+            }
+            .into());
+        }
+        self.isolated(path, runtime, child).map(Some)
+    }
+
+    /// The rest of [`open_isolated`](Self::open_isolated) for the child
+    /// that runs the plugin.
+    fn isolated(
+        &self,
+        path: &Path,
+        runtime: &Handle,
+        child: isolate::Child,
+    ) -> Result<CheckedLibrary, LoadFailure> {
         let manifest = child.manifest.clone();
         let settings = self
             .inner
@@ -285,14 +342,14 @@ impl PluginHost {
                 path: path.to_path_buf(),
                 message: e.to_string(),
             })?;
-        Ok(Some(CheckedLibrary {
+        Ok(CheckedLibrary {
             runtime: runtime.clone(),
             module: Opened::Isolated(child),
             manifest,
             settings,
             content,
             mapping: None,
-        }))
+        })
     }
 
     /// Steps 6–7: `init` as a new generation (handing it `previous_state`),
@@ -405,6 +462,7 @@ impl PluginHost {
         if pid.is_some() {
             info.isolation = isolate::Isolation::Process;
             info.pid = pid;
+            info.filesystem = self.inner.isolation.resolve(&manifest.name).filesystem;
         }
         Ok((info, live))
     }
@@ -452,6 +510,89 @@ pub(super) fn plugin_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     }
     files.sort();
     Ok(files)
+}
+
+/// A plugin file checked and copied, not yet mapped: steps 1–3.
+pub(super) struct Staged {
+    /// The path to map: the private copy, or `/proc/self/fd/N` for a held one.
+    copy: PathBuf,
+    /// Length and hash of the bytes copied.
+    content: file::Content,
+    /// The copy, open and already unlinked ([`Staged::hold`]).
+    held: Option<std::fs::File>,
+}
+
+impl Staged {
+    /// Keeps the copy open and unlinks it, to be mapped through
+    /// `/proc/self/fd`: a process that then loses the right to write in
+    /// `<data_dir>/plugins/` (`isolate/sandbox.rs`) can still map it, and
+    /// leaves no copy behind.
+    pub(super) fn hold(mut self) -> std::io::Result<Staged> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(&self.copy)?;
+        std::fs::remove_file(&self.copy)?;
+        self.copy = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        self.held = Some(file);
+        Ok(self)
+    }
+}
+
+/// Steps 1–3 of a load, which run no code of the plugin: permissions, the
+/// format read from the headers, and the private copy. `duplicate` may
+/// refuse the file by its content before it is copied.
+pub(super) fn stage(
+    config: &super::PluginHostConfig,
+    path: &Path,
+    duplicate: impl FnOnce(file::Content) -> Option<PluginInfo>,
+) -> Result<Staged, LoadFailure> {
+    if !config.allow_insecure_permissions {
+        file::check_permissions(path)?;
+    }
+    let io = |e: std::io::Error| LoadError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    };
+    // One open file for every step, so what is checked is what is
+    // copied even if the path is replaced meanwhile.
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    file::check_format(path, &mut file, len)?;
+    let content = file::content_of(&mut file).map_err(io)?;
+    if let Some(other) = duplicate(content) {
+        // The same bytes as a plugin loaded from another file: its
+        // name is known without mapping this copy, which would stay
+        // mapped for good (§ABI-11).
+        return Err(LoadFailure {
+            error: LoadError::DuplicateName {
+                path: path.to_path_buf(),
+                name: other.name.clone(),
+                other: other.path.clone(),
+            },
+            manifest: Some(Box::new(ManifestInfo {
+                name: other.name,
+                version: other.version,
+                api_version: other.api_version,
+                description: other.description,
+                capabilities: Vec::new(),
+                panic_abort: false,
+            })),
+            generation: 0,
+        });
+    }
+    let (copy, copied) = private_copy(&config.data_dir, path, &mut file).map_err(io)?;
+    if copied != content {
+        let _ = std::fs::remove_file(&copy);
+        return Err(LoadError::Io {
+            path: path.to_path_buf(),
+            message: "the file changed while it was being loaded; try again".into(),
+        }
+        .into());
+    }
+    Ok(Staged {
+        copy,
+        content,
+        held: None,
+    })
 }
 
 /// Streams `source` to `<data_dir>/plugins/<stem>-<n>-<pid>.<ext>`, a

@@ -104,7 +104,8 @@ pub use config::{PluginHostConfig, PluginSettings};
 pub use error::{LoadError, LoadStage};
 pub use info::{PluginInfo, PluginStatus};
 pub use isolate::{
-    run_child, take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
+    run_child, take_isolation_keys, ChildArgs, Filesystem, Isolation, IsolationConfig,
+    IsolationSettings, RestartPolicy,
 };
 
 use crate::{session::SessionService, util::LockExt};

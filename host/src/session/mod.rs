@@ -53,7 +53,7 @@ pub(crate) use jobs::JobRuntime;
 use crate::{
     agent::AgentRegistry,
     error::Result,
-    event::{EventBus, HistoryLimits},
+    event::{EventBus, HistoryLimits, PreparedEvent},
     ids::{new_id, now},
     permission::Permissions,
     store::{self, Durability, Store, StoreError, Ticket},
@@ -225,6 +225,21 @@ struct SessionEntry {
     status: watch::Sender<SessionStatus>,
 }
 
+impl SessionEntry {
+    /// Puts a message that is already in the store into memory (the
+    /// caller publishes `message.added`). Prompts and notices also go to
+    /// the inbox.
+    fn add_message(&mut self, message: Message) {
+        if matches!(message.role, Role::User | Role::Notice) {
+            self.inbox.push(message.clone());
+        }
+        if self.session.updated_at != message.created_at {
+            Arc::make_mut(&mut self.session).updated_at = message.created_at.clone();
+        }
+        self.messages.push(message);
+    }
+}
+
 struct JobEntry {
     job: Job,
     /// The live half; `None` for a job restored from the store, which has
@@ -364,12 +379,30 @@ impl SessionService {
         W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
         H: FnOnce(&SessionService, &R) + Send + 'static,
     {
+        self.submit_with(write, hook, false)
+    }
+
+    /// [`submit`](Self::submit), or with `now`, for a caller whose
+    /// answer waits on the write, [`Store::submit_now`]: when the writer is
+    /// idle, the write commits and its hook runs on this thread before
+    /// this returns. Never with `now` while holding the state lock.
+    fn submit_with<R, W, H>(&self, write: W, hook: H, now: bool) -> Ticket<R>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        H: FnOnce(&SessionService, &R) + Send + 'static,
+    {
         let service = self.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
-        self.inner.store.submit(write, move |value| {
+        let hook = move |value: &R| {
             let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
             hook(&service, value);
-        })
+        };
+        if now {
+            self.inner.store.submit_now(write, hook)
+        } else {
+            self.inner.store.submit(write, hook)
+        }
     }
 
     /// The event bus every change is published on.
@@ -477,8 +510,15 @@ impl SessionService {
 
     /// One session.
     pub async fn get(&self, id: &str) -> Result<Session> {
-        let session = self.state().session(id)?.session.clone();
+        let session = self.shared_session(id)?;
         Ok(Session::clone(&session))
+    }
+
+    /// [`get`](Self::get) without copying the record: the session as the
+    /// service holds it, for a caller that only encodes it (the plugin
+    /// boundary), so the copy is not paid twice.
+    pub(crate) fn shared_session(&self, id: &str) -> Result<Arc<Session>> {
+        Ok(Arc::clone(&self.state().session(id)?.session))
     }
 
     /// Changes a session's title.
@@ -696,12 +736,9 @@ impl SessionService {
     /// memory and publishes `message.added`. Prompts and notices also go to
     /// the inbox.
     fn push_message(&self, entry: &mut SessionEntry, message: Message) {
-        if matches!(message.role, Role::User | Role::Notice) {
-            entry.inbox.push(message.clone());
-        }
-        Arc::make_mut(&mut entry.session).updated_at = message.created_at.clone();
-        self.inner.events.publish("message.added", json!(message));
-        entry.messages.push(message);
+        let event = PreparedEvent::prepare("message.added", &message);
+        entry.add_message(message);
+        self.inner.events.publish_all([event]);
     }
 
     /// A receiver that sees the session's status change.

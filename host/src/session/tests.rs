@@ -213,7 +213,11 @@ impl Tool for Panicky {
         })
     }
 
-    fn run(&self, _ctx: JobContext, _input: Value) -> BoxFuture<crate::Result<ToolOutcome>> {
+    fn run(
+        self: Arc<Self>,
+        _ctx: JobContext,
+        _input: Value,
+    ) -> BoxFuture<crate::Result<ToolOutcome>> {
         if self.at_call {
             panic!("boom at call");
         }

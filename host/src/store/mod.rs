@@ -360,6 +360,9 @@ pub struct Store {
     writer: Writer,
     conn: Arc<Mutex<Connection>>,
     stats: Arc<WriterStats>,
+    /// Whether [`Store::submit_now`] may commit on the caller's thread (no
+    /// sync per commit).
+    commit_inline: bool,
     path: Option<PathBuf>,
     // Declared after `conn`: dropped after it, so the lock is let go only
     // once the connection has closed (and checkpointed).
@@ -405,7 +408,9 @@ impl Store {
             conn.pragma_update(None, "wal_autocheckpoint", 0)
                 .map_err(|e| open::classify(&path, e))?;
         }
-        Ok(Store::start(conn, Some(path), Some(lock), checkpointer))
+        let mut store = Store::start(conn, Some(path), Some(lock), checkpointer);
+        store.commit_inline = durability == Durability::Normal;
+        Ok(store)
     }
 
     /// A store in memory with the same schema, for tests and benchmarks.
@@ -430,6 +435,7 @@ impl Store {
             writer: Writer::start(conn.clone(), stats.clone(), checkpointer),
             conn,
             stats,
+            commit_inline: true,
             path,
             _lock: lock,
         }
@@ -455,6 +461,34 @@ impl Store {
     ///
     /// `hook` must be quick and must never wait for another write.
     pub fn submit<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        H: FnOnce(&R) + Send + 'static,
+    {
+        self.submit_with(write, hook, false)
+    }
+
+    /// [`submit`](Self::submit), but when the writer is idle (nothing
+    /// queued, nothing committing) the write is committed and its hook run
+    /// on the calling thread before this returns: the caller's answer
+    /// waits for one commit and no thread hop. Only with
+    /// [`Durability::Normal`] (or in memory), where a commit does not
+    /// sync; with `full` the write is queued as by `submit`, so that no
+    /// caller's thread waits for a sync.
+    ///
+    /// For callers on a path whose latency counts, holding no lock that
+    /// the hook (or any hook) takes.
+    pub fn submit_now<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+        H: FnOnce(&R) + Send + 'static,
+    {
+        self.submit_with(write, hook, self.commit_inline)
+    }
+
+    fn submit_with<R, W, H>(&self, write: W, hook: H, now: bool) -> Ticket<R>
     where
         R: Send + 'static,
         W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
@@ -487,7 +521,13 @@ impl Store {
             };
             done_slot.fill(value);
         });
-        if let Err(op) = self.writer.send(Op { run, done }) {
+        let op = Op { run, done };
+        let sent = if now {
+            self.writer.send_now(op)
+        } else {
+            self.writer.send(op)
+        };
+        if let Err(op) = sent {
             (op.done)(Err(&StoreError::Unsaved("the store is closed".into())));
         }
         Ticket::new(slot)
@@ -963,6 +1003,30 @@ pub(crate) fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError>
 }
 
 pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), StoreError> {
+    insert_message_row(tx, message)?;
+    touch_session(tx, &message.session_id, &message.created_at)
+}
+
+/// Appends `messages` in order and sets each session's `updated_at` to the
+/// time of its last one: a row per message, one update per session (a
+/// move of a thousand jobs adds a thousand messages to one session).
+pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(), StoreError> {
+    let mut latest: Vec<(&str, &str)> = Vec::new();
+    for message in messages {
+        insert_message_row(tx, message)?;
+        match latest.iter_mut().find(|(id, _)| *id == message.session_id) {
+            Some(entry) => entry.1 = &message.created_at,
+            None => latest.push((&message.session_id, &message.created_at)),
+        }
+    }
+    for (session_id, at) in latest {
+        touch_session(tx, session_id, at)?;
+    }
+    Ok(())
+}
+
+/// The message's row alone (its session's `updated_at` is the caller's).
+fn insert_message_row(tx: &Connection, message: &Message) -> Result<(), StoreError> {
     let metadata = serde_json::to_string(&message.metadata).expect("a JSON value serializes");
     let delivered = !matches!(message.role, Role::User | Role::Notice);
     tx.prepare_cached(
@@ -987,8 +1051,13 @@ pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), S
         },
         _ => missing_parent(e, "session", &message.session_id),
     })?;
+    Ok(())
+}
+
+/// Sets a session's `updated_at`.
+fn touch_session(tx: &Connection, session_id: &str, at: &str) -> Result<(), StoreError> {
     tx.prepare_cached("UPDATE sessions SET updated_at = ?2 WHERE id = ?1")?
-        .execute(params![message.session_id, message.created_at])?;
+        .execute([session_id, at])?;
     Ok(())
 }
 
@@ -1156,19 +1225,27 @@ pub(crate) fn job_backgrounded(conn: &Connection, id: &str) -> Result<Option<boo
 
 /// A move to the background: marks each of `job_ids` that is still
 /// running in the foreground as backgrounded and returns those, in the
-/// order given. One statement per job, all in the caller's transaction.
+/// order given. One statement for all of them: the ids go in as one JSON
+/// array, and the rows changed come back (`RETURNING`).
 pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<String>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "UPDATE jobs SET backgrounded = 1
-         WHERE id = ?1 AND status = 'running' AND backgrounded = 0",
-    )?;
-    let mut moved = Vec::with_capacity(job_ids.len());
-    for id in job_ids {
-        if stmt.execute([id])? > 0 {
-            moved.push(id.clone());
-        }
+    if job_ids.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(moved)
+    let list = serde_json::to_string(job_ids).expect("strings serialize");
+    let changed: std::collections::HashSet<String> = conn
+        .prepare_cached(
+            "UPDATE jobs SET backgrounded = 1
+             WHERE id IN (SELECT value FROM json_each(?1))
+               AND status = 'running' AND backgrounded = 0
+             RETURNING id",
+        )?
+        .query_map([list], |row| row.get(0))?
+        .collect::<Result<_, _>>()?;
+    Ok(job_ids
+        .iter()
+        .filter(|id| changed.contains(*id))
+        .cloned()
+        .collect())
 }
 
 /// Inserts a new job; an id already stored is [`StoreError::Duplicate`].

@@ -571,3 +571,164 @@ fn process_records_come_back_from_recovery_until_forgotten() {
         .processes
         .is_empty());
 }
+
+#[test]
+fn a_move_marks_only_running_foreground_jobs_in_the_order_given() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let foreground = |id: &str, status| Job {
+        backgrounded: false,
+        ..job(id, "ses_1", status)
+    };
+    store
+        .put_jobs(vec![
+            foreground("job_c", JobStatus::Running),
+            foreground("job_a", JobStatus::Running),
+            foreground("job_ended", JobStatus::Completed),
+            job("job_back", "ses_1", JobStatus::Running),
+        ])
+        .unwrap();
+    let ids: Vec<String> = ["job_c", "job_ended", "job_nope", "job_back", "job_a"]
+        .map(String::from)
+        .to_vec();
+    let moved = store.write(move |conn| move_jobs(conn, &ids)).unwrap();
+    assert_eq!(moved, vec!["job_c".to_string(), "job_a".to_string()]);
+    let backgrounded = |id: &str| store.job(id).unwrap().unwrap().backgrounded;
+    assert!(backgrounded("job_c") && backgrounded("job_a"));
+    assert!(!backgrounded("job_ended"));
+    // Moved already: a second move moves nothing.
+    let again = vec!["job_a".to_string()];
+    assert!(store
+        .write(move |conn| move_jobs(conn, &again))
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn many_messages_set_each_sessions_updated_at_to_its_last_one() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    store.put_session(&session("ses_2", None)).unwrap();
+    let at = |m: Message, time: &str| Message {
+        created_at: time.into(),
+        ..m
+    };
+    let messages = vec![
+        at(
+            message("msg_1", "ses_1", Role::Tool),
+            "2026-01-01T00:00:05.000Z",
+        ),
+        at(
+            message("msg_2", "ses_2", Role::Tool),
+            "2026-01-01T00:00:06.000Z",
+        ),
+        at(
+            message("msg_3", "ses_1", Role::Notice),
+            "2026-01-01T00:00:07.000Z",
+        ),
+    ];
+    let batch = messages.clone();
+    store
+        .write(move |conn| insert_messages(conn, &batch))
+        .unwrap();
+    let sessions = store.sessions().unwrap();
+    assert_eq!(sessions[0].updated_at, "2026-01-01T00:00:07.000Z");
+    assert_eq!(sessions[1].updated_at, "2026-01-01T00:00:06.000Z");
+    assert_eq!(
+        store.messages("ses_1").unwrap(),
+        vec![messages[0].clone(), messages[2].clone()]
+    );
+    // One bad message fails the batch: none of it is kept.
+    let bad = vec![
+        message("msg_4", "ses_1", Role::Tool),
+        message("msg_5", "ses_gone", Role::Tool),
+    ];
+    assert!(matches!(
+        store.write(move |conn| insert_messages(conn, &bad)),
+        Err(StoreError::NotFound {
+            what: "session",
+            ..
+        })
+    ));
+    assert_eq!(store.messages("ses_1").unwrap().len(), 2);
+}
+
+/// The name of the thread a write's hook ran on, for `submit_now`.
+fn hook_thread(store: &Store, now: bool) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let hook = move |_: &()| {
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        let _ = tx.send(name);
+    };
+    let ticket = if now {
+        store.submit_now(|_| Ok(()), hook)
+    } else {
+        store.submit(|_| Ok(()), hook)
+    };
+    ticket.wait_blocking().unwrap();
+    rx.recv().unwrap()
+}
+
+#[test]
+fn submit_now_commits_on_the_calling_thread_only_when_the_writer_is_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path()).unwrap());
+    std::thread::Builder::new()
+        .name("caller".into())
+        .spawn({
+            let store = store.clone();
+            move || {
+                assert_eq!(hook_thread(&store, true), "caller");
+                assert_eq!(hook_thread(&store, false), "offstage-store");
+            }
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+
+    // A write committing on the writer: `submit_now` queues behind it,
+    // and hooks still run in submission order.
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let first = {
+        let order = order.clone();
+        store.submit(
+            move |_| {
+                entered_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                Ok(())
+            },
+            move |_| order.lock().unwrap().push("queued first"),
+        )
+    };
+    entered_rx.recv().unwrap();
+    let second = {
+        let order = order.clone();
+        store.submit_now(
+            |_| Ok(()),
+            move |_| {
+                let thread = std::thread::current().name().unwrap_or("").to_string();
+                order.lock().unwrap().push(if thread == "offstage-store" {
+                    "then on the writer"
+                } else {
+                    "then elsewhere"
+                });
+            },
+        )
+    };
+    go_tx.send(()).unwrap();
+    first.wait_blocking().unwrap();
+    second.wait_blocking().unwrap();
+    assert_eq!(
+        *order.lock().unwrap(),
+        vec!["queued first", "then on the writer"]
+    );
+}
+
+#[test]
+fn submit_now_never_commits_on_the_callers_thread_with_full_durability() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(dir.path(), Durability::Full).unwrap();
+    assert_eq!(hook_thread(&store, true), "offstage-store");
+}

@@ -17,13 +17,26 @@
 //! If the commit fails (disk full, an I/O error), no hook runs and every
 //! ticket of the group gets the error.
 //!
+//! A write whose caller waits for it on a latency-bound path (a
+//! `background` request: its caller and the callers it releases wait for
+//! its commit) may skip the queue when the writer is idle: the calling
+//! thread takes the writer's turn, commits it as a group of one and runs
+//! its hook ([`Store::submit_now`]). Handing a write to a sleeping thread
+//! and its answer back costs two wake-ups, which on a busy machine cost
+//! more than the commit itself. Only one group is ever committing (the
+//! queue's `busy` mark), so commit and hook order are the same either
+//! way; with `durability = "full"` nothing is committed on a caller's
+//! thread, which would then wait for a sync.
+//!
 //! [`Store::submit`]: super::Store::submit
+//! [`Store::submit_now`]: super::Store::submit_now
 
 use std::{
+    collections::VecDeque,
     panic::AssertUnwindSafe,
     sync::{
         atomic::{AtomicU64, Ordering},
-        mpsc, Arc, Condvar, Mutex,
+        Arc, Condvar, Mutex,
     },
     thread::JoinHandle,
 };
@@ -122,8 +135,31 @@ impl<R> Ticket<R> {
 
 /// The writer thread and the queue to it.
 pub(super) struct Writer {
-    queue: Option<mpsc::Sender<Op>>,
+    shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the writer thread and the threads committing on their own
+/// ([`Writer::send_now`]) share.
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the writer thread: a write was queued, a commit ended, or
+    /// the queue closed.
+    wake: Condvar,
+    conn: Arc<Mutex<Connection>>,
+    stats: Arc<WriterStats>,
+    checkpointer: Option<Checkpointer>,
+}
+
+#[derive(Default)]
+struct Queue {
+    ops: VecDeque<Op>,
+    /// A group is being committed or its hooks run (by the writer thread
+    /// or by a caller of `send_now`): the next group waits, so groups and
+    /// their hooks follow submission order.
+    busy: bool,
+    /// No more writes are taken; the thread ends once the queue is empty.
+    closed: bool,
 }
 
 impl Writer {
@@ -132,23 +168,64 @@ impl Writer {
         stats: Arc<WriterStats>,
         checkpointer: Option<Checkpointer>,
     ) -> Self {
-        let (queue, ops) = mpsc::channel::<Op>();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            conn,
+            stats,
+            checkpointer,
+        });
+        let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("offstage-store".into())
-            .spawn(move || run(&conn, &ops, &stats, checkpointer.as_ref()))
+            .spawn(move || run(&thread_shared))
             .expect("the store writer thread starts");
         Writer {
-            queue: Some(queue),
+            shared,
             thread: Some(thread),
         }
     }
 
     /// Queues `op`. Returns it back if the writer is gone.
     pub(super) fn send(&self, op: Op) -> Result<(), Op> {
-        match &self.queue {
-            Some(queue) => queue.send(op).map_err(|e| e.0),
-            None => Err(op),
+        let mut queue = self.shared.queue.lock_unpoisoned();
+        if queue.closed {
+            return Err(op);
         }
+        queue.ops.push_back(op);
+        if !queue.busy {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Like [`send`](Self::send), but when the writer is idle with nothing
+    /// queued, commits `op` (a group of one) and runs its hook on the
+    /// calling thread: no hop to the writer thread and back. The order of
+    /// groups and hooks is the same as through the queue (nothing was
+    /// queued before it, and nothing else commits meanwhile).
+    pub(super) fn send_now(&self, op: Op) -> Result<(), Op> {
+        {
+            let mut queue = self.shared.queue.lock_unpoisoned();
+            if queue.closed {
+                return Err(op);
+            }
+            if queue.busy || !queue.ops.is_empty() {
+                queue.ops.push_back(op);
+                if !queue.busy {
+                    self.shared.wake.notify_one();
+                }
+                return Ok(());
+            }
+            queue.busy = true;
+        }
+        self.shared.commit(vec![op]);
+        let mut queue = self.shared.queue.lock_unpoisoned();
+        queue.busy = false;
+        if !queue.ops.is_empty() || queue.closed {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
     }
 }
 
@@ -156,7 +233,8 @@ impl Drop for Writer {
     /// Lets the writer commit what is queued, then waits for it: the
     /// connection closes (and the data dir's lock goes) only after.
     fn drop(&mut self) {
-        drop(self.queue.take());
+        self.shared.queue.lock_unpoisoned().closed = true;
+        self.shared.wake.notify_all();
         if let Some(thread) = self.thread.take() {
             // The last owner may be a hook running on the writer itself.
             if thread.thread().id() != std::thread::current().id() {
@@ -166,30 +244,44 @@ impl Drop for Writer {
     }
 }
 
-fn run(
-    conn: &Mutex<Connection>,
-    ops: &mpsc::Receiver<Op>,
-    stats: &WriterStats,
-    checkpointer: Option<&Checkpointer>,
-) {
-    while let Ok(first) = ops.recv() {
-        let mut group = vec![first];
-        while group.len() < MAX_GROUP {
-            match ops.try_recv() {
-                Ok(op) => group.push(op),
-                Err(_) => break,
+/// The writer thread: takes whatever queued (up to [`MAX_GROUP`]) as one
+/// group whenever no group is being committed, until the queue closes.
+fn run(shared: &Shared) {
+    loop {
+        let group: Vec<Op> = {
+            let mut queue = shared.queue.lock_unpoisoned();
+            loop {
+                if !queue.busy && !queue.ops.is_empty() {
+                    break;
+                }
+                if queue.closed && !queue.busy && queue.ops.is_empty() {
+                    return;
+                }
+                queue = shared.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
             }
-        }
+            queue.busy = true;
+            let take = queue.ops.len().min(MAX_GROUP);
+            queue.ops.drain(..take).collect()
+        };
+        shared.commit(group);
+        shared.queue.lock_unpoisoned().busy = false;
+    }
+}
+
+impl Shared {
+    /// Commits `group` as one transaction, then runs each write's hook in
+    /// order with the connection let go.
+    fn commit(&self, group: Vec<Op>) {
         let mut dones = Vec::with_capacity(group.len());
         let outcome = {
-            let conn = conn.lock_unpoisoned();
+            let conn = self.conn.lock_unpoisoned();
             commit_group(&conn, group, &mut dones)
         };
-        stats.commits.fetch_add(1, Ordering::Relaxed);
-        if let Some(checkpointer) = checkpointer {
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        if let Some(checkpointer) = &self.checkpointer {
             checkpointer.committed();
         }
-        stats
+        self.stats
             .writes
             .fetch_add(dones.len() as u64, Ordering::Relaxed);
         // The connection is let go: a hook may read the store.

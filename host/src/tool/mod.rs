@@ -70,8 +70,11 @@ impl Default for ForegroundPolicy {
 /// A tool: built in, or added by a plugin.
 pub trait Tool: Send + Sync {
     /// Does the work, writing output to `ctx.output`. Dropping the future
-    /// cancels the work (a shell tool kills its process group).
-    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>>;
+    /// cancels the work (a shell tool kills its process group). Takes the
+    /// registry's `Arc`, so the future can keep the tool alive without a
+    /// second one inside (a plugin's tool frees the plugin's state when
+    /// its last holder lets go).
+    fn run(self: Arc<Self>, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>>;
 
     /// Checks the input before anything starts and says how the call blocks.
     fn policy(&self, _input: &Value) -> Result<ForegroundPolicy> {
@@ -95,7 +98,9 @@ pub(crate) type Chain = (Arc<dyn Tool>, Vec<Arc<dyn ToolWrapper>>);
 
 /// An around-style wrapper of a tool.
 pub trait ToolWrapper: Send + Sync {
-    fn wrap(&self, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>>;
+    /// Runs `call` around `next`; takes the registry's `Arc`, as
+    /// [`Tool::run`] does.
+    fn wrap(self: Arc<Self>, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>>;
 }
 
 /// The rest of a tool's chain. One-shot.

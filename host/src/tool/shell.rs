@@ -7,9 +7,9 @@
 //! after a short grace for output in flight. Processes that left the group
 //! (`setsid`, double forks, daemons) are part of the job too and die with
 //! it (see `session::jobs::tree`). A host killed outright runs none of this;
-//! the group is recorded in the store and the job's processes carry a
-//! marker, so that the next start-up ends them (`session::jobs::process`,
-//! `tree`).
+//! the job's processes carry a marker, and a group still running after
+//! [`RECORD_GROUP_AFTER`] is recorded in the store, so that the next
+//! start-up ends them (`session::jobs::process`, `tree`).
 
 use std::{os::fd::OwnedFd, path::PathBuf, process::Stdio, time::Duration};
 
@@ -31,6 +31,10 @@ pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 120_000;
 /// How long output may keep arriving after the main process exits, from
 /// children that still hold the pipe, before the group is killed.
 const DRAIN_GRACE: Duration = Duration::from_millis(200);
+
+/// How long a command runs before its process group is recorded in the
+/// store (see `run_command`).
+const RECORD_GROUP_AFTER: Duration = Duration::from_millis(100);
 
 /// Kill rounds while something still holds the output pipe after the main
 /// process exited, before the pipe is abandoned.
@@ -90,7 +94,11 @@ impl Tool for Shell {
         input["command"].as_str().unwrap_or_default().to_string()
     }
 
-    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+    fn run(
+        self: std::sync::Arc<Self>,
+        ctx: JobContext,
+        input: Value,
+    ) -> BoxFuture<Result<ToolOutcome>> {
         Box::pin(async move {
             let input = parse(&input)?;
             run_command(ctx, input).await
@@ -150,15 +158,32 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     let mut group = GroupGuard {
         pgid: child.id().map(|pid| pid as i32),
     };
-    // So that a restart can end the group if the host is killed.
-    if let Some(pid) = child.id() {
-        ctx.service.record_job_process(&ctx.job_id, pid);
-    }
-
     let output = ctx.output.clone();
     let mut pump = tokio::spawn(pump(OwnedFd::from(reader), output));
 
-    let status = child.wait().await?;
+    // The group is recorded in the store, so that a restart can end it if
+    // the host is killed — but only once the command has run for
+    // `RECORD_GROUP_AFTER`: most commands end before, and a record written
+    // for them is one more commit per call (a third of a short call's
+    // commits) for a record their end deletes at once. What a kill -9 in
+    // that first moment leaves is still ended at restart: every process
+    // of the job carries the data dir's marker (`tree::kill_marked`); the
+    // record adds only members of the group that cleared their
+    // environment, and a process that does that is already out of reach
+    // when it also detaches before the tree's next look (the same order
+    // of time).
+    let pid = child.id();
+    let wait = child.wait();
+    tokio::pin!(wait);
+    let status = tokio::select! {
+        status = &mut wait => status?,
+        () = tokio::time::sleep(RECORD_GROUP_AFTER) => {
+            if let Some(pid) = pid {
+                ctx.service.record_job_process(&ctx.job_id, pid);
+            }
+            wait.await?
+        }
+    };
     // Give output still in flight a moment; then whatever still holds the
     // pipe (in the group or detached from it) is killed, so the job ends
     // now with its command's status.

@@ -59,7 +59,11 @@ impl Tool for Subagent {
         input["agent"].as_str().unwrap_or_default().to_string()
     }
 
-    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
+    fn run(
+        self: std::sync::Arc<Self>,
+        ctx: JobContext,
+        input: Value,
+    ) -> BoxFuture<Result<ToolOutcome>> {
         Box::pin(async move {
             let input = parse(&input)?;
             let child = ctx

@@ -2,16 +2,20 @@
 //! against `ctx.sleep(after_ms)`, and moves its own job to the background
 //! through the async face, the blocking face on a thread of its own, and
 //! the blocking face called straight from the future the host polls.
+//!
+//! The suite runs with the plugin in process here and in a child process
+//! in `isolation::hooks` (`race_suite!`).
 
 use std::collections::BTreeMap;
 
-use offstage::plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus};
+use offstage::plugin::{Isolation, PluginHost, PluginHostConfig, PluginSettings, PluginStatus};
 use offstage_plugin_api::types::{JobStatus, Role, SessionStatus, ToolRequest, ToolStatus};
 use offstage_tests::engine::*;
 use serde_json::json;
 
-/// A service with the racer plugin loaded, configured with `face`.
-fn racer_engine(face: &str) -> (Engine, PluginHost) {
+/// A service with the racer plugin loaded, configured with `face`, run as
+/// `mode` says.
+fn racer_engine(face: &str, mode: Isolation) -> (Engine, PluginHost) {
     let engine = Engine::new();
     let plugin_dir = engine.path("plugins");
     offstage_tests::install_plugin("offstage-test-racer", &plugin_dir);
@@ -25,7 +29,7 @@ fn racer_engine(face: &str) -> (Engine, PluginHost) {
             ..PluginSettings::default()
         },
     );
-    let host = PluginHost::new(
+    let host = PluginHost::with_isolation(
         engine.service.clone(),
         PluginHostConfig {
             dirs: vec![plugin_dir],
@@ -33,6 +37,7 @@ fn racer_engine(face: &str) -> (Engine, PluginHost) {
             allow_insecure_permissions: false,
             settings,
         },
+        offstage_tests::host::isolation(mode),
     );
     let loaded = host.load_all();
     assert_eq!(loaded.len(), 1, "{loaded:#?}");
@@ -40,8 +45,8 @@ fn racer_engine(face: &str) -> (Engine, PluginHost) {
     (engine, host)
 }
 
-async fn race(face: &str) {
-    let (engine, host) = racer_engine(face);
+async fn race(face: &str, mode: Isolation) {
+    let (engine, host) = racer_engine(face, mode);
     let service = &engine.service;
     let session = engine.session().await;
     let flag = engine.path("flag");
@@ -116,26 +121,22 @@ async fn race(face: &str) {
     host.shutdown();
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn plugin_backgrounds_its_own_call_through_the_async_face() {
-    race("async").await;
+pub(crate) async fn plugin_backgrounds_its_own_call_through_the_async_face(mode: Isolation) {
+    race("async", mode).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn plugin_backgrounds_its_own_call_through_the_blocking_face() {
-    race("blocking").await;
+pub(crate) async fn plugin_backgrounds_its_own_call_through_the_blocking_face(mode: Isolation) {
+    race("blocking", mode).await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn plugin_backgrounds_its_own_call_blocking_from_a_hook() {
-    race("blocking-inline").await;
+pub(crate) async fn plugin_backgrounds_its_own_call_blocking_from_a_hook(mode: Isolation) {
+    race("blocking-inline", mode).await;
 }
 
 /// Two blocking calls in one session: the wrapper moves exactly its own
 /// job; the call it does not race stays blocking the session.
-#[tokio::test(flavor = "multi_thread")]
-async fn the_wrapper_moves_only_its_own_job() {
-    let (engine, host) = racer_engine("async");
+pub(crate) async fn the_wrapper_moves_only_its_own_job(mode: Isolation) {
+    let (engine, host) = racer_engine("async", mode);
     let service = &engine.service;
     let session = engine.session().await;
     let flag = engine.path("flag");
@@ -173,9 +174,8 @@ async fn the_wrapper_moves_only_its_own_job() {
 
 /// Cancelling a job whose chain runs through the plugin's wrapper drops the
 /// plugin's future, and with it `next`: the process group dies all the same.
-#[tokio::test(flavor = "multi_thread")]
-async fn cancel_through_the_wrapper_kills_the_process_group() {
-    let (engine, host) = racer_engine("async");
+pub(crate) async fn cancel_through_the_wrapper_kills_the_process_group(mode: Isolation) {
+    let (engine, host) = racer_engine("async", mode);
     let service = &engine.service;
     let session = engine.session().await;
     let pids_file = engine.path("pids");
@@ -206,9 +206,8 @@ async fn cancel_through_the_wrapper_kills_the_process_group() {
 
 /// Retiring the plugin while a call it wrapped is still running: the call
 /// keeps the chain it started with and ends normally, with its notice.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_wrapped_call_outlives_the_plugin_shutdown() {
-    let (engine, host) = racer_engine("blocking");
+pub(crate) async fn a_wrapped_call_outlives_the_plugin_shutdown(mode: Isolation) {
+    let (engine, host) = racer_engine("blocking", mode);
     let service = &engine.service;
     let session = engine.session().await;
     let flag = engine.path("flag");
@@ -243,4 +242,28 @@ async fn a_wrapped_call_outlives_the_plugin_shutdown() {
         .unwrap();
     assert_eq!(quick.status, ToolStatus::Completed);
     assert_eq!(quick.output, "plain\n");
+}
+
+/// The suite, for the plugin run as `$mode` says: in process here, in a
+/// child process in `isolation::hooks`.
+macro_rules! race_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            engine::plugin_race {
+                plugin_backgrounds_its_own_call_through_the_async_face,
+                plugin_backgrounds_its_own_call_through_the_blocking_face,
+                plugin_backgrounds_its_own_call_blocking_from_a_hook,
+                the_wrapper_moves_only_its_own_job,
+                cancel_through_the_wrapper_kills_the_process_group,
+                a_wrapped_call_outlives_the_plugin_shutdown,
+            }
+        );
+    };
+}
+pub(crate) use race_suite;
+
+/// The suite in process (isolated: `isolation::hooks`).
+mod in_process {
+    race_suite!(offstage::plugin::Isolation::None);
 }

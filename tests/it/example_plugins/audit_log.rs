@@ -1,7 +1,9 @@
 //! The audit-log example plugin, loaded by the real host: one JSON line per
 //! finished job, filtered by tool when asked, and with no options at all
-//! into its own data dir (`Context::data_dir`).
+//! into its own data dir (`Context::data_dir`). In process here, and in a
+//! child process in `isolation::example_plugins` (`audit_log_suite!`).
 
+use offstage::plugin::Isolation;
 use offstage_plugin_api::types::ToolRequest;
 use offstage_tests::example_plugins::*;
 use serde_json::{json, Value};
@@ -27,16 +29,18 @@ async fn wait_lines(path: &std::path::Path, count: usize) -> Vec<Value> {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_line_per_finished_job() {
+pub(crate) async fn one_line_per_finished_job(mode: Isolation) {
     let dir = tempfile::tempdir().unwrap();
     // A folder that does not exist yet: the plugin creates it.
     let log = dir.path().join("logs").join("jobs.jsonl");
-    let host = Host::start(&[Load {
-        package: PACKAGE,
-        name: "audit-log",
-        options: json!({ "path": log }),
-    }]);
+    let host = Host::start_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "audit-log",
+            options: json!({ "path": log }),
+        }],
+    );
     let session = host.session().await;
 
     let ok = host
@@ -83,15 +87,17 @@ async fn one_line_per_finished_job() {
     assert_eq!(lines[..2], [first, second]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tools_option_filters_by_job_type() {
+pub(crate) async fn tools_option_filters_by_job_type(mode: Isolation) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("shell-only.jsonl");
-    let host = Host::start(&[Load {
-        package: PACKAGE,
-        name: "audit-log",
-        options: json!({ "path": log, "tools": ["shell"] }),
-    }]);
+    let host = Host::start_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "audit-log",
+            options: json!({ "path": log, "tools": ["shell"] }),
+        }],
+    );
     let session = host.session().await;
 
     // A subagent job whose child session runs one shell job.
@@ -135,26 +141,28 @@ async fn tools_option_filters_by_job_type() {
     assert!(lines.iter().all(|l| l["tool"] == "shell"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_no_options_it_writes_into_its_data_dir() {
+pub(crate) async fn with_no_options_it_writes_into_its_data_dir(mode: Isolation) {
     // Every example plugin, none configured: all load.
-    let mut host = Host::start(&[
-        Load {
-            package: PACKAGE,
-            name: "audit-log",
-            options: json!({}),
-        },
-        Load {
-            package: "offstage-auto-background",
-            name: "auto-background",
-            options: json!({}),
-        },
-        Load {
-            package: "offstage-check-agent",
-            name: "check-agent",
-            options: json!({}),
-        },
-    ]);
+    let mut host = Host::start_as(
+        mode,
+        &[
+            Load {
+                package: PACKAGE,
+                name: "audit-log",
+                options: json!({}),
+            },
+            Load {
+                package: "offstage-auto-background",
+                name: "auto-background",
+                options: json!({}),
+            },
+            Load {
+                package: "offstage-check-agent",
+                name: "check-agent",
+                options: json!({}),
+            },
+        ],
+    );
     let log = host
         .path("data")
         .join("plugin-data")
@@ -183,4 +191,25 @@ async fn with_no_options_it_writes_into_its_data_dir() {
             .mode();
         assert_eq!(mode & 0o777, 0o700, "the data dir is the plugin's alone");
     }
+}
+
+/// The suite, for the plugin run as `$mode` says: in process here, in a
+/// child process in `isolation::example_plugins`.
+macro_rules! audit_log_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            example_plugins::audit_log {
+                one_line_per_finished_job,
+                tools_option_filters_by_job_type,
+                with_no_options_it_writes_into_its_data_dir,
+            }
+        );
+    };
+}
+pub(crate) use audit_log_suite;
+
+/// The suite in process (isolated: `isolation::example_plugins`).
+mod in_process {
+    audit_log_suite!(offstage::plugin::Isolation::None);
 }

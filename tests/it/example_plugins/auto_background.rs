@@ -2,28 +2,34 @@
 //! real plugin host: a shell call that outlives `after_ms` is moved to the
 //! background — only that call — and its notice brings the rest of the
 //! output; ignored commands and fast ones are left alone.
+//!
+//! All in process; the slow, the fast and the refused call also in a child
+//! process in `isolation::example_plugins` (`auto_background_suite!`).
 
+use offstage::plugin::Isolation;
 use offstage_plugin_api::types::{Role, ToolRequest, ToolStatus};
 use offstage_tests::example_plugins::*;
 use serde_json::json;
 
 const PACKAGE: &str = "offstage-auto-background";
 
-fn host(after_ms: u64, ignore: &[&str]) -> Host {
-    Host::start(&[Load {
-        package: PACKAGE,
-        name: "auto-background",
-        options: json!({ "after_ms": after_ms, "ignore": ignore }),
-    }])
+fn host(mode: Isolation, after_ms: u64, ignore: &[&str]) -> Host {
+    Host::start_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "auto-background",
+            options: json!({ "after_ms": after_ms, "ignore": ignore }),
+        }],
+    )
 }
 
 fn shell(command: &str) -> ToolRequest {
     ToolRequest::new("shell", json!({ "command": command }))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_call_is_backgrounded_and_its_notice_has_the_rest() {
-    let mut host = host(300, &[]);
+pub(crate) async fn a_slow_call_is_backgrounded_and_its_notice_has_the_rest(mode: Isolation) {
+    let mut host = host(mode, 300, &[]);
     let session = host.session().await;
 
     let result = host
@@ -71,7 +77,7 @@ async fn a_slow_call_is_backgrounded_and_its_notice_has_the_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_its_own_call_is_moved_and_ignored_commands_stay() {
-    let mut host = host(300, &["* # stay"]);
+    let mut host = host(Isolation::None, 300, &["* # stay"]);
     let session = host.session().await;
     let flag = host.path("release");
 
@@ -126,10 +132,9 @@ async fn only_its_own_call_is_moved_and_ignored_commands_stay() {
     assert_eq!(backgrounded, vec![moved.job_id.as_str()]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fast_call_completes_normally() {
+pub(crate) async fn a_fast_call_completes_normally(mode: Isolation) {
     // A timer far longer than `echo` needs, so the race is never close.
-    let mut host = host(5000, &[]);
+    let mut host = host(mode, 5000, &[]);
     let session = host.session().await;
 
     let result = host
@@ -158,13 +163,15 @@ async fn a_fast_call_completes_normally() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_options_fail_the_load_with_a_reason() {
-    let host = Host::start_unchecked(&[Load {
-        package: PACKAGE,
-        name: "auto-background",
-        options: json!({ "after": 10 }),
-    }]);
+pub(crate) async fn bad_options_fail_the_load_with_a_reason(mode: Isolation) {
+    let host = Host::start_unchecked_as(
+        mode,
+        &[Load {
+            package: PACKAGE,
+            name: "auto-background",
+            options: json!({ "after": 10 }),
+        }],
+    );
     let plugins = host.plugins.list();
     let info = plugins
         .iter()
@@ -180,4 +187,25 @@ async fn bad_options_fail_the_load_with_a_reason() {
         .await
         .unwrap();
     assert_eq!(result.status, ToolStatus::Completed);
+}
+
+/// The suite, for the plugin run as `$mode` says: in process here, in a
+/// child process in `isolation::example_plugins`.
+macro_rules! auto_background_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            example_plugins::auto_background {
+                a_slow_call_is_backgrounded_and_its_notice_has_the_rest,
+                a_fast_call_completes_normally,
+                bad_options_fail_the_load_with_a_reason,
+            }
+        );
+    };
+}
+pub(crate) use auto_background_suite;
+
+/// The suite in process (isolated: `isolation::example_plugins`).
+mod in_process {
+    auto_background_suite!(offstage::plugin::Isolation::None);
 }

@@ -2,7 +2,11 @@
 //! agent runs each prompt line as a check through `call_tool` and reports,
 //! directly and through `subagent`; with auto-background loaded too, a slow
 //! check is reported as pending and its result follows after the wake-up.
+//!
+//! The agent's own cases also run in a child process in
+//! `isolation::example_plugins` (`check_agent_suite!`).
 
+use offstage::plugin::Isolation;
 use offstage_plugin_api::types::{NewSession, Role, ToolRequest, ToolStatus};
 use offstage_tests::example_plugins::*;
 use serde_json::json;
@@ -15,9 +19,8 @@ fn check_agent(options: serde_json::Value) -> Load<'static> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subagent_calls_get_a_verdict() {
-    let host = Host::start(&[check_agent(json!({}))]);
+pub(crate) async fn subagent_calls_get_a_verdict(mode: Isolation) {
+    let host = Host::start_as(mode, &[check_agent(json!({}))]);
     let session = host.session().await;
 
     let result = host
@@ -56,9 +59,8 @@ async fn subagent_calls_get_a_verdict() {
     assert_eq!(titles, ["true", "echo oops; exit 2", "test -d /"]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stop_on_failure_skips_the_rest() {
-    let host = Host::start(&[check_agent(json!({"stop_on_failure": true}))]);
+pub(crate) async fn stop_on_failure_skips_the_rest(mode: Isolation) {
+    let host = Host::start_as(mode, &[check_agent(json!({"stop_on_failure": true}))]);
     let session = host
         .service
         .create(NewSession {
@@ -137,4 +139,24 @@ async fn a_backgrounded_check_reports_after_the_wake_up() {
         follow_up,
         "[pass] sleep 2; true (finished in the background, exit code 0)"
     );
+}
+
+/// The suite, for the plugin run as `$mode` says: in process here, in a
+/// child process in `isolation::example_plugins`.
+macro_rules! check_agent_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            example_plugins::check_agent {
+                subagent_calls_get_a_verdict,
+                stop_on_failure_skips_the_rest,
+            }
+        );
+    };
+}
+pub(crate) use check_agent_suite;
+
+/// The suite in process (isolated: `isolation::example_plugins`).
+mod in_process {
+    check_agent_suite!(offstage::plugin::Isolation::None);
 }

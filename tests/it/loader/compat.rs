@@ -12,18 +12,22 @@
 //!   while its other calls work;
 //! - refuse the changed-field plugin with a layout error naming both types;
 //! - refuse the 2.0 plugin as another major version.
+//!
+//! The same in process (here) and with each plugin in a child process
+//! (`isolation::compat`, `compat_suite!`).
 
 use std::path::PathBuf;
 
-use offstage::plugin::PluginStatus;
+use offstage::plugin::{Isolation, PluginStatus};
 use offstage_plugin_api::types::ToolStatus;
 use offstage_tests::loader::*;
 use serde_json::{json, Value};
 
-/// A host with `hello` and the compat plugin of `variant`, loaded.
-fn host_with(variant: &str) -> (Host, PathBuf) {
+/// A host with `hello` and the compat plugin of `variant`, loaded as
+/// `mode` says.
+fn host_with(variant: &str, mode: Isolation) -> (Host, PathBuf) {
     let library = offstage_tests::fixtures::compat(variant);
-    let fixture = Fixture::new();
+    let fixture = Fixture::with_mode(mode);
     fixture.install("offstage-test-hello");
     let path = fixture.install_file(&library, library.file_name().unwrap().to_str().unwrap());
     (fixture.start(), path)
@@ -33,9 +37,8 @@ fn report(output: &str) -> Value {
     serde_json::from_str(output).unwrap_or_else(|e| panic!("{e}: {output}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_built_against_an_older_minor_works() {
-    let (host, _) = host_with("older");
+pub(crate) async fn a_plugin_built_against_an_older_minor_works(mode: Isolation) {
+    let (host, _) = host_with("older", mode);
     let info = host.plugins.get("compat-older").expect("listed");
     assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
     assert_eq!(info.api_version, "1.0.0");
@@ -54,9 +57,10 @@ async fn a_plugin_built_against_an_older_minor_works() {
     host.assert_hello_works().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks() {
-    let (host, _) = host_with("newer");
+pub(crate) async fn a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks(
+    mode: Isolation,
+) {
+    let (host, _) = host_with("newer", mode);
     let info = host.plugins.get("compat-newer").expect("listed");
     assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
     assert_eq!(info.api_version, "1.3.0");
@@ -81,9 +85,8 @@ async fn a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host
     host.assert_hello_works().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_changed_field_type_is_refused_naming_both_types() {
-    let (host, path) = host_with("changed");
+pub(crate) async fn a_changed_field_type_is_refused_naming_both_types(mode: Isolation) {
+    let (host, path) = host_with("changed", mode);
     let error = host.error(path.file_name().unwrap().to_str().unwrap());
     // `get_blocking` returns `u64` in the fixture, `RResult<RString, AbiError>` here.
     assert_one_line(
@@ -105,9 +108,8 @@ async fn a_changed_field_type_is_refused_naming_both_types() {
     host.assert_hello_works().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_built_against_the_next_major_is_refused() {
-    let (host, path) = host_with("next-major");
+pub(crate) async fn a_plugin_built_against_the_next_major_is_refused(mode: Isolation) {
+    let (host, path) = host_with("next-major", mode);
     assert_one_line(
         &host.error(path.file_name().unwrap().to_str().unwrap()),
         &path,
@@ -117,4 +119,26 @@ async fn a_plugin_built_against_the_next_major_is_refused() {
         ],
     );
     host.assert_hello_works().await;
+}
+
+/// The suite, for plugins run as `$mode` says: in process here, in a
+/// child process in `isolation::compat`.
+macro_rules! compat_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            loader::compat {
+                a_plugin_built_against_an_older_minor_works,
+                a_plugin_built_against_a_newer_minor_gets_unsupported_for_what_the_host_lacks,
+                a_changed_field_type_is_refused_naming_both_types,
+                a_plugin_built_against_the_next_major_is_refused,
+            }
+        );
+    };
+}
+pub(crate) use compat_suite;
+
+/// The suite in process (isolated: `isolation::compat`).
+mod in_process {
+    compat_suite!(offstage::plugin::Isolation::None);
 }

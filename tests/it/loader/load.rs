@@ -1,9 +1,13 @@
 //! The plugin loader with real cdylibs: several plugins of one interface
 //! side by side, grants and options from the config, disabled plugins,
 //! events, shutdown, and `check_file` (what `offstage plugin check` runs).
+//!
+//! Grants and options also run with the plugin in a child process
+//! (`isolation::grants`, `config_suite!`): grants are checked by the host
+//! either way.
 
 use offstage::{
-    plugin::{check_file, LoadError, PluginSettings, PluginStatus},
+    plugin::{check_file, Isolation, LoadError, PluginSettings, PluginStatus},
     ServiceError,
 };
 use offstage_plugin_api::types::ToolStatus;
@@ -55,9 +59,8 @@ async fn the_same_library_loads_into_two_hosts_independently() {
     second.assert_hello_works().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn grants_limit_what_a_plugin_may_call() {
-    let fixture = Fixture::new().settings(
+pub(crate) async fn grants_limit_what_a_plugin_may_call(mode: Isolation) {
+    let fixture = Fixture::with_mode(mode).settings(
         "domain",
         PluginSettings {
             grant: Some(vec![
@@ -115,11 +118,10 @@ async fn an_unknown_capability_in_a_grant_fails_the_load_naming_the_valid_ones()
     host.assert_hello_works().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn options_reach_the_plugin() {
+pub(crate) async fn options_reach_the_plugin(mode: Isolation) {
     // `faulty` picks its behaviour from its options: `panic-hook` adds
     // `faulty_panic` instead of `faulty_ok`.
-    let fixture = Fixture::new().options("faulty", json!({ "mode": "panic-hook" }));
+    let fixture = Fixture::with_mode(mode).options("faulty", json!({ "mode": "panic-hook" }));
     fixture.install("offstage-test-faulty");
     let host = fixture.start();
     host.assert_loaded("faulty");
@@ -251,4 +253,24 @@ async fn a_missing_plugin_dir_is_skipped() {
     host.fixture.plugin_dir = present;
     let host = host.fixture.start();
     host.assert_hello_works().await;
+}
+
+/// Grants and options, for plugins run as `$mode` says: in process here,
+/// in a child process in `isolation::grants`.
+macro_rules! config_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            loader::load {
+                grants_limit_what_a_plugin_may_call,
+                options_reach_the_plugin,
+            }
+        );
+    };
+}
+pub(crate) use config_suite;
+
+/// The suite in process (isolated: `isolation::grants`).
+mod in_process {
+    config_suite!(offstage::plugin::Isolation::None);
 }

@@ -1,8 +1,12 @@
 //! Hot reload with real rebuilt cdylibs: the `reloadable` test plugin,
 //! built as variant a, b and broken, replaced under a running host.
+//!
+//! The suite runs with the plugin in process here and in a child process
+//! in `isolation::reload` (`reload_suite!`); fifty reloads in a row run in
+//! process only (the isolation bench measures isolated reloads' memory).
 
 use offstage::{
-    plugin::{LoadError, PluginStatus},
+    plugin::{Isolation, LoadError, PluginStatus},
     ServiceError,
 };
 use offstage_plugin_api::types::{NewSession, ToolStatus};
@@ -10,9 +14,10 @@ use offstage_tests::loader::{lib_name, PATIENCE};
 use offstage_tests::reload::*;
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new() {
-    let host = ReloadHost::start(Variant::A);
+pub(crate) async fn calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new(
+    mode: Isolation,
+) {
+    let host = ReloadHost::start_as(mode, Variant::A);
     assert_eq!(host.whoami().await, stamp(Variant::A, 1));
     let gate = gate(host.host.fixture.dir.path(), "gate");
 
@@ -75,9 +80,8 @@ async fn calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_ne
     assert_eq!(host.whoami().await, stamp(Variant::B, 2));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broken_build_keeps_the_old_generation_serving() {
-    let host = ReloadHost::start(Variant::A);
+pub(crate) async fn a_broken_build_keeps_the_old_generation_serving(mode: Isolation) {
+    let host = ReloadHost::start_as(mode, Variant::A);
     assert_eq!(
         host.output("reloadable_count", json!({})).await,
         format!("{} count=1", stamp(Variant::A, 1))
@@ -183,9 +187,8 @@ async fn a_broken_build_keeps_the_old_generation_serving() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_survives_reloads() {
-    let host = ReloadHost::start(Variant::A);
+pub(crate) async fn state_survives_reloads(mode: Isolation) {
+    let host = ReloadHost::start_as(mode, Variant::A);
     for n in 1..=3 {
         assert_eq!(
             host.output("reloadable_count", json!({})).await,
@@ -242,9 +245,8 @@ async fn state_survives_reloads() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wrapper_is_replaced_without_a_gap() {
-    let host = std::sync::Arc::new(ReloadHost::start(Variant::A));
+pub(crate) async fn a_wrapper_is_replaced_without_a_gap(mode: Isolation) {
+    let host = std::sync::Arc::new(ReloadHost::start_as(mode, Variant::A));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Two loops of `shell` calls run while the plugin is reloaded ten
     // times; every call must be wrapped exactly once, by one generation.
@@ -338,9 +340,8 @@ async fn fifty_reloads_keep_the_host_healthy() {
     assert_eq!(seen, vec![format!("event a 51 {session}")]);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reload_refuses_unknown_plugins_and_files_that_changed_plugin() {
-    let host = ReloadHost::start(Variant::A);
+pub(crate) async fn reload_refuses_unknown_plugins_and_files_that_changed_plugin(mode: Isolation) {
+    let host = ReloadHost::start_as(mode, Variant::A);
     let error = host.host.plugins.reload("nobody").unwrap_err();
     assert!(matches!(error, LoadError::Unknown { .. }), "{error}");
     assert_eq!(error.to_string(), "no plugin named `nobody`");
@@ -366,11 +367,10 @@ async fn reload_refuses_unknown_plugins_and_files_that_changed_plugin() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plugin_that_failed_to_start_is_loaded_afresh() {
+pub(crate) async fn a_plugin_that_failed_to_start_is_loaded_afresh(mode: Isolation) {
     // A broken build in the plugin dir at start-up: the load fails; a
     // reload by name then loads the fixed file.
-    let fixture = offstage_tests::loader::Fixture::new();
+    let fixture = offstage_tests::loader::Fixture::with_mode(mode);
     let path = fixture.install_file(&Variant::Broken.library(), &lib_name(PACKAGE));
     let host = fixture.start();
     let info = host.plugins.get("reloadable").unwrap();
@@ -396,10 +396,10 @@ async fn a_plugin_that_failed_to_start_is_loaded_afresh() {
     assert_eq!(host.plugins.list().len(), 1, "{:#?}", host.plugins.list());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_published_during_reloads_are_handled_once_each() {
+pub(crate) async fn events_published_during_reloads_are_handled_once_each(mode: Isolation) {
     // The handler takes 5 ms per event, so events queue up behind it.
     let host = std::sync::Arc::new(ReloadHost::start_with(
+        mode,
         Variant::A,
         json!({ "event_delay_ms": 5 }),
     ));
@@ -454,8 +454,7 @@ async fn events_published_during_reloads_are_handled_once_each() {
     assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_handed_over_counts_every_event_around_a_slow_init() {
+pub(crate) async fn state_handed_over_counts_every_event_around_a_slow_init(mode: Isolation) {
     // The plugin counts finished `shell` jobs from `job.finished` and hands
     // the count across reloads. Generation 2's `init` waits on a gate, and
     // jobs finish while it waits: generation 1 must not count them after
@@ -464,6 +463,7 @@ async fn state_handed_over_counts_every_event_around_a_slow_init() {
     let dir = tempfile::tempdir().unwrap();
     let gate = gate(dir.path(), "init-gate");
     let host = std::sync::Arc::new(ReloadHost::start_with(
+        mode,
         Variant::A,
         json!({ "reload_gate": gate }),
     ));
@@ -537,4 +537,30 @@ async fn state_handed_over_counts_every_event_around_a_slow_init() {
         );
     }
     assert_eq!(wait_for_count(11).await, 11);
+}
+
+/// The suite, for the plugin run as `$mode` says: in process here, in a
+/// child process in `isolation::reload`.
+macro_rules! reload_suite {
+    ($mode:expr) => {
+        tests_in_mode!(
+            $mode,
+            reload::basic {
+                calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new,
+                a_broken_build_keeps_the_old_generation_serving,
+                state_survives_reloads,
+                a_wrapper_is_replaced_without_a_gap,
+                reload_refuses_unknown_plugins_and_files_that_changed_plugin,
+                a_plugin_that_failed_to_start_is_loaded_afresh,
+                events_published_during_reloads_are_handled_once_each,
+                state_handed_over_counts_every_event_around_a_slow_init,
+            }
+        );
+    };
+}
+pub(crate) use reload_suite;
+
+/// The suite in process (isolated: `isolation::reload`).
+mod in_process {
+    reload_suite!(offstage::plugin::Isolation::None);
 }

@@ -7,6 +7,7 @@
 //! `Result<_, ServiceError>` and plain strings.
 
 use std::{
+    borrow::Borrow,
     future::Future,
     panic::{catch_unwind, AssertUnwindSafe},
     pin::Pin,
@@ -70,27 +71,36 @@ pub(in crate::plugin) fn plugin_error(error: AbiError) -> PluginError {
 
 /// Polls a host future inside the host runtime, with panics turned into
 /// errors.
-pub(in crate::plugin) struct InRuntime<F> {
-    handle: Handle,
-    inner: Pin<Box<F>>,
+///
+/// The future is held inline, not boxed: the `FfiFuture` that carries an
+/// `InRuntime` across is already one allocation, and a session call pays
+/// for every other. `H` is the runtime's handle, owned or (for a
+/// generation's runtime, which lives as long as the process) borrowed, so
+/// a call does not have to clone it.
+pub(in crate::plugin) struct InRuntime<F, H = Handle> {
+    handle: H,
+    inner: F,
 }
 
-impl<F> InRuntime<F> {
-    pub(in crate::plugin) fn new(handle: Handle, inner: F) -> Self {
-        InRuntime {
-            handle,
-            inner: Box::pin(inner),
-        }
+impl<F, H: Borrow<Handle>> InRuntime<F, H> {
+    pub(in crate::plugin) fn new(handle: H, inner: F) -> Self {
+        InRuntime { handle, inner }
     }
 }
 
-impl<F: Future<Output = Result<String>>> Future for InRuntime<F> {
+impl<F: Future<Output = Result<String>>, H: Borrow<Handle>> Future for InRuntime<F, H> {
     type Output = AbiResult;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<AbiResult> {
-        let this = &mut *self;
-        let _entered = this.handle.enter();
-        match catch_unwind(AssertUnwindSafe(|| this.inner.as_mut().poll(cx))) {
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<AbiResult> {
+        // SAFETY: `inner` is structurally pinned: it is never moved out of
+        // `self`, `InRuntime` has no `Drop` of its own that could move it,
+        // and it is not `Unpin` unless `F` is. `handle` is not pinned.
+        let (handle, inner) = unsafe {
+            let this = self.get_unchecked_mut();
+            (&this.handle, Pin::new_unchecked(&mut this.inner))
+        };
+        let _entered = handle.borrow().enter();
+        match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
             Ok(poll) => poll.map(to_abi),
             Err(payload) => Poll::Ready(to_abi(Err(ServiceError::Internal(format!(
                 "host panicked: {}",

@@ -90,9 +90,9 @@ impl Drop for Wrapper {
 /// Hands the host's `next` to a plugin: a boxed [`Next`] behind the state
 /// pointer, consumed by `call` or freed by `drop`.
 extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiResult> {
-    // SAFETY: `state` is the `Box<(Next, Handle)>` made in `Wrapper::wrap`;
+    // SAFETY: `state` is the `Box<(Next, &Handle)>` made in `Wrapper::wrap`;
     // the plugin calls `call` or `drop`, once.
-    let (next, handle) = *unsafe { Box::from_raw(state.0 as *mut (Next, Handle)) };
+    let (next, handle) = *unsafe { Box::from_raw(state.0 as *mut (Next, &'static Handle)) };
     let fut = async move {
         let call: ToolCall = parse("next", input.as_str())?;
         let result = next.run(call).await?;
@@ -103,29 +103,28 @@ extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiRe
 
 extern "C" fn next_drop(state: CallbackState) {
     // SAFETY: see `next_call`.
-    drop(unsafe { Box::from_raw(state.0 as *mut (Next, Handle)) });
+    drop(unsafe { Box::from_raw(state.0 as *mut (Next, &'static Handle)) });
 }
 
 // The registries hold `Arc<dyn ToolWrapper>` (and `Arc<dyn Tool>`,
-// `Arc<dyn Agent>`), whose methods take `&self` and return `'static`
-// futures; each future keeps its adapter alive through the inner `Arc`.
-impl ToolWrapper for Arc<Wrapper> {
-    fn wrap(&self, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>> {
-        let this = Arc::clone(self);
+// `Arc<dyn Agent>`), whose methods take that `Arc`: each future keeps its
+// adapter (and so the plugin's state) alive until it is done.
+impl ToolWrapper for Wrapper {
+    fn wrap(self: Arc<Self>, call: ToolCall, next: Next) -> BoxFuture<Result<ToolResult>> {
         Box::pin(async move {
-            let state = Box::into_raw(Box::new((next, this.plugin.runtime.clone())));
+            let state = Box::into_raw(Box::new((next, &self.plugin.runtime)));
             let next = NextAbi {
                 state: CallbackState(state as *const c_void),
                 call: next_call,
                 drop: next_drop,
             };
-            let started = (this.abi.call)(this.abi.state, RString::from(to_json(&call)?), next);
+            let started = (self.abi.call)(self.abi.state, RString::from(to_json(&call)?), next);
             let result = FromPlugin { inner: started }.await;
-            let json = result.map_err(|error| this.plugin.fail_if_own_panic(error))?;
+            let json = result.map_err(|error| self.plugin.fail_if_own_panic(error))?;
             serde_json::from_str(&json).map_err(|e| {
                 ServiceError::Plugin(format!(
                     "plugin {} returned a bad tool result: {e}",
-                    this.plugin.name
+                    self.plugin.name
                 ))
             })
         })
@@ -137,21 +136,20 @@ struct PluginTool {
     name: String,
 }
 
-impl Tool for Arc<PluginTool> {
-    fn run(&self, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
-        let this = Arc::clone(self);
+impl Tool for PluginTool {
+    fn run(self: Arc<Self>, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
         Box::pin(async move {
             let call = ToolCall {
                 session_id: ctx.session_id.clone(),
                 job_id: ctx.job_id.clone(),
-                tool: this.name.clone(),
+                tool: self.name.clone(),
                 input,
             };
-            let json = this.callback.call(to_json(&call)?).await?;
+            let json = self.callback.call(to_json(&call)?).await?;
             let result: ToolResult = serde_json::from_str(&json).map_err(|e| {
                 ServiceError::Plugin(format!(
                     "plugin tool {} returned a bad result: {e}",
-                    this.name
+                    self.name
                 ))
             })?;
             ctx.output.write(result.output.as_bytes());
@@ -167,11 +165,14 @@ struct PluginAgent {
     callback: Callback,
 }
 
-impl Agent for Arc<PluginAgent> {
-    fn turn(&self, _service: SessionService, turn: AgentTurn) -> BoxFuture<Result<String>> {
-        let this = Arc::clone(self);
+impl Agent for PluginAgent {
+    fn turn(
+        self: Arc<Self>,
+        _service: SessionService,
+        turn: AgentTurn,
+    ) -> BoxFuture<Result<String>> {
         Box::pin(async move {
-            let json = this.callback.call(to_json(&turn)?).await?;
+            let json = self.callback.call(to_json(&turn)?).await?;
             serde_json::from_str::<String>(&json)
                 .map_err(|e| ServiceError::Plugin(format!("agent reply is not a string: {e}")))
         })
@@ -195,7 +196,7 @@ pub(in crate::plugin) extern "C" fn wrap_tool(
     let wrapper = Arc::new(Wrapper::new(abi, plugin));
     to_abi_unit((|| {
         plugin.check_grant(capability::TOOL_WRAP)?;
-        plugin.register(Staged::Wrapper(tool.into_string(), Arc::new(wrapper)))
+        plugin.register(Staged::Wrapper(tool.into_string(), wrapper))
     })())
 }
 
@@ -226,7 +227,7 @@ pub(in crate::plugin) extern "C" fn add_tool(
             callback,
             name: spec.name.clone(),
         });
-        plugin.register(Staged::Tool(spec.name, Arc::new(tool)))
+        plugin.register(Staged::Tool(spec.name, tool))
     })())
 }
 
@@ -252,7 +253,7 @@ pub(in crate::plugin) extern "C" fn register_agent(
             .agents()
             .check_register(name.as_str(), &plugin.owner)?;
         let agent = Arc::new(PluginAgent { callback });
-        plugin.register(Staged::Agent(name.into_string(), Arc::new(agent)))
+        plugin.register(Staged::Agent(name.into_string(), agent))
     })())
 }
 

@@ -45,7 +45,8 @@ pub(in crate::plugin) trait Downstream: Send + Sync + 'static {
     fn export(&self) -> Result<Option<String>>;
     /// The plugin's `shutdown`.
     fn shutdown(&self) -> Result<()>;
-    /// The instance is freed: end the process.
+    /// The instance is freed: end the process (once the calls still in
+    /// flight into it have ended).
     fn release(&self);
     /// The runtime the forwarded futures are polled in.
     fn runtime(&self) -> &Handle;

@@ -149,7 +149,7 @@ pub(super) extern "C" fn max_log_level(_: HostCtx) -> u8 {
 }
 
 pub(super) extern "C" fn sleep(ctx: HostCtx, millis: u64) -> FfiFuture<()> {
-    let handle = state_from(ctx).runtime.clone();
+    let handle = &state_from(ctx).runtime;
     // The timer is created on first poll, inside the runtime.
     let inner = async move {
         tokio::time::sleep(Duration::from_millis(millis)).await;

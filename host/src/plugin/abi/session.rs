@@ -1,21 +1,31 @@
 //! The host's side of the session domain, expanded from the method table
 //! ([`offstage_plugin_api::session_methods!`]): the [`Method`] enum with
-//! each method's name, capability and HTTP route, one `dispatch` into
+//! each method's name, capability and HTTP route, one call per method into
 //! [`SessionService`] (the calls the HTTP layer makes), the `extern "C"`
 //! faces, and the vtable a plugin receives.
 //!
 //! Adding a method to the table makes this file fail to build until
 //! [`handlers`] has an `async fn` of the same name; its return type must be
-//! the table's, so the plugin and the host cannot disagree on a reply.
+//! the table's (or a smart pointer that borrows as it, such as
+//! `Arc<Session>`), so the plugin and the host cannot disagree on a reply.
 //!
 //! The boundary costs only what it must: replies are encoded straight
-//! from the record (`serde_json::to_string`, no `serde_json::Value` in
-//! between), and the method's name is a `&'static str` from the table.
+//! from the record (no `serde_json::Value` in between) into a buffer sized
+//! by the method's earlier replies; `get` encodes the service's shared
+//! record instead of a copy; arguments are parsed borrowed from the
+//! plugin's buffer; each method's future is its own (sized to its handler,
+//! one allocation for the async face); the generation's runtime handle and
+//! service are borrowed, not cloned; and the method's name is a
+//! `&'static str` from the table.
 
 use std::{
+    borrow::Borrow,
     future::Future,
     panic::{catch_unwind, AssertUnwindSafe},
-    sync::LazyLock,
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        LazyLock,
+    },
     task::{Context as TaskContext, Poll, Waker},
 };
 
@@ -25,7 +35,7 @@ use offstage_plugin_api::{
     abi::{AbiResult, HostCtx, SessionDomainRef, SessionDomainVtable},
     capability,
 };
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{Deserialize, Serialize};
 use tokio::runtime::{Handle, RuntimeFlavor};
 
 use super::{
@@ -37,6 +47,8 @@ use crate::{error::Result, session::SessionService, util::panic_message, Service
 /// One handler per method of the table, same name, same return type: the
 /// host's whole implementation of the session domain for plugins.
 mod handlers {
+    use std::sync::Arc;
+
     use offstage_plugin_api::types::{
         args, BackgroundRequest, Job, Message, NewSession, OutputChunk, Session, ToolResult,
     };
@@ -55,46 +67,56 @@ mod handlers {
         service.create(new).await
     }
 
-    pub(super) async fn get(service: &SessionService, a: args::SessionId) -> Result<Session> {
-        service.get(&a.session_id).await
+    /// The shared record, not a copy: it is only encoded.
+    pub(super) async fn get(
+        service: &SessionService,
+        a: args::SessionId<'_>,
+    ) -> Result<Arc<Session>> {
+        service.shared_session(&a.session_id)
     }
 
-    pub(super) async fn rename(service: &SessionService, a: args::Rename) -> Result<Session> {
+    pub(super) async fn rename(service: &SessionService, a: args::Rename<'_>) -> Result<Session> {
         service.rename(&a.session_id, &a.title).await
     }
 
-    pub(super) async fn remove(service: &SessionService, a: args::SessionId) -> Result<()> {
+    pub(super) async fn remove(service: &SessionService, a: args::SessionId<'_>) -> Result<()> {
         service.remove(&a.session_id).await
     }
 
     pub(super) async fn messages(
         service: &SessionService,
-        a: args::SessionId,
+        a: args::SessionId<'_>,
     ) -> Result<Vec<Message>> {
         service.messages(&a.session_id).await
     }
 
-    pub(super) async fn prompt(service: &SessionService, a: args::Prompt) -> Result<Vec<Message>> {
+    pub(super) async fn prompt(
+        service: &SessionService,
+        a: args::Prompt<'_>,
+    ) -> Result<Vec<Message>> {
         service
             .prompt(&a.session_id, &a.text, a.agent.as_deref())
             .await
     }
 
-    pub(super) async fn notice(service: &SessionService, a: args::Notice) -> Result<Message> {
+    pub(super) async fn notice(service: &SessionService, a: args::Notice<'_>) -> Result<Message> {
         service.notice(&a.session_id, &a.text, a.metadata).await
     }
 
-    pub(super) async fn interrupt(service: &SessionService, a: args::SessionId) -> Result<bool> {
+    pub(super) async fn interrupt(
+        service: &SessionService,
+        a: args::SessionId<'_>,
+    ) -> Result<bool> {
         service.interrupt(&a.session_id).await
     }
 
-    pub(super) async fn jobs(service: &SessionService, a: args::Jobs) -> Result<Vec<Job>> {
+    pub(super) async fn jobs(service: &SessionService, a: args::Jobs<'_>) -> Result<Vec<Job>> {
         service.jobs(a.session_id.as_deref()).await
     }
 
     pub(super) async fn call_tool(
         service: &SessionService,
-        a: args::CallTool,
+        a: args::CallTool<'_>,
     ) -> Result<ToolResult> {
         service.call_tool(&a.session_id, a.request).await
     }
@@ -106,37 +128,53 @@ mod handlers {
         service.background(request).await
     }
 
-    pub(super) async fn wait_idle(service: &SessionService, a: args::SessionId) -> Result<Session> {
+    pub(super) async fn wait_idle(
+        service: &SessionService,
+        a: args::SessionId<'_>,
+    ) -> Result<Session> {
         service.wait_idle(&a.session_id).await
     }
 
-    pub(super) async fn job(service: &SessionService, a: args::JobId) -> Result<Job> {
+    pub(super) async fn job(service: &SessionService, a: args::JobId<'_>) -> Result<Job> {
         service.job(&a.job_id).await
     }
 
     pub(super) async fn job_output(
         service: &SessionService,
-        a: args::JobOutput,
+        a: args::JobOutput<'_>,
     ) -> Result<OutputChunk> {
         let limit = a.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
         service.job_output(&a.job_id, a.offset, limit).await
     }
 
-    pub(super) async fn cancel_job(service: &SessionService, a: args::JobId) -> Result<Job> {
+    pub(super) async fn cancel_job(service: &SessionService, a: args::JobId<'_>) -> Result<Job> {
         service.cancel_job(&a.job_id).await
     }
 }
 
-fn parse<T: DeserializeOwned>(method: Method, json: &str) -> Result<T> {
+fn parse<'a, T: Deserialize<'a>>(method: Method, json: &'a str) -> Result<T> {
     serde_json::from_str(json).map_err(|e| {
         ServiceError::InvalidInput(format!("bad arguments for {}: {e}", method.name()))
     })
 }
 
-fn encode(reply: &impl Serialize) -> Result<String> {
-    serde_json::to_string(reply)
-        .map_err(|e| ServiceError::Internal(format!("cannot encode a reply: {e}")))
+/// Encodes a reply straight from the record into a buffer of the size the
+/// method's replies had so far (`size_hint`, at most [`MAX_SIZE_HINT`]),
+/// so a typical reply is written without growing its buffer.
+fn encode<T: Serialize + ?Sized>(reply: &T, size_hint: &AtomicUsize) -> Result<String> {
+    let hint = size_hint.load(Ordering::Relaxed);
+    let mut json = Vec::with_capacity(hint);
+    serde_json::to_writer(&mut json, reply)
+        .map_err(|e| ServiceError::Internal(format!("cannot encode a reply: {e}")))?;
+    if json.len() > hint && hint < MAX_SIZE_HINT {
+        size_hint.store(json.len().min(MAX_SIZE_HINT), Ordering::Relaxed);
+    }
+    // SAFETY: serde_json writes valid UTF-8 only.
+    Ok(unsafe { String::from_utf8_unchecked(json) })
 }
+
+/// The largest buffer [`encode`] starts with; a larger reply grows it.
+const MAX_SIZE_HINT: usize = 4096;
 
 macro_rules! host_session {
     ($(
@@ -184,17 +222,29 @@ macro_rules! host_session {
             }
         }
 
-        /// The one place both faces reach the session service.
-        async fn dispatch(service: SessionService, method: Method, args: String) -> Result<String> {
-            match method {
-                $(
-                    $(#[cfg($cfg)])*
-                    Method::$name => {
-                        let args: $args = parse(method, &args)?;
-                        let reply: $ret = handlers::$name(&service, args).await?;
-                        encode(&reply)
-                    }
-                )*
+        /// The one place both faces reach the session service: per method,
+        /// parse the arguments, run the handler, encode the reply. One
+        /// function per method (not one `match`), so each call's future is
+        /// the size of its own handler's.
+        mod calls {
+            use super::*;
+            $(
+                $(#[cfg($cfg)])*
+                pub(super) async fn $name(service: &SessionService, args: RString) -> Result<String> {
+                    static SIZE_HINT: AtomicUsize = AtomicUsize::new(128);
+                    let parsed: $args = parse(Method::$name, args.as_str())?;
+                    let reply = handlers::$name(service, parsed).await?;
+                    encode::<$ret>(reply.borrow(), &SIZE_HINT)
+                }
+            )*
+        }
+
+        impl Method {
+            /// The method's async face, as in the vtable.
+            fn async_face(self) -> extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult> {
+                match self {
+                    $( $(#[cfg($cfg)])* Method::$name => faces::$name, )*
+                }
             }
         }
 
@@ -204,11 +254,11 @@ macro_rules! host_session {
             $(
                 $(#[cfg($cfg)])*
                 pub(super) extern "C" fn $name(ctx: HostCtx, args: RString) -> FfiFuture<AbiResult> {
-                    run_async(ctx, Method::$name, args)
+                    run_async(ctx, Method::$name, args, calls::$name)
                 }
                 $(#[cfg($cfg)])*
                 pub(super) extern "C" fn $blocking(ctx: HostCtx, args: RString) -> AbiResult {
-                    run_blocking(ctx, Method::$name, args)
+                    run_blocking(ctx, Method::$name, args, calls::$name)
                 }
             )*
         }
@@ -228,23 +278,37 @@ macro_rules! host_session {
 
 offstage_plugin_api::session_methods!(host_session);
 
-fn run_async(ctx: HostCtx, method: Method, args: RString) -> FfiFuture<AbiResult> {
+fn run_async<Fut>(
+    ctx: HostCtx,
+    method: Method,
+    args: RString,
+    call: impl FnOnce(&'static SessionService, RString) -> Fut,
+) -> FfiFuture<AbiResult>
+where
+    Fut: Future<Output = Result<String>> + Send + 'static,
+{
     let plugin = state_from(ctx);
     if let Some(upstream) = plugin.upstream.get() {
         // An isolated plugin's process: the host checks the grant.
         let fut = upstream.session(method.name(), args.into_string());
-        return InRuntime::new(plugin.runtime.clone(), fut).into_ffi();
+        return InRuntime::new(&plugin.runtime, fut).into_ffi();
     }
-    let checked = plugin.check_grant(method.capability());
-    let service = plugin.service.clone();
-    let fut = async move {
-        checked?;
-        dispatch(service, method, args.into_string()).await
+    let fut = match plugin.check_grant(method.capability()) {
+        Ok(()) => Ok(call(&plugin.service, args)),
+        Err(error) => Err(error),
     };
-    InRuntime::new(plugin.runtime.clone(), fut).into_ffi()
+    InRuntime::new(&plugin.runtime, async move { fut?.await }).into_ffi()
 }
 
-fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
+fn run_blocking<Fut>(
+    ctx: HostCtx,
+    method: Method,
+    args: RString,
+    call: impl FnOnce(&'static SessionService, RString) -> Fut,
+) -> AbiResult
+where
+    Fut: Future<Output = Result<String>>,
+{
     let plugin = state_from(ctx);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         if let Some(upstream) = plugin.upstream.get() {
@@ -252,8 +316,7 @@ fn run_blocking(ctx: HostCtx, method: Method, args: RString) -> AbiResult {
             return block_on_host(&plugin.runtime, fut)?;
         }
         plugin.check_grant(method.capability())?;
-        let fut = dispatch(plugin.service.clone(), method, args.into_string());
-        block_on_host(&plugin.runtime, fut)?
+        block_on_host(&plugin.runtime, call(&plugin.service, args))?
     }));
     to_abi(outcome.unwrap_or_else(|payload| {
         Err(ServiceError::Internal(format!(
@@ -276,7 +339,7 @@ pub(in crate::plugin) fn call_by_name(
         return Box::pin(async move { Err(error) });
     };
     Box::pin(super::convert::FromPlugin {
-        inner: run_async(ctx, method, RString::from(args)),
+        inner: method.async_face()(ctx, RString::from(args)),
     })
 }
 

@@ -8,6 +8,11 @@
 //! `sleep`, `spawn` and options are served here. The hooks it registers
 //! are kept here by id and called when the host asks. When the host closes
 //! the channel, the process exits.
+//!
+//! With `--read-only` (`filesystem = "read-only"`), before it starts a
+//! thread or opens the library, it runs the loader's file checks, makes
+//! and holds its private copy, and restricts itself (`sandbox.rs`); an
+//! error there is the answer to the host's `open`.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -23,6 +28,7 @@ use std::{
 use tokio::runtime::Handle;
 
 use super::{
+    sandbox::{self, Sandbox},
     wire::{Handler, HookKind, Note, Peer, Request},
     Upstream,
 };
@@ -35,8 +41,8 @@ use crate::{
             Instance, InstanceError,
         },
         generation::{new_state, Start},
-        load::CheckedLibrary,
-        Opened, PluginHost, PluginHostConfig,
+        load::{stage, CheckedLibrary, Staged},
+        LoadError, Opened, PluginHost, PluginHostConfig,
     },
     session::{ServiceConfig, SessionService},
     tool::Owner,
@@ -51,15 +57,49 @@ struct ChildState {
     runtime: Handle,
     peer: OnceLock<Arc<Peer>>,
     opened: Mutex<Option<CheckedLibrary>>,
+    /// With `--read-only`: the file staged before the restriction, or why
+    /// staging or the restriction failed.
+    staged: Mutex<Option<std::result::Result<Staged, LoadError>>>,
     instance: Mutex<Option<Instance>>,
     hooks: Mutex<HashMap<u64, Arc<LocalHook>>>,
     hook_ids: AtomicU64,
 }
 
+/// What the host tells the plugin's process on its command line.
+#[derive(Debug, Clone)]
+pub struct ChildArgs {
+    /// The plugin file.
+    pub file: PathBuf,
+    /// The host's data dir.
+    pub data_dir: PathBuf,
+    /// Load files others can write.
+    pub allow_insecure: bool,
+    /// Restrict this process with Landlock before opening the file.
+    pub read_only: bool,
+    /// With `read_only`: the one dir it may write in (the plugin's data
+    /// dir); none at all without it.
+    pub writable: Option<PathBuf>,
+}
+
 /// Runs the plugin's process until the host closes the channel. Started by
 /// the host only; the channel is file descriptor 3.
-pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> ExitCode {
+pub fn run_child(args: ChildArgs) -> ExitCode {
+    let ChildArgs {
+        file,
+        data_dir,
+        allow_insecure,
+        read_only,
+        writable,
+    } = args;
     crate::cli::init_logging("warn");
+    let config = PluginHostConfig {
+        dirs: Vec::new(),
+        data_dir: data_dir.clone(),
+        allow_insecure_permissions: allow_insecure,
+        settings: Default::default(),
+    };
+    // Before any thread is started: see `sandbox.rs`.
+    let staged = read_only.then(|| restrict(&config, &file, writable));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -110,21 +150,14 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
             data_dir: scratch,
             permissions: Vec::new(),
         });
-        let host = PluginHost::for_child(
-            service,
-            PluginHostConfig {
-                dirs: Vec::new(),
-                data_dir,
-                allow_insecure_permissions: allow_insecure,
-                settings: Default::default(),
-            },
-        );
+        let host = PluginHost::for_child(service, config);
         let state = Arc::new(ChildState {
             file,
             host,
             runtime: Handle::current(),
             peer: OnceLock::new(),
             opened: Mutex::new(None),
+            staged: Mutex::new(staged),
             instance: Mutex::new(None),
             hooks: Mutex::new(HashMap::new()),
             hook_ids: AtomicU64::new(1),
@@ -138,19 +171,65 @@ pub fn run_child(file: PathBuf, data_dir: PathBuf, allow_insecure: bool) -> Exit
     std::process::exit(0)
 }
 
+/// Stages `file` (checks and private copy, held open), then restricts this
+/// process to writing in `writable` only.
+fn restrict(
+    config: &PluginHostConfig,
+    file: &std::path::Path,
+    writable: Option<PathBuf>,
+) -> std::result::Result<Staged, LoadError> {
+    let staged = stage(config, file, |_| None)
+        .map_err(|failure| failure.error)?
+        .hold()
+        .map_err(|e| host_error(file, format!("cannot hold the private copy: {e}")))?;
+    if let Some(dir) = &writable {
+        // It must exist to be named in a rule (`Context::data_dir` makes
+        // it the same way).
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(dir).map_err(|e| {
+            host_error(
+                file,
+                format!("cannot create the plugin's data dir {}: {e}", dir.display()),
+            )
+        })?;
+    }
+    // `open_isolated` (load.rs) knows the refusal by its prefix.
+    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::Isolated {
+        path: file.to_path_buf(),
+        message: format!("{}{e}", sandbox::NOT_ENFORCED),
+    })?;
+    Ok(staged)
+}
+
+/// A failure of this process's own, as the loader reports its own.
+fn host_error(file: &std::path::Path, message: impl std::fmt::Display) -> LoadError {
+    LoadError::Host {
+        path: file.to_path_buf(),
+        message: message.to_string(),
+    }
+}
+
 impl ChildState {
     fn peer(&self) -> &Arc<Peer> {
         self.peer.get().expect("the peer is set before any request")
     }
 
-    fn open(&self) -> Result<String> {
-        let opened = self.host.open(&self.file).map_err(|failure| {
-            let text = failure.error.to_string();
-            let prefix = format!("{}: ", self.file.display());
-            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
-        })?;
-        let json = serde_json::to_string(&opened.manifest)
-            .map_err(|e| ServiceError::Internal(e.to_string()))?;
+    /// A failure of this process's own, as the loader reports its own.
+    fn host_error(&self, message: impl std::fmt::Display) -> LoadError {
+        host_error(&self.file, message)
+    }
+
+    fn open(&self) -> std::result::Result<String, LoadError> {
+        let staged = self.staged.lock_unpoisoned().take();
+        let opened = match staged {
+            None => self.host.open(&self.file),
+            Some(Ok(staged)) => self.host.open_staged(&self.file, staged),
+            Some(Err(error)) => return Err(error),
+        }
+        .map_err(|failure| failure.error)?;
+        let json = serde_json::to_string(&opened.manifest).map_err(|e| self.host_error(e))?;
         *self.opened.lock_unpoisoned() = Some(opened);
         Ok(json)
     }
@@ -162,16 +241,16 @@ impl ChildState {
         options: String,
         previous_state: Option<String>,
         limits: (Option<u64>, Option<u64>),
-    ) -> Result<String> {
+    ) -> std::result::Result<String, LoadError> {
         let opened = self
             .opened
             .lock_unpoisoned()
             .take()
-            .ok_or_else(|| ServiceError::InvalidInput("init before open".into()))?;
+            .ok_or_else(|| self.host_error("init before open"))?;
         let Opened::Local(module) = opened.module else {
-            return Err(ServiceError::Internal("nested isolation".into()));
+            return Err(self.host_error("nested isolation"));
         };
-        apply_limits(limits)?;
+        apply_limits(limits).map_err(|e| self.host_error(e))?;
         let options = serde_json::from_str(&options).unwrap_or_default();
         let ctx = new_state(
             self.host.inner.service.clone(),
@@ -194,12 +273,7 @@ impl ChildState {
         let instance = {
             let _entered = self.runtime.enter();
             abi::init(&self.file, &name, module, handle)
-        }
-        .map_err(|failure| {
-            let text = failure.to_string();
-            let prefix = format!("{}: ", self.file.display());
-            ServiceError::Plugin(text.strip_prefix(&prefix).unwrap_or(&text).to_string())
-        })?;
+        }?;
         *self.instance.lock_unpoisoned() = Some(instance);
         Ok(String::new())
     }
@@ -221,6 +295,13 @@ fn instance_error(error: InstanceError) -> ServiceError {
             message: "panicked in export_state or shutdown".into(),
         },
     }
+}
+
+/// The answer to `Open` and `Init`: the loader's own result, error
+/// included, for the host to report as it reports its own (`Child::spawn`,
+/// `Child::init` in `parent.rs`).
+fn load_answer(result: std::result::Result<String, LoadError>) -> Result<String> {
+    serde_json::to_string(&result).map_err(|e| ServiceError::Internal(e.to_string()))
 }
 
 /// Sets the process's own `RLIMIT_AS` and `RLIMIT_CPU` (before `init`).
@@ -251,9 +332,10 @@ impl Handler for ChildState {
             match request {
                 Request::Open => {
                     let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || this.open())
+                    let opened = tokio::task::spawn_blocking(move || this.open())
                         .await
-                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?
+                        .map_err(|e| ServiceError::Internal(format!("open: {e}")))?;
+                    load_answer(opened)
                 }
                 Request::Init {
                     name,
@@ -264,7 +346,7 @@ impl Handler for ChildState {
                     cpu_limit,
                 } => {
                     let this = Arc::clone(&self);
-                    tokio::task::spawn_blocking(move || {
+                    let initialised = tokio::task::spawn_blocking(move || {
                         this.init(
                             name,
                             generation,
@@ -274,7 +356,8 @@ impl Handler for ChildState {
                         )
                     })
                     .await
-                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?
+                    .map_err(|e| ServiceError::Internal(format!("init: {e}")))?;
+                    load_answer(initialised)
                 }
                 Request::Invoke { hook, input } => self.hook(hook)?.invoke(input).await,
                 Request::Wrap { hook, input, next } => {

@@ -30,6 +30,32 @@ impl std::str::FromStr for Isolation {
     }
 }
 
+/// What an isolated plugin's process may do to the filesystem
+/// (`filesystem = ...`; see `sandbox.rs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Filesystem {
+    /// What the user running the host may do (no restriction).
+    #[default]
+    Unrestricted,
+    /// Read everywhere, write only in the plugin's own data dir (Landlock).
+    ReadOnly,
+}
+
+impl std::str::FromStr for Filesystem {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "unrestricted" => Ok(Filesystem::Unrestricted),
+            "read-only" => Ok(Filesystem::ReadOnly),
+            other => Err(format!(
+                "`filesystem` must be \"unrestricted\" or \"read-only\", not {other:?}"
+            )),
+        }
+    }
+}
+
 /// What happens when an isolated plugin's process dies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum RestartPolicy {
@@ -82,6 +108,9 @@ pub struct IsolationSettings {
     pub memory_limit: Option<u64>,
     /// `cpu_limit` in seconds: the child's `RLIMIT_CPU`.
     pub cpu_limit: Option<u64>,
+    /// `filesystem = "unrestricted" | "read-only"` (default unrestricted);
+    /// `read-only` needs `isolation = "process"`.
+    pub filesystem: Option<Filesystem>,
 }
 
 /// The isolation part of the host config.
@@ -111,6 +140,7 @@ pub(in crate::plugin) struct Resolved {
     pub(in crate::plugin) ping_timeout: Duration,
     pub(in crate::plugin) memory_limit: Option<u64>,
     pub(in crate::plugin) cpu_limit: Option<u64>,
+    pub(in crate::plugin) filesystem: Filesystem,
 }
 
 impl IsolationConfig {
@@ -135,7 +165,45 @@ impl IsolationConfig {
             ping_timeout: pick!(ping_timeout).unwrap_or(Duration::from_secs(10)),
             memory_limit: pick!(memory_limit),
             cpu_limit: pick!(cpu_limit),
+            filesystem: pick!(filesystem).unwrap_or_default(),
         }
+    }
+
+    /// Refuses `filesystem = "read-only"` where the plugin would run in
+    /// the host: Landlock would restrict the whole host. Checked for
+    /// `[plugins]` and for every `[plugin.NAME]` as they resolve.
+    pub fn check(&self) -> Result<(), String> {
+        let refuse = |table: &str| {
+            Err(format!(
+                "{table}: `filesystem = \"read-only\"` needs `isolation = \"process\"`: \
+                 the restriction applies to a plugin's own process, and in the host's \
+                 process it would restrict the whole host"
+            ))
+        };
+        let d = &self.defaults;
+        if d.filesystem == Some(Filesystem::ReadOnly)
+            && d.mode.unwrap_or_default() != Isolation::Process
+        {
+            return refuse("[plugins]");
+        }
+        for name in self.plugins.keys() {
+            let resolved = self.resolve(name);
+            if resolved.filesystem == Filesystem::ReadOnly && resolved.mode != Isolation::Process {
+                return refuse(&format!("[plugin.{name}]"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether some plugin may run with `filesystem = "read-only"`: then
+    /// a file's plugin name is learnt in a process that may write nowhere
+    /// first, since the restriction must be set before the library opens.
+    pub(in crate::plugin) fn any_read_only(&self) -> bool {
+        self.defaults.filesystem == Some(Filesystem::ReadOnly)
+            || self
+                .plugins
+                .values()
+                .any(|s| s.filesystem == Some(Filesystem::ReadOnly))
     }
 
     /// Whether some plugin, by name, runs isolated while the default is
@@ -197,6 +265,7 @@ pub fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSettings,
         ping_timeout: duration(table, "ping_timeout")?,
         memory_limit: count(table, "memory_limit")?,
         cpu_limit: count(table, "cpu_limit")?,
+        filesystem: text(table, "filesystem")?.map(|s| s.parse()).transpose()?,
     })
 }
 
@@ -234,6 +303,15 @@ mod tests {
         assert_eq!(settings.memory_limit, Some(512 << 20));
         assert_eq!(settings.call_timeout, Some(Duration::from_secs(2)));
         assert_eq!(table.len(), 1);
+        let mut sandboxed: toml::Table = toml::from_str("filesystem = \"read-only\"\n").unwrap();
+        assert_eq!(
+            take_isolation_keys(&mut sandboxed).unwrap().filesystem,
+            Some(Filesystem::ReadOnly)
+        );
+        let mut typo: toml::Table = toml::from_str("filesystem = \"readonly\"\n").unwrap();
+        assert!(take_isolation_keys(&mut typo)
+            .unwrap_err()
+            .contains("\"unrestricted\" or \"read-only\""));
         let mut bad: toml::Table = toml::from_str("isolation = \"thread\"\n").unwrap();
         assert!(take_isolation_keys(&mut bad)
             .unwrap_err()
@@ -256,5 +334,47 @@ mod tests {
         assert_eq!(config.resolve("a").max_restarts, 5);
         assert_eq!(config.resolve("b").mode, Isolation::Process);
         assert!(!config.any_by_name());
+    }
+
+    #[test]
+    fn read_only_is_refused_where_a_plugin_runs_in_the_host() {
+        let read_only = |mode| IsolationSettings {
+            mode,
+            filesystem: Some(Filesystem::ReadOnly),
+            ..Default::default()
+        };
+        // For every plugin, without isolating every plugin.
+        let config = IsolationConfig {
+            defaults: read_only(None),
+            ..Default::default()
+        };
+        let error = config.check().unwrap_err();
+        assert!(error.starts_with("[plugins]: "), "{error}");
+        assert!(error.contains("restrict the whole host"), "{error}");
+        // One plugin, isolated: fine; the same plugin in the host: refused.
+        let mut config = IsolationConfig::default();
+        config
+            .plugins
+            .insert("a".into(), read_only(Some(Isolation::Process)));
+        assert_eq!(config.check(), Ok(()));
+        assert!(config.any_read_only());
+        assert_eq!(config.resolve("a").filesystem, Filesystem::ReadOnly);
+        assert_eq!(config.resolve("b").filesystem, Filesystem::Unrestricted);
+        config.plugins.insert("b".into(), read_only(None));
+        assert!(config.check().unwrap_err().starts_with("[plugin.b]: "));
+        // Inherited from `[plugins]` by a plugin that runs in the host.
+        let config = IsolationConfig {
+            defaults: read_only(Some(Isolation::Process)),
+            plugins: [(
+                "c".to_string(),
+                IsolationSettings {
+                    mode: Some(Isolation::None),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        assert!(config.check().unwrap_err().starts_with("[plugin.c]: "));
     }
 }

@@ -25,18 +25,24 @@
 //! - The channel is a socket pair with length-delimited JSON frames and
 //!   request ids in both directions (`wire.rs`); one generic forwarder per
 //!   direction serves every method of the method table.
+//! - With `filesystem = "read-only"` the child restricts itself with
+//!   Landlock before it opens the library (`sandbox.rs`).
 
 mod child;
 mod config;
 mod parent;
+mod sandbox;
 pub(in crate::plugin) mod wire;
 
-pub use child::run_child;
+pub use child::{run_child, ChildArgs};
 pub(in crate::plugin) use config::Resolved;
 pub use config::{
-    take_isolation_keys, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
+    take_isolation_keys, Filesystem, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
 };
 pub(in crate::plugin) use parent::{Child, Supervisor};
+pub(in crate::plugin) use sandbox::{
+    available as filesystem_restriction_available, Sandbox, NOT_ENFORCED,
+};
 pub(in crate::plugin) use wire::HookKind;
 
 use super::abi::remote::LocalHook;

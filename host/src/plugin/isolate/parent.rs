@@ -16,7 +16,7 @@ use std::{
     path::Path,
     process::Stdio,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, OnceLock, Weak,
     },
     time::{Duration, Instant},
@@ -28,7 +28,7 @@ use tokio::{io::AsyncBufReadExt, runtime::Handle, sync::watch};
 
 use super::{
     wire::{HookKind, Note, Peer, Request},
-    Resolved, RestartPolicy,
+    Resolved, RestartPolicy, Sandbox,
 };
 use crate::{
     error::Result,
@@ -74,6 +74,13 @@ struct Link {
     exited: watch::Sender<Option<String>>,
     /// Set when the host ends the child on purpose (shutdown, drain).
     ending: AtomicBool,
+    /// Set when the host let go of the plugin's instance: the child ends
+    /// once no call into it is in flight (`in_flight`).
+    released: AtomicBool,
+    /// Tool, wrapper, agent and event calls into the child not yet
+    /// answered. A call that started before the plugin was shut down or
+    /// replaced finishes in its process, as it would in process.
+    in_flight: AtomicUsize,
     /// A cause decided before the kill (a missed liveness check).
     kill_cause: Mutex<Option<String>>,
     host: Weak<Inner>,
@@ -143,6 +150,37 @@ impl Link {
 
     fn settings(&self) -> &Resolved {
         self.settings.get().expect("settings are set before init")
+    }
+
+    /// Counts a call into the child until the guard drops.
+    fn call_in_flight(&self) -> InFlight<'_> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self)
+    }
+
+    /// The host let go of the plugin: end the child now, or when the
+    /// last call in flight into it ends.
+    fn release(&self) {
+        self.ending.store(true, Ordering::Release);
+        self.released.store(true, Ordering::SeqCst);
+        if self.in_flight.load(Ordering::SeqCst) == 0 {
+            self.kill();
+        }
+    }
+}
+
+/// A call into the child in flight; the last one after a release ends the
+/// child.
+struct InFlight<'a>(&'a Link);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let link = self.0;
+        if link.in_flight.fetch_sub(1, Ordering::SeqCst) == 1
+            && link.released.load(Ordering::SeqCst)
+        {
+            link.kill();
+        }
     }
 }
 
@@ -235,6 +273,7 @@ impl Downstream for Remote {
                 Some(HookKind::Agent) => (link.settings().call_timeout, "an agent turn"),
                 _ => (link.settings().call_timeout, "a tool call"),
             };
+            let _in_flight = link.call_in_flight();
             let call = link.peer.call(Request::Invoke { hook, input });
             link.end_if_panicked(link.with_deadline(deadline, what, call).await)
         })
@@ -246,6 +285,7 @@ impl Downstream for Remote {
             let id = link.next_ids.fetch_add(1, Ordering::Relaxed);
             link.nexts.lock_unpoisoned().insert(id, next);
             let _guard = NextGuard { link: &link, id };
+            let _in_flight = link.call_in_flight();
             let call = link.peer.call(Request::Wrap {
                 hook,
                 input,
@@ -298,13 +338,26 @@ impl Downstream for Remote {
     }
 
     fn release(&self) {
-        self.0.ending.store(true, Ordering::Release);
-        self.0.kill();
+        self.0.release();
     }
 
     fn runtime(&self) -> &Handle {
         &self.0.runtime
     }
+}
+
+/// Reads the child's answer to `Open` or `Init`: the loader's result there,
+/// whose error is the host's to report as if it had loaded the file itself
+/// (a truncated file, a layout mismatch or an `init` that failed read and
+/// classify the same in both modes). The outer error: an unreadable answer.
+fn load_answer(
+    answer: &str,
+    path: &Path,
+) -> std::result::Result<std::result::Result<String, LoadError>, LoadError> {
+    serde_json::from_str(answer).map_err(|e| LoadError::Isolated {
+        path: path.to_path_buf(),
+        message: format!("bad answer from the plugin process: {e}"),
+    })
 }
 
 /// Describes how a process ended, in words.
@@ -343,10 +396,12 @@ fn describe(status: std::process::ExitStatus) -> String {
 
 impl Child {
     /// Starts `offstage plugin-host` for `path` and has it run the loader
-    /// checks and read the manifest.
+    /// checks and read the manifest; restricted by `sandbox` from its start
+    /// when given (`sandbox.rs`).
     pub(in crate::plugin) fn spawn(
         host: &PluginHost,
         path: &Path,
+        sandbox: Option<&Sandbox>,
     ) -> std::result::Result<Child, LoadError> {
         let error = |message: String| LoadError::Isolated {
             path: path.to_path_buf(),
@@ -375,6 +430,12 @@ impl Child {
             .kill_on_drop(false);
         if config.allow_insecure_permissions {
             command.arg("--allow-insecure");
+        }
+        if let Some(sandbox) = sandbox {
+            command.arg("--read-only");
+            if let Some(dir) = &sandbox.writable {
+                command.arg("--writable").arg(dir);
+            }
         }
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
@@ -426,6 +487,8 @@ impl Child {
                 stderr: Mutex::new(VecDeque::new()),
                 exited: watch::Sender::new(None),
                 ending: AtomicBool::new(false),
+                released: AtomicBool::new(false),
+                in_flight: AtomicUsize::new(0),
                 kill_cause: Mutex::new(None),
                 host: Arc::downgrade(&host.inner),
             };
@@ -495,7 +558,7 @@ impl Child {
         };
         let opened = child.control(Request::Open, Duration::from_secs(30));
         let manifest: ManifestInfo = match opened {
-            Ok(json) => serde_json::from_str(&json)
+            Ok(answer) => serde_json::from_str(&load_answer(&answer, path)??)
                 .map_err(|e| error(format!("bad manifest from the plugin process: {e}")))?,
             Err(e) => return Err(error(child.open_error(e))),
         };
@@ -560,11 +623,14 @@ impl Child {
             memory_limit: settings.memory_limit,
             cpu_limit: settings.cpu_limit,
         };
-        if let Err(e) = self.control(request, settings.control_timeout) {
-            return Err(LoadError::Isolated {
-                path: path.to_path_buf(),
-                message: self.open_error(e),
-            });
+        match self.control(request, settings.control_timeout) {
+            Ok(answer) => drop(load_answer(&answer, path)??),
+            Err(e) => {
+                return Err(LoadError::Isolated {
+                    path: path.to_path_buf(),
+                    message: self.open_error(e),
+                })
+            }
         }
         self.consumed = true;
         link.start_liveness();

@@ -22,6 +22,7 @@ use serde_json::json;
 use super::JobRuntime;
 use crate::{
     error::{Result, ServiceError},
+    event::PreparedEvent,
     session::{new_message, SessionService},
     store::{self, StoreError, Ticket},
     util::LockExt,
@@ -107,7 +108,10 @@ impl SessionService {
         let mut ids: Vec<String> = candidates.keys().cloned().collect();
         ids.sort();
         let record_replies = reason != MoveReason::CallerGone;
-        self.submit(
+        // A requested move is awaited by its caller (and the callers it
+        // releases): committed on this thread when the writer is idle.
+        // The other moves start from drops and timers, queued.
+        self.submit_with(
             move |conn| {
                 if ids.is_empty() {
                     return Ok((Vec::new(), Vec::new()));
@@ -129,12 +133,22 @@ impl SessionService {
                 }
                 let mut messages: Vec<Message> = move_message(reason, &moved).into_iter().collect();
                 messages.extend(replies);
-                for message in &messages {
-                    store::insert_message(conn, message)?;
-                }
+                store::insert_messages(conn, &messages)?;
                 Ok::<_, StoreError>((moved, messages))
             },
             move |service, (moved, messages)| {
+                // Serialised before the state lock; published under it,
+                // with one lock of the bus for all of them, as the callers
+                // are released: in commit order, nothing before the commit.
+                let mut events: Vec<PreparedEvent> = moved
+                    .iter()
+                    .map(|job| PreparedEvent::prepare("job.backgrounded", job))
+                    .chain(
+                        messages
+                            .iter()
+                            .map(|message| PreparedEvent::prepare("message.added", message)),
+                    )
+                    .collect();
                 let mut state = service.state();
                 for job in moved {
                     if let Some(entry) = state.jobs.get_mut(&job.id) {
@@ -150,17 +164,22 @@ impl SessionService {
                             runtime.released.send_replace(true);
                         }
                     }
-                    service.inner.events.publish("job.backgrounded", json!(job));
                 }
-                if let Some(entry) = moved
+                match moved
                     .first()
                     .and_then(|job| state.sessions.get_mut(&job.session_id))
                 {
-                    for message in messages {
-                        service.push_message(entry, message.clone());
+                    Some(entry) => {
+                        for message in messages {
+                            entry.add_message(message.clone());
+                        }
                     }
+                    // The session went meanwhile: its messages went too.
+                    None => events.truncate(moved.len()),
                 }
+                service.inner.events.publish_all(events);
             },
+            reason == MoveReason::Request,
         )
     }
 }

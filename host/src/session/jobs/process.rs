@@ -6,7 +6,10 @@
 //! SIGKILL (or by the OOM killer, or a power cut of its container) runs no
 //! code, and the group goes on, re-parented to init. So each running job's
 //! group is recorded in the store ([`ProcessRecord`]) and restart recovery
-//! kills the groups of the jobs it cancels.
+//! kills the groups of the jobs it cancels. The shell tool records a group
+//! once its command has run a moment (`tool::shell`, `RECORD_GROUP_AFTER`):
+//! most commands end before, and their processes carry the job marker
+//! that recovery kills by anyway (`tree::kill_marked`).
 //!
 //! A group id is a pid, and pids are reused. A group is killed only while
 //! its leader is provably the process the job started: same boot
@@ -17,6 +20,7 @@
 //! from a later one and is left alone, with a warning in the log. Linux
 //! only; elsewhere nothing is recorded and nothing is killed.
 
+use super::tree::read_stat;
 use crate::store::ProcessRecord;
 
 /// The record of process `pid`, the leader of its own group, or `None`
@@ -28,8 +32,8 @@ pub(crate) fn capture(pid: u32) -> Option<ProcessRecord> {
     }
     Some(ProcessRecord {
         pgid: stat.pid,
-        start_ticks: stat.start_ticks,
-        boot_id: boot_id()?,
+        start_ticks: stat.start,
+        boot_id: boot_id()?.to_string(),
     })
 }
 
@@ -47,14 +51,14 @@ pub(crate) enum Leftover {
 /// Kills the group of `record` if its leader is still the recorded
 /// process. `job_id` is for the log.
 pub(crate) fn kill_leftover(job_id: &str, record: &ProcessRecord) -> Leftover {
-    if boot_id().as_deref() != Some(record.boot_id.as_str()) {
+    if boot_id() != Some(record.boot_id.as_str()) {
         return Leftover::OtherBoot;
     }
     let Some(stat) = read_stat(record.pgid) else {
         return Leftover::Gone;
     };
-    if stat.start_ticks != record.start_ticks || stat.pgrp != record.pgid || stat.state == 'Z' {
-        if stat.start_ticks == record.start_ticks && stat.state == 'Z' {
+    if stat.start != record.start_ticks || stat.pgrp != record.pgid || stat.zombie {
+        if stat.start == record.start_ticks && stat.zombie {
             tracing::warn!(
                 job_id,
                 pgid = record.pgid,
@@ -77,32 +81,16 @@ pub(crate) fn kill_leftover(job_id: &str, record: &ProcessRecord) -> Leftover {
     }
 }
 
-struct Stat {
-    pid: i32,
-    state: char,
-    pgrp: i32,
-    start_ticks: u64,
-}
-
-fn read_stat(pid: i32) -> Option<Stat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parens,
-    // so split after the last ')'.
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (state); field N is fields[N - 3].
-    Some(Stat {
-        pid,
-        state: fields.first()?.chars().next()?,
-        pgrp: fields.get(2)?.parse().ok()?,
-        start_ticks: fields.get(19)?.parse().ok()?,
-    })
-}
-
-fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_string())
+/// This boot's id, read once: it cannot change while the host runs.
+fn boot_id() -> Option<&'static str> {
+    static BOOT_ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    BOOT_ID
+        .get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .as_deref()
 }
 
 #[cfg(all(test, target_os = "linux"))]

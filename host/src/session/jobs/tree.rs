@@ -9,32 +9,83 @@
 //!   process a job starts leaves the host's subtree while the host lives;
 //! - each job's command gets `OFFSTAGE_JOB=<marker>` in its environment,
 //!   which every descendant inherits (a daemon keeps its environment);
-//! - each scan of `/proc` records every process whose ancestry leads to the
-//!   job's main process, so one that clears its environment is still
-//!   known once seen.
+//! - each look at the processes (a *sighting*) records every process
+//!   found below the job's main process, so one that clears its
+//!   environment is still known once seen.
 //!
 //! When a job ends (its main process exited and its output drained, or a
 //! cancel, interrupt, session removal, timeout or shutdown dropped it), every
-//! member still alive is sent SIGKILL, in rounds until none is left. A host
-//! killed outright runs none of this: at the next start, restart recovery
-//! kills every process that carries a marker of this data dir
-//! ([`kill_marked`]). A process that both clears its environment and
-//! detaches before any scan sees it cannot be attributed to a job (it
+//! member still alive is sent SIGKILL, in rounds until a round finds none
+//! alive. A host killed outright runs none of this: at the next start,
+//! restart recovery kills every process that carries a marker of this data
+//! dir ([`kill_marked`]). A process that both clears its environment and
+//! detaches before any sighting sees it cannot be attributed to a job (it
 //! stays the host's child, and is left alone).
 //!
-//! Reaping: adopted orphans are the host's children. A plain thread
-//! (`offstage-reaper`) scans every [`SCAN_EVERY`] while jobs run or killed
-//! members are unreaped, and reaps, by pid, only zombies it attributed to a
-//! job — never a job's main process (tokio waits for that one) and never
-//! with `waitpid(-1)`, so no other child's exit status is stolen. With no
-//! job tracked and nothing to reap it sleeps until a job is registered
-//! (woken by [`JobTree::new`]) or a child of the host exits (SIGCHLD: a
-//! zombie of a process no job claimed), with a sweep every
-//! [`IDLE_SWEEP_EVERY`] as the fallback: an idle host does not scan
+//! # A sighting walks down from the host, not across the machine
+//!
+//! Every job end, and every reaper tick while jobs run, needs a sighting:
+//! every live process of every job. Reading every process on the machine
+//! (`/proc/*/stat`, ~150–500 of them on a shared build machine) and
+//! walking each one's parents up to the host cost a third of a shell
+//! call's time. Where the host is a subreaper and the kernel lists each
+//! task's children (`/proc/PID/task/TID/children`, `CONFIG_PROC_CHILDREN`,
+//! on in mainstream distribution kernels), a sighting instead walks
+//! *down* ([`Finder::Children`]): the host's children, listed from each of
+//! its threads (jobs' main processes, adopted orphans, plugin processes);
+//! of those, the ones that belong to a job (a main process, a member seen
+//! before, or the marker in its environment); and everything below those.
+//! It reads what the jobs have plus the host's few direct children — for
+//! a job of `true` that has ended, a handful of small files. It finds what
+//! the scan found, because:
+//!
+//! - every process of a job is a descendant of the host (an orphan goes to
+//!   its nearest subreaper ancestor, the host), so it is below one of the
+//!   host's children: the walk up that the scan did and the walk down
+//!   follow the same parent links;
+//! - a child list read while children are being reaped can skip one (the
+//!   kernel resumes a list by position when the child it stopped at has
+//!   left it). Every listed child's `stat` is read after the list; a list
+//!   holding a child that has gone or moved to another parent meanwhile —
+//!   what a skip needs — is read again, and after a few unsettled reads the
+//!   sighting falls back to the whole-machine scan;
+//! - a process re-parented to the host while the sighting walked (its
+//!   parent died meanwhile) is found by listing the host's children again
+//!   after the walk, until no new one shows. The kernel re-parents a dying
+//!   process's children before the process shows as a zombie, so a kill
+//!   round that saw every member dead has seen, in its last listing,
+//!   everything they handed over.
+//!
+//! Without a subreaper or child lists ([`Finder::EveryProcess`]) a
+//! sighting reads every process and walks each one's parents, as before.
+//! Either way `/proc/PID/stat` is read into a stack buffer and parsed in
+//! place, with no allocation per process; jobs ending together share one
+//! sighting begun after each asked, and the reaper takes one per tick for
+//! everything it does.
+//!
+//! Considered and not taken: reading only the pids handed out since a job
+//! started (pids are allocated in order) is sound only while the pid
+//! counter cannot wrap between two looks, and a machine with the default
+//! 32 768 pids running builds can wrap within seconds; per-job cgroups
+//! need a cgroup the host owns, and it does not own one.
+//!
+//! # Reaping
+//!
+//! Adopted orphans are the host's children. A plain thread
+//! (`offstage-reaper`) takes a sighting every [`SCAN_EVERY`] while jobs run
+//! or killed members are unreaped, and reaps, by pid, only zombies it
+//! attributed to a job — never a job's main process (tokio waits for that
+//! one) and never with `waitpid(-1)`, so no other child's exit status is
+//! stolen. With no job tracked and nothing to reap it sleeps until a job
+//! is registered (woken by [`JobTree::new`]) or a child of the host exits
+//! (SIGCHLD: a zombie of a process no job claimed), with a sweep every
+//! [`IDLE_SWEEP_EVERY`] as the fallback: an idle host does not look at
 //! `/proc` five times a second.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{HashMap, HashSet, VecDeque},
+    fs::File,
+    io::{Read, Write},
     sync::{Arc, Condvar, LazyLock, Mutex, OnceLock},
     time::Duration,
 };
@@ -44,7 +95,7 @@ use crate::util::LockExt;
 /// The environment variable that marks a job's processes.
 pub(crate) const MARKER_VAR: &str = "OFFSTAGE_JOB";
 
-/// How often the reaper thread scans while there is something to watch.
+/// How often the reaper thread looks while there is something to watch.
 const SCAN_EVERY: Duration = Duration::from_millis(200);
 
 /// How often the reaper thread sweeps while no job is tracked.
@@ -52,6 +103,14 @@ const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Kill rounds before giving up on a tree that keeps forking.
 const MAX_ROUNDS: usize = 50;
+
+/// Reads of one child list before a sighting gives up on it (children
+/// kept leaving it while it was read) and scans every process instead.
+const LIST_TRIES: usize = 4;
+
+/// Listings of the host's children per sighting before it gives up on
+/// them settling (orphans kept arriving) and scans every process instead.
+const HOST_LISTINGS: usize = 8;
 
 /// `(pid, start time in clock ticks)`: a process, not just a reusable pid.
 type ProcId = (i32, u64);
@@ -63,7 +122,7 @@ struct Registry {
     to_reap: HashSet<ProcId>,
     /// The main processes (so the process groups) of recent jobs, newest
     /// last: tokio's children, never reaped here.
-    mains: std::collections::VecDeque<i32>,
+    mains: VecDeque<i32>,
 }
 
 /// How many recent jobs' main pids are remembered.
@@ -93,6 +152,23 @@ impl Registry {
     }
 }
 
+/// How a sighting finds the jobs' processes, decided once by [`init`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Finder {
+    /// Down from the host through the kernel's child lists: costs what
+    /// the jobs have.
+    Children,
+    /// Every process in `/proc`, each one's parents walked up: costs what
+    /// the machine runs.
+    EveryProcess,
+}
+
+static FINDER: OnceLock<Finder> = OnceLock::new();
+
+fn finder() -> Finder {
+    FINDER.get().copied().unwrap_or(Finder::EveryProcess)
+}
+
 /// Makes this process a child subreaper and starts the reaper thread,
 /// once. Returns whether the subreaper is set; the first call logs the
 /// outcome (the host calls it at start-up).
@@ -100,6 +176,13 @@ pub(crate) fn init() -> bool {
     static DONE: OnceLock<bool> = OnceLock::new();
     *DONE.get_or_init(|| {
         let subreaper = set_subreaper();
+        let host = std::process::id() as i32;
+        let finder = if subreaper && child_lists_readable(host) {
+            Finder::Children
+        } else {
+            Finder::EveryProcess
+        };
+        let _ = FINDER.set(finder);
         if subreaper {
             tracing::info!(
                 "job processes: the host is a child subreaper; each job's whole process tree \
@@ -111,15 +194,31 @@ pub(crate) fn init() -> bool {
                  tracked only while their ancestry or {MARKER_VAR} marker can be seen"
             );
         }
-        tracing::info!(
-            "job processes: per-job cgroups are not used; tracking is by /proc scans only"
-        );
+        match finder {
+            Finder::Children => tracing::info!(
+                "job processes: per-job cgroups are not used; a job's processes are found through \
+                 the kernel's child lists, down from the host"
+            ),
+            Finder::EveryProcess => tracing::info!(
+                "job processes: per-job cgroups are not used, and the kernel lists no children \
+                 (/proc/PID/task/TID/children); a job's processes are found by reading every \
+                 process in /proc"
+            ),
+        }
         let _ = std::thread::Builder::new()
             .name("offstage-reaper".into())
             .spawn(reaper);
         wake_on_child_exit();
         subreaper
     })
+}
+
+/// Whether the kernel lists a task's children (`CONFIG_PROC_CHILDREN`).
+fn child_lists_readable(host: i32) -> bool {
+    let mut path = ProcPath::default();
+    path.set(format_args!("/proc/{host}/task/{host}/children"))
+        .and_then(|p| File::open(p).ok())
+        .is_some()
 }
 
 /// While no job is tracked, a child's exit (SIGCHLD: an orphan no job
@@ -136,7 +235,7 @@ fn wake_on_child_exit() {
             return;
         };
         while exits.recv().await.is_some() {
-            // While busy the reaper scans every tick anyway.
+            // While busy the reaper looks every tick anyway.
             if !REGISTRY.lock_unpoisoned().busy() {
                 WAKE.notify_all();
             }
@@ -243,14 +342,20 @@ fn forget(marker: &str) {
     REGISTRY.lock_unpoisoned().jobs.remove(marker);
 }
 
-/// Scans, attributes, and sends SIGKILL to every live member of `marker`'s
-/// job. Returns how many live members were found.
+/// Takes a sighting begun after this call, and sends SIGKILL to every
+/// live member of `marker`'s job in it. Returns how many live members
+/// were found.
 fn kill_round(marker: &str) -> usize {
-    let attributed = fresh_attribution();
+    kill_seen(marker, &fresh_sighting())
+}
+
+/// Sends SIGKILL to every live member of `marker`'s job in `sighting`.
+/// Returns how many were found.
+fn kill_seen(marker: &str, sighting: &Sighting) -> usize {
     let mut registry = REGISTRY.lock_unpoisoned();
     let main = registry.jobs.get(marker).and_then(|t| t.main);
     let mut found = 0;
-    for proc in attributed.get(marker).into_iter().flatten() {
+    for proc in sighting.jobs.get(marker).into_iter().flatten() {
         if proc.zombie {
             continue;
         }
@@ -263,84 +368,318 @@ fn kill_round(marker: &str) -> usize {
     found
 }
 
-/// Scans of `/proc` shared between kill rounds, like commits in a group:
-/// a scan reads every process on the machine (milliseconds on a busy
-/// one), and jobs ending together each need one. A round needs a scan
-/// that *began* after it asked (so it sees every process alive then); one
-/// scan begun after several rounds asked serves them all.
+/// One look at the processes: each registered job's processes, and every
+/// process read on the way (the host's own children among them, which is
+/// what the reaper needs).
 #[derive(Default)]
-struct SharedScans {
-    /// Scans begun so far; the one running, if any, is number `begun`.
+struct Sighting {
+    jobs: HashMap<String, Vec<Proc>>,
+    procs: HashMap<i32, Proc>,
+}
+
+/// Sightings shared between kill rounds, like commits in a group: jobs
+/// ending together each need one. A round needs a sighting that *began*
+/// after it asked (so it sees every process alive then); one begun after
+/// several rounds asked serves them all.
+#[derive(Default)]
+struct SharedSightings {
+    /// Sightings begun so far; the one running, if any, is number `begun`.
     begun: u64,
-    /// The number of the last scan finished, and its attribution.
+    /// The number of the last sighting finished, and the sighting.
     done: u64,
-    result: Arc<HashMap<String, Vec<Proc>>>,
+    result: Arc<Sighting>,
     running: bool,
 }
 
-static SCANS: LazyLock<(Mutex<SharedScans>, std::sync::Condvar)> = LazyLock::new(Default::default);
+static SIGHTINGS: LazyLock<(Mutex<SharedSightings>, Condvar)> = LazyLock::new(Default::default);
 
-/// The attribution of a scan begun after this call: run by this thread,
-/// or by another one that began it meanwhile.
-fn fresh_attribution() -> Arc<HashMap<String, Vec<Proc>>> {
-    let (lock, finished) = &*SCANS;
-    let mut scans = lock.lock_unpoisoned();
-    // Scan `begun` may have begun before this call: a later one is needed.
-    let needed = scans.begun + 1;
+/// A sighting begun after this call: taken by this thread, or by another
+/// one that began it meanwhile.
+fn fresh_sighting() -> Arc<Sighting> {
+    let (lock, finished) = &*SIGHTINGS;
+    let mut shared = lock.lock_unpoisoned();
+    // Sighting `begun` may have begun before this call: a later one is needed.
+    let needed = shared.begun + 1;
     loop {
-        if scans.done >= needed {
-            return scans.result.clone();
+        if shared.done >= needed {
+            return shared.result.clone();
         }
-        if !scans.running {
-            scans.running = true;
-            scans.begun += 1;
-            let number = scans.begun;
-            drop(scans);
-            // Should the scan panic, the others must not wait forever.
-            let attributed = std::panic::catch_unwind(|| attribute(&scan()));
-            scans = lock.lock_unpoisoned();
-            scans.running = false;
+        if !shared.running {
+            shared.running = true;
+            shared.begun += 1;
+            let number = shared.begun;
+            drop(shared);
+            // Should it panic, the others must not wait forever.
+            let sighting = std::panic::catch_unwind(look);
+            shared = lock.lock_unpoisoned();
+            shared.running = false;
             finished.notify_all();
-            let attributed = match attributed {
-                Ok(attributed) => Arc::new(attributed),
+            let sighting = match sighting {
+                Ok(sighting) => Arc::new(sighting),
                 Err(panic) => std::panic::resume_unwind(panic),
             };
-            scans.running = false;
-            scans.done = number;
-            scans.result = attributed.clone();
-            finished.notify_all();
-            return attributed;
+            shared.done = number;
+            shared.result = sighting.clone();
+            return sighting;
         }
-        scans = finished.wait(scans).unwrap_or_else(|e| e.into_inner());
+        shared = finished.wait(shared).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+/// Takes a sighting with the host's [`Finder`], and records the members
+/// it found.
+fn look() -> Sighting {
+    if finder() == Finder::Children {
+        if let Some(sighting) = walk_down() {
+            return sighting;
+        }
+        tracing::debug!("job processes: child lists kept changing; reading every process");
+    }
+    let procs = scan();
+    let jobs = attribute(&procs);
+    Sighting {
+        jobs,
+        procs: procs.into_iter().map(|p| (p.pid, p)).collect(),
     }
 }
 
 /// One process as `/proc/PID/stat` shows it.
-#[derive(Debug, Clone, Copy)]
-struct Proc {
-    pid: i32,
-    ppid: i32,
-    pgrp: i32,
-    session: i32,
-    start: u64,
-    zombie: bool,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Proc {
+    pub(crate) pid: i32,
+    pub(crate) ppid: i32,
+    pub(crate) pgrp: i32,
+    pub(crate) session: i32,
+    /// Start time in clock ticks since boot: with the pid, the process.
+    pub(crate) start: u64,
+    /// Its threads, when read (a task's children hang off the thread
+    /// that started them).
+    threads: u32,
+    /// Dead and not reaped yet (`Z`), or being torn down (`X`).
+    pub(crate) zombie: bool,
 }
 
-fn read_stat(pid: i32) -> Option<Proc> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let state = fields.first()?.chars().next()?;
+/// `/proc/...` paths, built on the stack.
+struct ProcPath {
+    bytes: [u8; 64],
+}
+
+impl Default for ProcPath {
+    fn default() -> Self {
+        ProcPath { bytes: [0; 64] }
+    }
+}
+
+impl ProcPath {
+    fn set(&mut self, args: std::fmt::Arguments<'_>) -> Option<&str> {
+        let mut cursor = std::io::Cursor::new(&mut self.bytes[..]);
+        cursor.write_fmt(args).ok()?;
+        let len = usize::try_from(cursor.position()).ok()?;
+        std::str::from_utf8(&self.bytes[..len]).ok()
+    }
+}
+
+/// Reads `/proc/PID/stat`, into a stack buffer: no allocation. `None` if
+/// the process is gone (or `/proc` cannot say).
+pub(crate) fn read_stat(pid: i32) -> Option<Proc> {
+    let mut path = ProcPath::default();
+    let mut file = File::open(path.set(format_args!("/proc/{pid}/stat"))?).ok()?;
+    // 52 numeric fields and a name of at most 64 bytes fit with room.
+    let mut buffer = [0u8; 2048];
+    let mut len = 0;
+    loop {
+        match file.read(&mut buffer[len..]) {
+            Ok(0) => break,
+            Ok(n) => {
+                len += n;
+                if len == buffer.len() {
+                    return None;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    parse_stat(pid, &buffer[..len])
+}
+
+/// `pid (comm) state ppid pgrp session ...`: the name may hold spaces and
+/// parentheses, so the fields start after the last `)`.
+fn parse_stat(pid: i32, text: &[u8]) -> Option<Proc> {
+    let close = text.iter().rposition(|b| *b == b')')?;
+    let mut fields = text[close + 1..]
+        .split(|b| *b == b' ' || *b == b'\n')
+        .filter(|f| !f.is_empty());
+    // Field N of proc(5) is the (N - 3)th after the name.
+    let mut next = |skip: usize| fields.nth(skip);
+    let state = *next(0)?.first()?;
+    let ppid = number(next(0)?)?;
+    let pgrp = number(next(0)?)?;
+    let session = number(next(0)?)?;
+    let threads = number(next(13)?)?; // field 20
+    let start = number(next(1)?)?; // field 22
     Some(Proc {
         pid,
-        ppid: fields.get(1)?.parse().ok()?,
-        pgrp: fields.get(2)?.parse().ok()?,
-        session: fields.get(3)?.parse().ok()?,
-        start: fields.get(19)?.parse().ok()?,
-        zombie: matches!(state, 'Z' | 'X'),
+        ppid,
+        pgrp,
+        session,
+        start,
+        threads,
+        zombie: matches!(state, b'Z' | b'X'),
     })
 }
 
+fn number<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
+    std::str::from_utf8(field).ok()?.parse().ok()
+}
+
+/// Lists a process's children, from each of its threads, into `pids`.
+/// A process that is gone has none. Reuses `buffer` for the reads.
+fn list_children(pid: i32, threads: u32, buffer: &mut Vec<u8>, pids: &mut Vec<i32>) {
+    pids.clear();
+    let mut path = ProcPath::default();
+    let mut read_thread = |tid: i32, pids: &mut Vec<i32>| {
+        let Some(path) = path.set(format_args!("/proc/{pid}/task/{tid}/children")) else {
+            return;
+        };
+        let Ok(mut file) = File::open(path) else {
+            return;
+        };
+        buffer.clear();
+        if file.read_to_end(buffer).is_err() {
+            return;
+        }
+        pids.extend(
+            buffer
+                .split(|b| *b == b' ' || *b == b'\n')
+                .filter_map(number::<i32>),
+        );
+    };
+    if threads == 1 {
+        read_thread(pid, pids);
+        return;
+    }
+    let mut path = ProcPath::default();
+    let Some(dir) = path.set(format_args!("/proc/{pid}/task")) else {
+        return;
+    };
+    let Ok(dir) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        if let Some(tid) = entry.file_name().to_str().and_then(|t| t.parse().ok()) {
+            read_thread(tid, pids);
+        }
+    }
+}
+
+/// A process's children with their `stat`, read so that none was
+/// skipped: every listed child must still be there, and still this
+/// parent's, once the list is read (see the module doc). `None` if the
+/// list did not settle in [`LIST_TRIES`] reads.
+fn settled_children(
+    parent: i32,
+    threads: u32,
+    buffer: &mut Vec<u8>,
+    pids: &mut Vec<i32>,
+) -> Option<Vec<Proc>> {
+    for _ in 0..LIST_TRIES {
+        list_children(parent, threads, buffer, pids);
+        let children: Vec<Proc> = pids
+            .iter()
+            .filter_map(|pid| read_stat(*pid))
+            .filter(|child| child.ppid == parent)
+            .collect();
+        if children.len() == pids.len() {
+            return Some(children);
+        }
+    }
+    None
+}
+
+/// A sighting down from the host ([`Finder::Children`]), recording the
+/// members it finds. `None` if a child list did not settle: the caller
+/// reads every process instead.
+fn walk_down() -> Option<Sighting> {
+    let host = std::process::id() as i32;
+    let (mains, known, registered) = {
+        let registry = REGISTRY.lock_unpoisoned();
+        let mains: HashMap<i32, String> = registry
+            .jobs
+            .iter()
+            .filter_map(|(m, t)| Some((t.main?, m.clone())))
+            .collect();
+        let known: HashMap<ProcId, String> = registry
+            .jobs
+            .iter()
+            .flat_map(|(m, t)| t.members.iter().map(move |id| (*id, m.clone())))
+            .collect();
+        let registered: HashSet<String> = registry.jobs.keys().cloned().collect();
+        (mains, known, registered)
+    };
+    let (mut buffer, mut pids) = (Vec::with_capacity(256), Vec::new());
+    let mut sighting = Sighting::default();
+    // Processes to descend into, with their job.
+    let mut below: Vec<(Proc, String)> = Vec::new();
+    // Host children looked at, and processes descended into.
+    let (mut host_children, mut visited) = (HashSet::<ProcId>::new(), HashSet::<ProcId>::new());
+    for listing in 0.. {
+        if listing == HOST_LISTINGS {
+            return None;
+        }
+        // The host's threads, counted anew each time (`u32::MAX`: more
+        // than one, so each is listed).
+        let children = settled_children(host, u32::MAX, &mut buffer, &mut pids)?;
+        let mut new = 0;
+        for child in children {
+            // The latest word on it (the reaper reaps from it).
+            sighting.procs.insert(child.pid, child);
+            let id = (child.pid, child.start);
+            // Looked at already, or re-parented here from a job's tree
+            // (so descended into already).
+            if !host_children.insert(id) || visited.contains(&id) {
+                continue;
+            }
+            new += 1;
+            // A main process, a member seen before, or the marker.
+            let job = mains
+                .get(&child.pid)
+                .or_else(|| known.get(&id))
+                .cloned()
+                .or_else(|| marker_of(child.pid).filter(|m| registered.contains(m)));
+            if let Some(job) = job {
+                below.push((child, job));
+            }
+        }
+        if listing > 0 && new == 0 {
+            break;
+        }
+        while let Some((proc, job)) = below.pop() {
+            if !visited.insert((proc.pid, proc.start)) {
+                continue;
+            }
+            sighting.procs.insert(proc.pid, proc);
+            // Zombies hand their children over before they show as such.
+            if !proc.zombie {
+                let children = settled_children(proc.pid, proc.threads, &mut buffer, &mut pids)?;
+                below.extend(children.into_iter().map(|c| (c, job.clone())));
+            }
+            sighting.jobs.entry(job).or_default().push(proc);
+        }
+    }
+    let mut registry = REGISTRY.lock_unpoisoned();
+    for (job, procs) in &sighting.jobs {
+        if let Some(tracked) = registry.jobs.get_mut(job) {
+            tracked
+                .members
+                .extend(procs.iter().map(|p| (p.pid, p.start)));
+        }
+    }
+    Some(sighting)
+}
+
+/// Every process on the machine ([`Finder::EveryProcess`], and restart
+/// recovery).
 fn scan() -> Vec<Proc> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -354,7 +693,8 @@ fn scan() -> Vec<Proc> {
 /// The [`MARKER_VAR`] value in a process's environment, if it has one
 /// (and `/proc` lets us read it: our own user's processes only).
 fn marker_of(pid: i32) -> Option<String> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let mut path = ProcPath::default();
+    let environ = std::fs::read(path.set(format_args!("/proc/{pid}/environ"))?).ok()?;
     let prefix = format!("{MARKER_VAR}=");
     environ
         .split(|b| *b == 0)
@@ -362,8 +702,10 @@ fn marker_of(pid: i32) -> Option<String> {
         .map(|value| String::from_utf8_lossy(value).into_owned())
 }
 
-/// The processes of each registered job, among the host's descendants,
-/// recording new members as it goes.
+/// The processes of each registered job among `procs` (every process on
+/// the machine): those whose parents lead up to the host, through the
+/// job's main process, a member seen before or the marker. Records new
+/// members as it goes.
 fn attribute(procs: &[Proc]) -> HashMap<String, Vec<Proc>> {
     let host = std::process::id() as i32;
     let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
@@ -441,13 +783,14 @@ fn kill(pid: i32, start: u64) {
 }
 
 /// The reaper thread: records members while jobs run, finishes killing
-/// ended jobs, and reaps the zombies the host adopted from them.
+/// ended jobs, and reaps the zombies the host adopted from them — all
+/// from one sighting per tick.
 fn reaper() {
     loop {
         {
             // Every tick while a job is tracked (so a detaching process is
             // seen within one); asleep otherwise, until the next job or
-            // the idle sweep. A wake-up before the tick scans early, which
+            // the idle sweep. A wake-up before the tick looks early, which
             // only the idle-to-busy step causes.
             let registry = REGISTRY.lock_unpoisoned();
             let wait = if registry.busy() {
@@ -460,25 +803,28 @@ fn reaper() {
                     .unwrap_or_else(std::sync::PoisonError::into_inner),
             );
         }
-        // Nothing to do before the first job.
-        if REGISTRY.lock_unpoisoned().mains.is_empty() {
-            continue;
-        }
-        let procs = scan();
-        let attributed = attribute(&procs);
-        let doomed: Vec<String> = REGISTRY
-            .lock_unpoisoned()
-            .jobs
-            .iter()
-            .filter(|(_, t)| t.doomed)
-            .map(|(m, _)| m.clone())
-            .collect();
+        // The ended jobs, taken before the sighting begins: it then sees
+        // whatever they had left when they ended.
+        let doomed: Vec<String> = {
+            let registry = REGISTRY.lock_unpoisoned();
+            // Nothing to do before the first job.
+            if registry.mains.is_empty() {
+                continue;
+            }
+            registry
+                .jobs
+                .iter()
+                .filter(|(_, t)| t.doomed)
+                .map(|(m, _)| m.clone())
+                .collect()
+        };
+        let sighting = fresh_sighting();
         for marker in doomed {
-            if kill_round(&marker) == 0 {
+            if kill_seen(&marker, &sighting) == 0 {
                 forget(&marker);
             }
         }
-        reap(&procs, &attributed);
+        reap(&sighting);
     }
 }
 
@@ -486,28 +832,28 @@ fn reaper() {
 /// a job, never a job's main process.
 ///
 /// A zombie can no longer show its environment, so an orphan that died
-/// before any scan saw it alive (the middle process of a double fork) is
-/// known by where it lived: in a job's process group, or in a session
+/// before any sighting saw it alive (the middle process of a double fork)
+/// is known by where it lived: in a job's process group, or in a session
 /// other than the host's (it called `setsid`). A child the host itself
 /// started (a `cargo build` of `offstage dev`, a plugin's own command)
 /// lives in the host's session and in no job's group, and is left to
 /// whoever waits for it.
-fn reap(procs: &[Proc], attributed: &HashMap<String, Vec<Proc>>) {
+fn reap(sighting: &Sighting) {
     let host = std::process::id() as i32;
     // SAFETY: a plain syscall.
     let host_session = unsafe { libc::getsid(0) };
-    let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
+    let procs = &sighting.procs;
     let mut registry = REGISTRY.lock_unpoisoned();
     let recent_mains: HashSet<i32> = registry.mains.iter().copied().collect();
     let mut candidates: HashSet<ProcId> = registry.to_reap.clone();
     candidates.extend(
         procs
-            .iter()
+            .values()
             .filter(|p| p.zombie && p.ppid == host && !recent_mains.contains(&p.pid))
             .filter(|p| recent_mains.contains(&p.pgrp) || p.session != host_session)
             .map(|p| (p.pid, p.start)),
     );
-    for (marker, members) in attributed {
+    for (marker, members) in &sighting.jobs {
         let Some(main) = registry.jobs.get(marker).and_then(|t| t.main) else {
             continue; // not spawned yet: its zombie could be tokio's child
         };
@@ -521,7 +867,15 @@ fn reap(procs: &[Proc], attributed: &HashMap<String, Vec<Proc>>) {
     let mut mains: HashSet<i32> = registry.jobs.values().filter_map(|t| t.main).collect();
     mains.extend(recent_mains);
     for (pid, start) in candidates {
-        match by_pid.get(&pid) {
+        // A walk down reads only the jobs' trees and the host's children:
+        // a killed member elsewhere (still below a dying parent) is read
+        // on its own.
+        let now = procs.get(&pid).copied().or_else(|| {
+            (finder() == Finder::Children)
+                .then(|| read_stat(pid))
+                .flatten()
+        });
+        match now {
             Some(p) if p.start == start => {
                 if p.zombie && p.ppid == host && !mains.contains(&pid) {
                     let mut status = 0;
@@ -586,5 +940,105 @@ mod tests {
         assert_eq!(kill_marked("unit.marker."), 1);
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    #[test]
+    fn stat_fields_are_found_after_a_name_with_spaces_and_parentheses() {
+        let line = b"4242 (a) b (c) S 17 4242 4200 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 987654 1000 10 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+        let proc = parse_stat(4242, line).unwrap();
+        assert_eq!(
+            proc,
+            Proc {
+                pid: 4242,
+                ppid: 17,
+                pgrp: 4242,
+                session: 4200,
+                start: 987654,
+                threads: 3,
+                zombie: false,
+            }
+        );
+        let zombie = b"7 (z) Z 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0";
+        assert!(parse_stat(7, zombie).unwrap().zombie);
+        assert_eq!(parse_stat(7, b"7 (cut) S 1 7"), None);
+    }
+
+    #[test]
+    fn this_process_reads_as_itself() {
+        let me = read_stat(std::process::id() as i32).unwrap();
+        // SAFETY: plain syscalls.
+        let (ppid, pgrp, session) = unsafe { (libc::getppid(), libc::getpgrp(), libc::getsid(0)) };
+        assert_eq!((me.ppid, me.pgrp, me.session), (ppid, pgrp, session));
+        assert!(me.threads >= 1 && !me.zombie);
+    }
+
+    /// The walk down and the whole-machine scan find the same processes
+    /// of a job whose tree has a detached part: a `setsid` child that
+    /// stays below the main process, and a double-forked one adopted by
+    /// this (subreaper) process, with a child of its own.
+    #[test]
+    fn walking_down_finds_what_the_scan_finds() {
+        init();
+        if finder() != Finder::Children {
+            eprintln!("no child lists on this kernel: nothing to compare");
+            return;
+        }
+        let tree = JobTree::new("unit.walk.x".into());
+        let mut main = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("setsid sleep 30 & ( ( sh -c 'sleep 30 & exec sleep 30' & ) & ) ; exec sleep 30")
+            .env(MARKER_VAR, tree.marker())
+            .spawn()
+            .unwrap();
+        tree.set_main(main.id() as i32);
+        // The main sleep, the setsid one, the adopted sh's (now sleep) and
+        // its child: four processes once the middle one has gone.
+        let host = std::process::id() as i32;
+        let mut pids = Vec::new();
+        for _ in 0..1000 {
+            let mut scanned: Vec<i32> = attribute(&scan())
+                .remove("unit.walk.x")
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|p| !p.zombie)
+                .map(|p| p.pid)
+                .collect();
+            scanned.sort_unstable();
+            let adopted = scanned
+                .iter()
+                .filter_map(|pid| read_stat(*pid))
+                .any(|p| p.ppid == host && p.pid != main.id() as i32);
+            if scanned.len() == 4 && adopted {
+                pids = scanned;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(pids.len(), 4, "the job's processes did not all start");
+        let mut walked: Vec<i32> = walk_down()
+            .expect("a quiet tree settles")
+            .jobs
+            .remove("unit.walk.x")
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|p| !p.zombie)
+            .map(|p| p.pid)
+            .collect();
+        walked.sort_unstable();
+        assert_eq!(walked, pids);
+
+        drop(tree);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(main.wait().unwrap().signal(), Some(libc::SIGKILL));
+        for _ in 0..1000 {
+            if pids
+                .iter()
+                .all(|pid| read_stat(*pid).is_none_or(|p| p.zombie))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the job's processes outlived it: {pids:?}");
     }
 }

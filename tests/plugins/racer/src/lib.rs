@@ -21,10 +21,15 @@
 //!   the tool's future yields after each call, so every call is made from a
 //!   fresh poll (what a synchronous hook does).
 //!
+//! - Wraps each tool named in `wrap_through` with a wrapper that only hands
+//!   the call on (`next.run(call)`): the cost of a wrapper hop itself, for
+//!   the benchmarks.
+//!
 //! ```toml
 //! [plugin.racer]
 //! after_ms = 300
 //! face = "async"   # or "blocking", "blocking-inline"
+//! wrap_through = ["hello"]   # default: none
 //! ```
 
 use std::{
@@ -53,6 +58,7 @@ enum Face {
 struct Options {
     after_ms: u64,
     face: Face,
+    wrap_through: Vec<String>,
 }
 
 impl Default for Options {
@@ -60,6 +66,7 @@ impl Default for Options {
         Options {
             after_ms: 300,
             face: Face::Async,
+            wrap_through: Vec::new(),
         }
     }
 }
@@ -207,9 +214,10 @@ impl Plugin for Racer {
     fn init(ctx: Context) -> Result<Self> {
         let options: Options = ctx.options()?;
         let host = ctx.clone();
+        let race = options.clone();
         ctx.tools().wrap("shell", move |call: ToolCall, next: Next| {
             let ctx = host.clone();
-            let options = options.clone();
+            let options = race.clone();
             async move {
                 if call.input["command"].as_str().unwrap_or_default().contains("# racer: skip") {
                     return next.run(call).await;
@@ -242,6 +250,11 @@ impl Plugin for Racer {
                 run.await
             }
         })?;
+
+        for tool in &options.wrap_through {
+            ctx.tools()
+                .wrap(tool, |call: ToolCall, next: Next| next.run(call))?;
+        }
 
         let host = ctx.clone();
         ctx.tools().add(
