@@ -150,6 +150,22 @@ impl Registry {
     fn busy(&self) -> bool {
         !self.jobs.is_empty() || !self.to_reap.is_empty()
     }
+
+    /// Which job each known process belongs to: by main pid, and by
+    /// member seen before.
+    fn owners(&self) -> (HashMap<i32, String>, HashMap<ProcId, String>) {
+        let mains = self
+            .jobs
+            .iter()
+            .filter_map(|(m, t)| Some((t.main?, m.clone())))
+            .collect();
+        let known = self
+            .jobs
+            .iter()
+            .flat_map(|(m, t)| t.members.iter().map(move |id| (*id, m.clone())))
+            .collect();
+        (mains, known)
+    }
 }
 
 /// How a sighting finds the jobs' processes, decided once by [`init`].
@@ -604,16 +620,7 @@ fn walk_down() -> Option<Sighting> {
     let host = std::process::id() as i32;
     let (mains, known, registered) = {
         let registry = REGISTRY.lock_unpoisoned();
-        let mains: HashMap<i32, String> = registry
-            .jobs
-            .iter()
-            .filter_map(|(m, t)| Some((t.main?, m.clone())))
-            .collect();
-        let known: HashMap<ProcId, String> = registry
-            .jobs
-            .iter()
-            .flat_map(|(m, t)| t.members.iter().map(move |id| (*id, m.clone())))
-            .collect();
+        let (mains, known) = registry.owners();
         let registered: HashSet<String> = registry.jobs.keys().cloned().collect();
         (mains, known, registered)
     };
@@ -710,16 +717,7 @@ fn attribute(procs: &[Proc]) -> HashMap<String, Vec<Proc>> {
     let host = std::process::id() as i32;
     let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
     let mut registry = REGISTRY.lock_unpoisoned();
-    let mains: HashMap<i32, String> = registry
-        .jobs
-        .iter()
-        .filter_map(|(m, t)| Some((t.main?, m.clone())))
-        .collect();
-    let known: HashMap<ProcId, String> = registry
-        .jobs
-        .iter()
-        .flat_map(|(m, t)| t.members.iter().map(move |id| (*id, m.clone())))
-        .collect();
+    let (mains, known) = registry.owners();
     let mut out: HashMap<String, Vec<Proc>> = HashMap::new();
     for proc in procs {
         // Walk up: a job's main process on the way, and the host at the end.
