@@ -19,7 +19,9 @@
 //!   nanoseconds per call, for the benchmarks. With `"blocking-inline"` all
 //!   `n` calls run inside one poll of the host; with `"blocking-per-poll"`
 //!   the tool's future yields after each call, so every call is made from a
-//!   fresh poll (what a synchronous hook does).
+//!   fresh poll (what a synchronous hook does); `"polls-only"` yields as
+//!   often without calling, so the benchmark can tell the poll's cost from
+//!   the call's.
 //!
 //! - Wraps each tool named in `wrap_through` with a wrapper that only hands
 //!   the call on (`next.run(call)`): the cost of a wrapper hop itself, for
@@ -51,6 +53,9 @@ enum Face {
     Blocking,
     BlockingInline,
     BlockingPerPoll,
+    /// Only for `racer_get_loop`: the yields of `"blocking-per-poll"`
+    /// without the calls (what a fresh poll itself costs).
+    PollsOnly,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -122,7 +127,9 @@ async fn background(
             let session = ctx.session();
             on_thread(move || session.background_blocking(request)).await
         }
-        Face::BlockingInline | Face::BlockingPerPoll => ctx.session().background_blocking(request),
+        Face::BlockingInline | Face::BlockingPerPoll | Face::PollsOnly => {
+            ctx.session().background_blocking(request)
+        }
     }
 }
 
@@ -189,6 +196,13 @@ async fn get_loop(ctx: Context, input: GetLoop) -> Result<f64> {
             let start = Instant::now();
             for _ in 0..n {
                 session.get_blocking(&session_id)?;
+                yield_now().await;
+            }
+            start.elapsed()
+        }
+        Face::PollsOnly => {
+            let start = Instant::now();
+            for _ in 0..n {
                 yield_now().await;
             }
             start.elapsed()
