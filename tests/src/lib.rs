@@ -20,9 +20,26 @@ pub mod reload;
 pub mod server;
 pub mod wait;
 
-use std::path::{Path, PathBuf};
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 pub use fixtures::plugin_library;
+
+/// A command that runs the test `test` (its full path, e.g.
+/// `store::crash::crash_child_writer`) of this test binary alone, in a
+/// process of its own, with `env` set to `value` so the test knows to
+/// play the child's part: for tests that kill a host with `-9`, or need a
+/// process no other test shares.
+pub fn this_binary_running(test: &str, env: &str, value: impl AsRef<OsStr>) -> Command {
+    let mut command = Command::new(std::env::current_exe().expect("the test binary's path"));
+    command
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(env, value);
+    command
+}
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {

@@ -23,7 +23,6 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    process::Command,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
@@ -313,17 +312,14 @@ fn soak_background_panics_and_reloads() {
     }
     // The test's name without the crate's (`it::`).
     let (_, module) = module_path!().split_once("::").unwrap();
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args([
-            &format!("{module}::soak_background_panics_and_reloads"),
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, "1")
-        .env(offstage_tests::fixtures::READY_ENV, "1")
-        .output()
-        .expect("run the soak's own process");
+    let output = offstage_tests::this_binary_running(
+        &format!("{module}::soak_background_panics_and_reloads"),
+        CHILD_ENV,
+        "1",
+    )
+    .env(offstage_tests::fixtures::READY_ENV, "1")
+    .output()
+    .expect("run the soak's own process");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     print!("{stdout}");

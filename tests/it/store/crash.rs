@@ -11,7 +11,7 @@
 
 use std::{
     io::{BufRead, BufReader},
-    process::{Command, Stdio},
+    process::Stdio,
 };
 
 use offstage::testing::{NoticeReason, Store};
@@ -80,18 +80,15 @@ fn every_acknowledged_message_survives_a_kill() {
     let dir = tempfile::tempdir().unwrap();
     // The test's name without the crate's (`it::`).
     let (_, module) = module_path!().split_once("::").unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            &format!("{module}::crash_child_writer"),
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut child = offstage_tests::this_binary_running(
+        &format!("{module}::crash_child_writer"),
+        CHILD_ENV,
+        dir.path(),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .unwrap();
     let mut acked = Vec::new();
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
@@ -273,18 +270,15 @@ fn a_half_committed_group_leaves_nothing_after_kill_9() {
     }
     let dir = tempfile::tempdir().unwrap();
     let (_, module) = module_path!().split_once("::").unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            &format!("{module}::crash_child_half_committed"),
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HALF_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+    let mut child = offstage_tests::this_binary_running(
+        &format!("{module}::crash_child_half_committed"),
+        HALF_ENV,
+        dir.path(),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit())
+    .spawn()
+    .unwrap();
     let mut acked_ends = Vec::new();
     let mut acked_messages = Vec::new();
     let mut half = None;

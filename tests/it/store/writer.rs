@@ -23,7 +23,7 @@ use std::{
     collections::{HashMap, HashSet},
     io::{BufRead, BufReader},
     path::Path,
-    process::{Command, Stdio},
+    process::Stdio,
 };
 
 use offstage::{testing::Store, ServiceConfig, SessionService};
@@ -153,18 +153,15 @@ fn notices(messages: &[Message]) -> HashMap<String, usize> {
 
 fn kill_at(acks_before_kill: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "store::writer::writer_child_host",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = offstage_tests::this_binary_running(
+        "store::writer::writer_child_host",
+        CHILD_ENV,
+        dir.path(),
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
     let mut moved: Vec<Vec<String>> = Vec::new();
     let mut ended = Vec::new();
     let mut noticed = Vec::new();
