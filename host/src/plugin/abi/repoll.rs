@@ -240,25 +240,36 @@ mod tests {
 
     /// On a runtime, tokio's coop budget bounds the re-polls too, and a
     /// future that wakes itself forever does not keep another task of a
-    /// single-threaded runtime from running.
+    /// single-threaded runtime from running (if it did, the runtime's
+    /// thread would never come back; the test gives up after a minute).
     #[test]
     fn a_future_that_wakes_itself_forever_yields_to_the_runtime() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let polls = Arc::new(AtomicUsize::new(0));
-            let spinning = tokio::spawn(SelfWaking {
-                polls: Arc::clone(&polls),
-                steps: usize::MAX,
-                repoller: Repoller::default(),
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            let polls = runtime.block_on(async {
+                let polls = Arc::new(AtomicUsize::new(0));
+                let spinning = tokio::spawn(SelfWaking {
+                    polls: Arc::clone(&polls),
+                    steps: usize::MAX,
+                    repoller: Repoller::default(),
+                });
+                // Another task on the same thread, and a timer.
+                tokio::spawn(tokio::time::sleep(Duration::from_millis(10)))
+                    .await
+                    .unwrap();
+                spinning.abort();
+                polls.load(Ordering::Relaxed)
             });
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            tokio::task::yield_now().await;
-            assert!(polls.load(Ordering::Relaxed) > 1);
-            spinning.abort();
+            let _ = done.send(polls);
         });
+        let polls = finished
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the other task never ran: the self-waking future held the thread");
+        assert!(polls > 1, "the spinning future ran too ({polls} polls)");
     }
 
     #[derive(Default)]
