@@ -231,9 +231,11 @@ async fn faces() {
         );
     }
     // The per-poll row pays for a fresh poll per call: the plugin's future
-    // yields, the host's task is woken and polled again. What that costs
-    // without a call, and the call's own part, are shown beside it (the
-    // target stays on the row above).
+    // wakes itself and returns `Pending`, the host polls it again (at once,
+    // within the re-poll budget of host/src/plugin/abi/repoll.rs; past it,
+    // through tokio's scheduler). What that costs without a call, and the
+    // call's own part, are shown beside it (the target stays on the row
+    // above).
     let polls = median(results.get_mut("polls-only").unwrap());
     let per_poll = median(results.get_mut("blocking-per-poll").unwrap());
     println!(

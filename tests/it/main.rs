@@ -25,12 +25,14 @@ macro_rules! tests_in_mode {
 }
 
 /// The session service in process: background moves, cancel, notices,
-/// permissions, a plugin racing its own call, turns.
+/// permissions, how the host polls a plugin's future, a plugin racing its
+/// own call, turns.
 mod engine {
     mod background;
     mod cancel;
     mod notice;
     mod permission;
+    mod plugin_poll;
     pub(crate) mod plugin_race;
     mod turn;
 }

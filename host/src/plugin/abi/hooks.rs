@@ -52,10 +52,7 @@ impl Callback {
     }
 
     pub(in crate::plugin) async fn call(&self, input: String) -> Result<String> {
-        let result = FromPlugin {
-            inner: (self.abi.call)(self.abi.state, RString::from(input)),
-        }
-        .await;
+        let result = FromPlugin::new((self.abi.call)(self.abi.state, RString::from(input))).await;
         result.map_err(|error| self.plugin.fail_if_own_panic(error))
     }
 }
@@ -119,7 +116,7 @@ impl ToolWrapper for Wrapper {
                 drop: next_drop,
             };
             let started = (self.abi.call)(self.abi.state, RString::from(to_json(&call)?), next);
-            let result = FromPlugin { inner: started }.await;
+            let result = FromPlugin::new(started).await;
             let json = result.map_err(|error| self.plugin.fail_if_own_panic(error))?;
             serde_json::from_str(&json).map_err(|e| {
                 ServiceError::Plugin(format!(

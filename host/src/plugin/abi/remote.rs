@@ -60,9 +60,7 @@ impl HeldNext {
     /// Calls the host's `next`, consuming it.
     pub(in crate::plugin) fn call(mut self, input: String) -> FromPlugin {
         let abi = self.0.take().expect("a next is called once");
-        FromPlugin {
-            inner: (abi.call)(abi.state, RString::from(input)),
-        }
+        FromPlugin::new((abi.call)(abi.state, RString::from(input)))
     }
 }
 
@@ -182,9 +180,9 @@ impl LocalHook {
     /// Calls a tool, agent or event handler.
     pub(in crate::plugin) fn invoke(&self, input: String) -> FromPlugin {
         match self {
-            LocalHook::Callback(abi) => FromPlugin {
-                inner: (abi.call)(abi.state, RString::from(input)),
-            },
+            LocalHook::Callback(abi) => {
+                FromPlugin::new((abi.call)(abi.state, RString::from(input)))
+            }
             LocalHook::Wrapper(abi) => {
                 // A wrapper is called through `wrap`; one without a `next`
                 // gets one that refuses.
@@ -196,14 +194,12 @@ impl LocalHook {
     /// Calls a wrapper with `next`.
     pub(in crate::plugin) fn wrap(&self, input: String, next: NextAbi) -> FromPlugin {
         match self {
-            LocalHook::Wrapper(abi) => FromPlugin {
-                inner: (abi.call)(abi.state, RString::from(input), next),
-            },
+            LocalHook::Wrapper(abi) => {
+                FromPlugin::new((abi.call)(abi.state, RString::from(input), next))
+            }
             LocalHook::Callback(abi) => {
                 (next.drop)(next.state);
-                FromPlugin {
-                    inner: (abi.call)(abi.state, RString::from(input)),
-                }
+                FromPlugin::new((abi.call)(abi.state, RString::from(input)))
             }
         }
     }

@@ -171,13 +171,13 @@ pub(super) extern "C" fn spawn(ctx: HostCtx, task: FfiFuture<()>) {
     }
     let name = plugin.name.clone();
     let task = plugin.runtime.spawn(async move {
-        let guarded = FromPlugin {
-            inner: async move {
+        let guarded = FromPlugin::new(
+            async move {
                 task.await;
                 RResult::ROk(RString::new())
             }
             .into_ffi(),
-        };
+        );
         if let Err(error) = guarded.await {
             tracing::error!(plugin = %name, %error, "a task the plugin spawned failed");
         }

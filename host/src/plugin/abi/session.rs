@@ -338,9 +338,10 @@ pub(in crate::plugin) fn call_by_name(
         let error = ServiceError::Unsupported(format!("no session method `{name}` in this host"));
         return Box::pin(async move { Err(error) });
     };
-    Box::pin(super::convert::FromPlugin {
-        inner: method.async_face()(ctx, RString::from(args)),
-    })
+    Box::pin(super::convert::FromPlugin::new(method.async_face()(
+        ctx,
+        RString::from(args),
+    )))
 }
 
 /// Runs `fut` to completion from synchronous code (the blocking face).
