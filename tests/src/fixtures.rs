@@ -8,38 +8,46 @@
 //!
 //! | fixture | cargo | target dir |
 //! |---|---|---|
-//! | every plugin in [`PLUGINS`] | ONE `cargo build -p a -p b ...` | `target/fixtures` |
-//! | `reloadable` variant b | `-p offstage-test-reloadable --features variant-b` | `target/fixtures` |
-//! | `reloadable` broken | `-p offstage-test-reloadable --features broken` | `target/fixtures` |
+//! | the `offstage` binary | `-p offstage --bin offstage` | the workspace's own |
+//! | every plugin in [`PLUGINS`] | ONE `cargo build -p offstage -p a -p b ...` | the workspace's own |
+//! | `reloadable` variant b | `-p offstage -p offstage-test-reloadable --features offstage-test-reloadable/variant-b` | the workspace's own |
+//! | `reloadable` broken | the same with `/broken` | the workspace's own |
 //! | `faulty` with `panic = "abort"` | `cargo rustc -p offstage-test-faulty --lib -- -C panic=abort` | `target/fixtures` |
 //! | `tests/compat/plugin-*` | one build per workspace (each is its own) | `target/fixtures` |
 //! | `templates/plugin`, copied out as an author would | `cargo build` in the copy | `target/fixtures` |
-//! | the `offstage` binary | `-p offstage --bin offstage` | the workspace's own |
 //!
-//! Every plugin library goes to ONE target dir, so the dependencies they
-//! all share (abi_stable, async-ffi, serde...) compile once per run, not
-//! once per kind of fixture. Three things make that hold:
+//! Two lanes build them, side by side, each one build after another:
 //!
-//! - crates outside the workspace (the compat plugins, the template, the
-//!   crates the `guide` and `reload::dev` tests write) build with the
-//!   workspace's `[profile.dev]` ([`OUTSIDE_PROFILE`], passed as cargo
-//!   `--config`) and a copy of its Cargo.lock, so their dependencies are
-//!   the very units the workspace's plugins use;
-//! - `panic = "abort"` is given to `faulty`'s own crate only (`cargo
-//!   rustc`), not through the profile, which would rebuild every
-//!   dependency with it: rustc links unwind-built dependencies into an
-//!   abort-built library, and `export_plugin!` — what the host checks —
-//!   expands in that crate;
-//! - the builds run one after another on one background lane, and each
-//!   library is copied out of `debug/` right after its build (into
-//!   `target/fixtures/lib*/`, `keep`): the variants of `reloadable` and
-//!   `faulty` leave the same file name there. Tests load those copies.
+//! - **The workspace lane** builds into the workspace's own target dir,
+//!   beside what `cargo test` compiled, and names `-p offstage` in every
+//!   build: with the host among the packages, feature unification gives the
+//!   plugins' dependencies (abi_stable, serde, tokio...) the features they
+//!   have in the test build, so cargo reuses those units and compiles only
+//!   the plugin crates themselves. (A build of the plugins alone would
+//!   resolve other features and compile every dependency again.) The
+//!   workspace's plugins have `test = false` and `doctest = false`, so
+//!   `cargo test` does not compile them as empty test binaries first. For
+//!   the same reason the binary must resolve as `cargo test` does (see
+//!   CONTRIBUTING.md, "Test time", and libc's `extra_traits` in
+//!   `host/Cargo.toml`).
+//! - **The fixtures lane** builds what cannot share those units into
+//!   `target/fixtures`: `faulty` with `panic = "abort"` (a flag on its own
+//!   crate, given with `cargo rustc`, which builds one package alone), the
+//!   compat plugins and the template. Crates outside the workspace (the
+//!   compat plugins, the template, the crates the `guide` and `reload::dev`
+//!   tests write) build with the workspace's `[profile.dev]`
+//!   ([`OUTSIDE_PROFILE`], passed as cargo `--config`) and a copy of its
+//!   Cargo.lock, so they share one set of dependency units there.
 //!
-//! The `offstage` binary builds on a second lane into the workspace's own
-//! target dir, beside the fixtures, reusing what `cargo test` compiled (see
-//! CONTRIBUTING.md, "Test time"). Plugin libraries do not go there: the
-//! workspace build compiled their dependencies with the host's features
-//! (feature unification), so a plugin-only build would share nothing.
+//! `panic = "abort"` is given to `faulty`'s own crate only, not through the
+//! profile, which would rebuild every dependency with it: rustc links
+//! unwind-built dependencies into an abort-built library, and
+//! `export_plugin!` — what the host checks — expands in that crate.
+//!
+//! Each workspace plugin is copied out of `debug/` right after its build
+//! (into `target/fixtures/lib*/`, [`keep`]), under the lock of the target
+//! dir it was built in: the variants of `reloadable` leave the same file
+//! name there. Tests load those copies.
 
 use std::{
     any::Any,
@@ -93,20 +101,20 @@ pub fn warm_up() {
         return;
     }
     STARTED.call_once(|| {
-        // Lane 1: every library, into target/fixtures, most needed first.
+        // The workspace lane, most needed first.
         lane(|| {
+            offstage_binary();
             plugins_built();
-            faulty_panic_abort();
             reloadable_b();
             reloadable_broken();
+        });
+        // The fixtures lane.
+        lane(|| {
+            faulty_panic_abort();
             template_library();
             for variant in COMPAT {
                 compat(variant);
             }
-        });
-        // Lane 2: the binary, into the workspace's own target dir.
-        lane(|| {
-            offstage_binary();
         });
     });
 }
@@ -120,10 +128,18 @@ fn lane(work: impl FnOnce() + Send + 'static) {
     });
 }
 
-/// The one target dir of every plugin library the tests build (see the
-/// module docs).
+/// The target dir of the fixtures lane, and where every plugin library a
+/// test loads is kept (see the module docs).
 pub fn fixtures_target_dir() -> PathBuf {
     workspace_root().join("target").join("fixtures")
+}
+
+/// The workspace's own target dir: where `cargo test` built, and where the
+/// workspace lane builds.
+fn workspace_target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// The workspace's `[profile.dev]` (the root Cargo.toml), as cargo config
@@ -164,16 +180,16 @@ pub fn write_outside_cargo_config(dir: &Path) {
     std::fs::write(dir.join(".cargo/config.toml"), text).unwrap();
 }
 
-/// Held from a build into [`fixtures_target_dir`] until its library is
-/// kept: cargo's own lock orders the builds, but the copy out of `debug/`
-/// comes after cargo let go, and the next build may leave another variant
-/// under the same name.
-static BUILD_AND_KEEP: Mutex<()> = Mutex::new(());
+/// Held from a build of plugins into a target dir until their libraries
+/// are kept: cargo's own lock orders the builds, but the copy out of
+/// `debug/` comes after cargo let go, and the next build may leave another
+/// variant under the same name. One lock per target dir, so the two lanes
+/// build side by side.
+static BUILD_AND_KEEP_WORKSPACE: Mutex<()> = Mutex::new(());
+static BUILD_AND_KEEP_FIXTURES: Mutex<()> = Mutex::new(());
 
-fn build_lock() -> MutexGuard<'static, ()> {
-    BUILD_AND_KEEP
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+fn build_lock(lock: &'static Mutex<()>) -> MutexGuard<'static, ()> {
+    lock.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Runs `cargo SUBCOMMAND --quiet ARGS` in the workspace; fails the caller
@@ -188,23 +204,22 @@ fn cargo(subcommand: &str, what: &str, args: &[&str]) {
     assert!(status.success(), "cargo {subcommand} of {what} failed");
 }
 
-/// Runs `cargo build --quiet ARGS --target-dir` [`fixtures_target_dir`] in
-/// the workspace.
-fn cargo_build(what: &str, args: &[&str]) {
-    let target_dir = fixtures_target_dir();
-    let mut all: Vec<&str> = args.to_vec();
-    all.extend(["--target-dir", target_dir.to_str().unwrap()]);
+/// Runs `cargo build --quiet -p offstage ARGS` in the workspace, into its
+/// own target dir (the workspace lane: see the module docs for why the
+/// host is named).
+fn cargo_build_beside_host(what: &str, args: &[&str]) {
+    let mut all = vec!["-p", "offstage"];
+    all.extend(args);
     cargo("build", what, &all);
 }
 
-/// Copies `package`'s library from the fixtures' `debug/` into
+/// Copies `package`'s library from `built_in`'s `debug/` into
 /// `target/fixtures/KEPT/` (written beside it, then renamed: a reader
 /// never sees half a file).
-fn keep(package: &str, kept: &str) -> PathBuf {
-    let target_dir = fixtures_target_dir();
-    let built = target_dir.join("debug").join(library_file_name(package));
+fn keep(built_in: &Path, package: &str, kept: &str) -> PathBuf {
+    let built = built_in.join("debug").join(library_file_name(package));
     assert!(built.exists(), "{} missing after build", built.display());
-    let into = target_dir.join(kept);
+    let into = fixtures_target_dir().join(kept);
     std::fs::create_dir_all(&into).unwrap();
     let kept = into.join(library_file_name(package));
     let partial = kept.with_extension("partial");
@@ -213,8 +228,8 @@ fn keep(package: &str, kept: &str) -> PathBuf {
     kept
 }
 
-/// Builds every plugin of [`PLUGINS`] in one cargo invocation (once);
-/// the dir their libraries are kept in.
+/// Builds every plugin of [`PLUGINS`] in one cargo invocation, beside the
+/// host (once); the dir their libraries are kept in.
 fn plugins_built() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
@@ -227,10 +242,10 @@ fn plugins_built() -> &'static Path {
         for package in PLUGINS {
             args.extend(["-p", package]);
         }
-        let _kept_first = build_lock();
-        cargo_build("the test plugins", &args);
+        let _kept_first = build_lock(&BUILD_AND_KEEP_WORKSPACE);
+        cargo_build_beside_host("the test plugins", &args);
         for package in PLUGINS {
-            keep(package, KEPT);
+            keep(&workspace_target_dir(), package, KEPT);
         }
         dir
     })
@@ -255,12 +270,13 @@ fn reloadable_with(feature: &str, kept: &str) -> PathBuf {
             .join(kept)
             .join(library_file_name(PACKAGE));
     }
-    let _kept_first = build_lock();
-    cargo_build(
+    let _kept_first = build_lock(&BUILD_AND_KEEP_WORKSPACE);
+    let feature = format!("{PACKAGE}/{feature}");
+    cargo_build_beside_host(
         &format!("{PACKAGE} --features {feature}"),
-        &["-p", PACKAGE, "--features", feature],
+        &["-p", PACKAGE, "--features", &feature],
     );
-    keep(PACKAGE, kept)
+    keep(&workspace_target_dir(), PACKAGE, kept)
 }
 
 /// The `reloadable` test plugin built as variant b (once).
@@ -298,7 +314,7 @@ pub fn faulty_panic_abort() -> PathBuf {
                     .join(library_file_name(PACKAGE));
             }
             let target_dir = fixtures_target_dir();
-            let _kept_first = build_lock();
+            let _kept_first = build_lock(&BUILD_AND_KEEP_FIXTURES);
             cargo(
                 "rustc",
                 &format!("{PACKAGE} with panic = \"abort\""),
@@ -313,7 +329,7 @@ pub fn faulty_panic_abort() -> PathBuf {
                     "panic=abort",
                 ],
             );
-            keep(PACKAGE, KEPT)
+            keep(&target_dir, PACKAGE, KEPT)
         })
         .clone()
 }
@@ -361,9 +377,7 @@ pub fn offstage_binary() -> PathBuf {
     warm_up();
     BUILT
         .get_or_init(|| {
-            let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| workspace_root().join("target"));
+            let target_dir = workspace_target_dir();
             if !in_ready_child() {
                 cargo(
                     "build",

@@ -22,7 +22,11 @@ fn readers_that_stop_reading_cost_bounded_memory_and_are_told_they_lagged() {
     let config = write_file(
         config.path(),
         "offstage.toml",
-        &format!("[events]\nhistory_bytes = {HISTORY_BYTES}\n"),
+        // The stuck readers must stay connected for the whole test: on a
+        // loaded machine the renames can take longer than the default
+        // `idle_timeout` (60 s), after which the host rightly drops a
+        // reader that reads nothing.
+        &format!("[events]\nhistory_bytes = {HISTORY_BYTES}\n[http]\nidle_timeout = \"1h\"\n"),
     );
     let server = Server::start(&["--config", config.to_str().unwrap()]);
     let pid = server.pid().to_string();
