@@ -252,17 +252,13 @@ impl SessionService {
 
     /// What every job marker of this data dir starts with: a hash of the
     /// data dir's canonical path, so hosts on other data dirs never touch
-    /// each other's processes.
+    /// each other's processes. Worked out once per service (the data dir
+    /// does not move under a running host).
     pub(crate) fn marker_prefix(&self) -> String {
-        let dir = self.data_dir();
-        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in dir.as_os_str().as_encoded_bytes() {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("{hash:016x}.")
+        self.inner
+            .marker_prefix
+            .get_or_init(|| marker_prefix_of(self.data_dir()))
+            .clone()
     }
 
     /// Records the child session a subagent job drives.
@@ -280,4 +276,17 @@ impl SessionService {
             },
         );
     }
+}
+
+/// [`SessionService::marker_prefix`] for the data dir `dir`: a hash of its
+/// canonical path.
+fn marker_prefix_of(dir: &std::path::Path) -> String {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in dir.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}.")
 }
