@@ -197,10 +197,30 @@ impl SessionService {
                 "limit must be at least 1 byte: a page of 0 bytes never gets to the end".into(),
             ));
         }
-        let job = self.job(id).await?;
+        let (job, output) = {
+            let state = self.state();
+            let entry = state
+                .jobs
+                .get(id)
+                .ok_or_else(|| ServiceError::not_found("job", id))?;
+            (
+                entry.job.clone(),
+                entry.runtime.as_ref().map(|r| r.output.clone()),
+            )
+        };
         let path = job
             .output_path
             .ok_or_else(|| ServiceError::NotFound(format!("job {id} has no output file")))?;
+        // A job of this host that wrote nothing has no file (it is created
+        // with the first byte): its output is one empty page.
+        if output.is_some_and(|output| !output.created()) {
+            return Ok(OutputChunk {
+                offset: 0,
+                data: String::new(),
+                next_offset: 0,
+                eof: true,
+            });
+        }
         read_range(
             std::path::Path::new(&path),
             offset,
