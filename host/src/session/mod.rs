@@ -80,6 +80,10 @@ struct Inner {
     store: Arc<Store>,
     /// `[jobs] max_output`: bytes of output each job's file may hold.
     max_output: AtomicU64,
+    /// What every job marker of this data dir starts with, worked out on
+    /// first use (it canonicalises the data dir: a few syscalls that every
+    /// shell call would otherwise pay).
+    marker_prefix: std::sync::OnceLock<String>,
 }
 
 #[derive(Default)]
@@ -287,6 +291,7 @@ impl SessionService {
                 data_dir: config.data_dir,
                 store,
                 max_output: AtomicU64::new(jobs::output::DEFAULT_MAX_OUTPUT),
+                marker_prefix: std::sync::OnceLock::new(),
             }),
         }
     }

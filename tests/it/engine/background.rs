@@ -660,3 +660,38 @@ async fn paged_output_keeps_multibyte_characters_whole() {
         assert!(!paged.contains('\u{FFFD}'));
     }
 }
+
+/// A job that writes nothing has no output file (it is created with the
+/// first byte), and its output reads as one empty page; one that writes
+/// gets its file with every byte.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_that_writes_nothing_has_no_file_and_an_empty_page() {
+    let engine = Engine::new();
+    let service = &engine.service;
+    let session = engine.session().await;
+    let quiet = service
+        .call_tool(&session, ToolRequest::new("shell", shell("true")))
+        .await
+        .unwrap();
+    assert_eq!(quiet.status, ToolStatus::Completed);
+    let path = std::path::PathBuf::from(quiet.output_path.clone().unwrap());
+    assert!(!path.exists(), "no output, no file: {}", path.display());
+    assert!(
+        path.parent().unwrap().is_dir(),
+        "the session's output dir is there"
+    );
+    let page = service.job_output(&quiet.job_id, 0, 100).await.unwrap();
+    assert_eq!(
+        (page.data.as_str(), page.next_offset, page.eof),
+        ("", 0, true)
+    );
+
+    let loud = service
+        .call_tool(&session, ToolRequest::new("shell", shell("echo hi")))
+        .await
+        .unwrap();
+    let file = std::fs::read_to_string(loud.output_path.unwrap()).unwrap();
+    assert_eq!(file, "hi\n");
+    let page = service.job_output(&loud.job_id, 0, 100).await.unwrap();
+    assert_eq!(page.data, "hi\n");
+}

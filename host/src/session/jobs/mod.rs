@@ -197,10 +197,30 @@ impl SessionService {
                 "limit must be at least 1 byte: a page of 0 bytes never gets to the end".into(),
             ));
         }
-        let job = self.job(id).await?;
+        let (job, output) = {
+            let state = self.state();
+            let entry = state
+                .jobs
+                .get(id)
+                .ok_or_else(|| ServiceError::not_found("job", id))?;
+            (
+                entry.job.clone(),
+                entry.runtime.as_ref().map(|r| r.output.clone()),
+            )
+        };
         let path = job
             .output_path
             .ok_or_else(|| ServiceError::NotFound(format!("job {id} has no output file")))?;
+        // A job of this host that wrote nothing has no file (it is created
+        // with the first byte): its output is one empty page.
+        if output.is_some_and(|output| !output.created()) {
+            return Ok(OutputChunk {
+                offset: 0,
+                data: String::new(),
+                next_offset: 0,
+                eof: true,
+            });
+        }
         read_range(
             std::path::Path::new(&path),
             offset,
@@ -252,17 +272,13 @@ impl SessionService {
 
     /// What every job marker of this data dir starts with: a hash of the
     /// data dir's canonical path, so hosts on other data dirs never touch
-    /// each other's processes.
+    /// each other's processes. Worked out once per service (the data dir
+    /// does not move under a running host).
     pub(crate) fn marker_prefix(&self) -> String {
-        let dir = self.data_dir();
-        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-        // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for byte in dir.as_os_str().as_encoded_bytes() {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        format!("{hash:016x}.")
+        self.inner
+            .marker_prefix
+            .get_or_init(|| marker_prefix_of(self.data_dir()))
+            .clone()
     }
 
     /// Records the child session a subagent job drives.
@@ -280,4 +296,17 @@ impl SessionService {
             },
         );
     }
+}
+
+/// [`SessionService::marker_prefix`] for the data dir `dir`: a hash of its
+/// canonical path.
+fn marker_prefix_of(dir: &std::path::Path) -> String {
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    // FNV-1a: stable across runs and builds, unlike `DefaultHasher`.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in dir.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}.")
 }

@@ -549,6 +549,15 @@ fn number<T: std::str::FromStr>(field: &[u8]) -> Option<T> {
     std::str::from_utf8(field).ok()?.parse().ok()
 }
 
+/// Reads a `/proc` file to its end into `buffer`. Not `File::read_to_end`
+/// or `fs::read`: they ask the file's size first (`statx`, `lseek`), two
+/// more syscalls per file that `/proc` answers with 0 anyway, and a
+/// sighting reads a few such files per job end.
+fn read_proc_file(file: File, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
+    // `Take` has no size hint, so the read loop reads without asking.
+    file.take(u64::MAX).read_to_end(buffer)
+}
+
 /// Lists a process's children, from each of its threads, into `pids`.
 /// A process that is gone has none. Reuses `buffer` for the reads.
 fn list_children(pid: i32, threads: u32, buffer: &mut Vec<u8>, pids: &mut Vec<i32>) {
@@ -558,11 +567,11 @@ fn list_children(pid: i32, threads: u32, buffer: &mut Vec<u8>, pids: &mut Vec<i3
         let Some(path) = path.set(format_args!("/proc/{pid}/task/{tid}/children")) else {
             return;
         };
-        let Ok(mut file) = File::open(path) else {
+        let Ok(file) = File::open(path) else {
             return;
         };
         buffer.clear();
-        if file.read_to_end(buffer).is_err() {
+        if read_proc_file(file, buffer).is_err() {
             return;
         }
         pids.extend(
@@ -701,7 +710,9 @@ fn scan() -> Vec<Proc> {
 /// (and `/proc` lets us read it: our own user's processes only).
 fn marker_of(pid: i32) -> Option<String> {
     let mut path = ProcPath::default();
-    let environ = std::fs::read(path.set(format_args!("/proc/{pid}/environ"))?).ok()?;
+    let file = File::open(path.set(format_args!("/proc/{pid}/environ"))?).ok()?;
+    let mut environ = Vec::with_capacity(4096);
+    read_proc_file(file, &mut environ).ok()?;
     let prefix = format!("{MARKER_VAR}=");
     environ
         .split(|b| *b == 0)
