@@ -1226,8 +1226,27 @@ pub(crate) fn job_backgrounded(conn: &Connection, id: &str) -> Result<Option<boo
 /// A move to the background: marks each of `job_ids` that is still
 /// running in the foreground as backgrounded and returns those, in the
 /// order given. One statement for all of them: the ids go in as one JSON
-/// array, and the rows changed come back (`RETURNING`).
+/// array, and the rows changed come back (`RETURNING`). One job (a
+/// `background` naming it, the common case) takes the primary key
+/// directly, without the JSON round.
+///
+/// The rows are found by primary key (`+status` keeps SQLite from
+/// scanning the running jobs' index instead), so a move costs the jobs it
+/// moves, not every job running.
 pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<String>, StoreError> {
+    if let [job_id] = job_ids {
+        let changed = conn
+            .prepare_cached(
+                "UPDATE jobs SET backgrounded = 1
+                 WHERE id = ?1 AND +status = 'running' AND backgrounded = 0",
+            )?
+            .execute([job_id])?;
+        return Ok(if changed == 1 {
+            vec![job_id.clone()]
+        } else {
+            Vec::new()
+        });
+    }
     if job_ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -1236,7 +1255,7 @@ pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<Str
         .prepare_cached(
             "UPDATE jobs SET backgrounded = 1
              WHERE id IN (SELECT value FROM json_each(?1))
-               AND status = 'running' AND backgrounded = 0
+               AND +status = 'running' AND backgrounded = 0
              RETURNING id",
         )?
         .query_map([list], |row| row.get(0))?

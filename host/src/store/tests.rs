@@ -605,6 +605,33 @@ fn a_move_marks_only_running_foreground_jobs_in_the_order_given() {
 }
 
 #[test]
+fn a_move_of_one_job_marks_it_only_while_it_runs_in_the_foreground() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let foreground = |id: &str, status| Job {
+        backgrounded: false,
+        ..job(id, "ses_1", status)
+    };
+    store
+        .put_jobs(vec![
+            foreground("job_run", JobStatus::Running),
+            foreground("job_ended", JobStatus::Completed),
+            job("job_back", "ses_1", JobStatus::Running),
+        ])
+        .unwrap();
+    let move_one = |id: &str| {
+        let ids = vec![id.to_string()];
+        store.write(move |conn| move_jobs(conn, &ids)).unwrap()
+    };
+    assert_eq!(move_one("job_run"), vec!["job_run".to_string()]);
+    assert!(store.job("job_run").unwrap().unwrap().backgrounded);
+    for unmoved in ["job_run", "job_ended", "job_back", "job_nope"] {
+        assert!(move_one(unmoved).is_empty(), "{unmoved}");
+    }
+    assert!(!store.job("job_ended").unwrap().unwrap().backgrounded);
+}
+
+#[test]
 fn many_messages_set_each_sessions_updated_at_to_its_last_one() {
     let store = Store::open_in_memory().unwrap();
     store.put_session(&session("ses_1", None)).unwrap();

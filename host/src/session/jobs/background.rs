@@ -73,6 +73,12 @@ impl SessionService {
             .wait()
             .await?
             .0;
+        if !moved.is_empty() {
+            // The callers this move released were woken on this thread
+            // and wait for it: let them answer first, since their answers
+            // are what the move was for.
+            tokio::task::yield_now().await;
+        }
         Ok(moved)
     }
 
@@ -137,10 +143,46 @@ impl SessionService {
                 Ok::<_, StoreError>((moved, messages))
             },
             move |service, (moved, messages)| {
-                // Serialised before the state lock; published under it,
-                // with one lock of the bus for all of them, as the callers
-                // are released: in commit order, nothing before the commit.
-                let mut events: Vec<PreparedEvent> = moved
+                // The callers first: they wait for nothing but this, and
+                // answer while the events are serialised. The events
+                // follow in this same hook, so they still precede any
+                // later commit's (hooks run one group at a time), and
+                // none shows before the commit.
+                let session_kept = {
+                    let mut state = service.state();
+                    for job in moved {
+                        if let Some(entry) = state.jobs.get_mut(&job.id) {
+                            entry.job.backgrounded = true;
+                            // Released in the hook that marks the job: a
+                            // job that ends right after must not find its
+                            // caller still waiting, or that caller would
+                            // report the end as well as the notice does.
+                            if let Some(runtime) = &entry.runtime {
+                                if record_replies {
+                                    runtime.recorded.store(true, Ordering::SeqCst);
+                                }
+                                runtime.released.send_replace(true);
+                            }
+                        }
+                    }
+                    match moved
+                        .first()
+                        .and_then(|job| state.sessions.get_mut(&job.session_id))
+                    {
+                        Some(entry) => {
+                            for message in messages {
+                                entry.add_message(message.clone());
+                            }
+                            true
+                        }
+                        // The session went meanwhile: its messages went too.
+                        None => false,
+                    }
+                };
+                // Serialised outside the state lock, published with one
+                // lock of the bus for all of them.
+                let messages = if session_kept { &messages[..] } else { &[] };
+                let events: Vec<PreparedEvent> = moved
                     .iter()
                     .map(|job| PreparedEvent::prepare("job.backgrounded", job))
                     .chain(
@@ -149,34 +191,6 @@ impl SessionService {
                             .map(|message| PreparedEvent::prepare("message.added", message)),
                     )
                     .collect();
-                let mut state = service.state();
-                for job in moved {
-                    if let Some(entry) = state.jobs.get_mut(&job.id) {
-                        entry.job.backgrounded = true;
-                        // Released in the hook that marks the job: a job
-                        // that ends right after must not find its caller
-                        // still waiting, or that caller would report the
-                        // end as well as the notice does.
-                        if let Some(runtime) = &entry.runtime {
-                            if record_replies {
-                                runtime.recorded.store(true, Ordering::SeqCst);
-                            }
-                            runtime.released.send_replace(true);
-                        }
-                    }
-                }
-                match moved
-                    .first()
-                    .and_then(|job| state.sessions.get_mut(&job.session_id))
-                {
-                    Some(entry) => {
-                        for message in messages {
-                            entry.add_message(message.clone());
-                        }
-                    }
-                    // The session went meanwhile: its messages went too.
-                    None => events.truncate(moved.len()),
-                }
                 service.inner.events.publish_all(events);
             },
             reason == MoveReason::Request,
