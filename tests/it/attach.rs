@@ -2,6 +2,12 @@
 //! pseudo-terminal, against a real `offstage serve`, its screen read back
 //! through a terminal emulator (vt100). Waits are generous deadlines, never
 //! assertions about time.
+//!
+//! Each test runs in a process of its own ([`alone`]): the pty's child is a
+//! child of the test process in a session of its own, and an in-process
+//! host of another test (its reaper reaps zombie children of the host in
+//! other sessions: orphans a job left behind) could reap it first, leaving
+//! its exit status to nobody.
 
 use std::{
     io::{Read, Write},
@@ -20,6 +26,33 @@ use portable_pty::{native_pty_system, Child, CommandBuilder, MasterPty, PtySize}
 /// The pseudo-terminal's size, whatever the developer's terminal is.
 const ROWS: NonZeroU16 = NonZeroU16::new(24).unwrap();
 const COLS: NonZeroU16 = NonZeroU16::new(80).unwrap();
+
+/// Set in the child process [`alone`] starts.
+const ALONE_ENV: &str = "OFFSTAGE_TEST_ATTACH_ALONE";
+
+/// Runs `body` in a process of its own: this test binary again, running
+/// only the test `name` (of this module), with the fixtures already built.
+fn alone(name: &str, body: fn()) {
+    if std::env::var_os(ALONE_ENV).is_some() {
+        body();
+        return;
+    }
+    // Built here, so the child finds it (and builds nothing).
+    offstage_binary();
+    // The test's path without the crate's name (`it::`).
+    let (_, module) = module_path!().split_once("::").unwrap();
+    let output = offstage_tests::this_binary_running(&format!("{module}::{name}"), ALONE_ENV, "1")
+        .env(offstage_tests::fixtures::READY_ENV, "1")
+        .output()
+        .expect("run the test in a process of its own");
+    print!("{}", String::from_utf8_lossy(&output.stdout));
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{name}, in a process of its own, failed: {}",
+        output.status
+    );
+}
 
 /// `offstage attach` running in a pseudo-terminal. Killed when dropped.
 struct Attached {
@@ -152,6 +185,13 @@ impl Drop for Attached {
 
 #[test]
 fn ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow() {
+    alone(
+        "ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow",
+        ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow_alone,
+    );
+}
+
+fn ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow_alone() {
     let server = Server::start(&[]);
     let mut attach = Attached::start(&server, &[]);
     // No session named: one is made, and the host is followed live.
@@ -198,6 +238,13 @@ fn ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow() {
 
 #[test]
 fn a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it() {
+    alone(
+        "a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it",
+        a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it_alone,
+    );
+}
+
+fn a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it_alone() {
     let server = Server::start(&[]);
     let created = server.expect(
         "POST",
