@@ -4,7 +4,10 @@
 
 use std::path::{Path, PathBuf};
 
-use offstage::{Rule, SessionService};
+use offstage::{
+    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
+    Rule, SessionService,
+};
 use offstage_plugin_api::types::{Event, Job, JobStatus, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use tokio::{sync::broadcast, task::JoinHandle};
@@ -50,6 +53,36 @@ impl Engine {
     /// A new session running the `script` agent.
     pub async fn session(&self) -> String {
         crate::host::script_session(&self.service).await
+    }
+
+    /// A plugin host on this engine with the racer test plugin
+    /// (`tests/plugins/racer`) installed and loaded with `options`, run as
+    /// `mode` says; fails the test unless it loaded.
+    pub fn load_racer(&self, options: Value, mode: offstage::plugin::Isolation) -> PluginHost {
+        let plugin_dir = self.path("plugins");
+        crate::install_plugin("offstage-test-racer", &plugin_dir);
+        let mut settings = std::collections::BTreeMap::new();
+        settings.insert(
+            "racer".to_string(),
+            PluginSettings {
+                options,
+                ..PluginSettings::default()
+            },
+        );
+        let host = PluginHost::with_isolation(
+            self.service.clone(),
+            PluginHostConfig {
+                dirs: vec![plugin_dir],
+                data_dir: self.path("data"),
+                allow_insecure_permissions: false,
+                settings,
+            },
+            crate::host::isolation(mode),
+        );
+        let loaded = host.load_all();
+        assert_eq!(loaded.len(), 1, "{loaded:#?}");
+        assert_eq!(loaded[0].status, PluginStatus::Loaded, "{loaded:#?}");
+        host
     }
 
     /// Starts a blocking `shell` call with a known job id on its own task;

@@ -12,9 +12,7 @@
 //!   `face = "blocking"`) still completes;
 //! - the spinning future is still running, and cancelling its job drops it.
 
-use std::collections::BTreeMap;
-
-use offstage::plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus};
+use offstage::plugin::{Isolation, PluginHost};
 use offstage_plugin_api::types::{JobStatus, ToolRequest, ToolStatus};
 use offstage_tests::{engine::*, wait::watchdog};
 use serde_json::json;
@@ -22,29 +20,10 @@ use serde_json::json;
 /// The racer plugin in process, moving shell calls that outlive
 /// `after_ms` to the background from a thread of its own.
 fn racer(engine: &Engine) -> PluginHost {
-    let plugin_dir = engine.path("plugins");
-    offstage_tests::install_plugin("offstage-test-racer", &plugin_dir);
-    let mut settings = BTreeMap::new();
-    settings.insert(
-        "racer".to_string(),
-        PluginSettings {
-            options: json!({ "after_ms": 200, "face": "blocking" }),
-            ..PluginSettings::default()
-        },
-    );
-    let host = PluginHost::new(
-        engine.service.clone(),
-        PluginHostConfig {
-            dirs: vec![plugin_dir],
-            data_dir: engine.path("data"),
-            allow_insecure_permissions: false,
-            settings,
-        },
-    );
-    let loaded = host.load_all();
-    assert_eq!(loaded.len(), 1, "{loaded:#?}");
-    assert_eq!(loaded[0].status, PluginStatus::Loaded, "{loaded:#?}");
-    host
+    engine.load_racer(
+        json!({ "after_ms": 200, "face": "blocking" }),
+        Isolation::None,
+    )
 }
 
 fn call(tool: &str, call_id: &str, input: serde_json::Value) -> ToolRequest {

@@ -6,9 +6,7 @@
 //! The suite runs with the plugin in process here and in a child process
 //! in `isolation::hooks` (`race_suite!`).
 
-use std::collections::BTreeMap;
-
-use offstage::plugin::{Isolation, PluginHost, PluginHostConfig, PluginSettings, PluginStatus};
+use offstage::plugin::{Isolation, PluginHost, PluginStatus};
 use offstage_plugin_api::types::{JobStatus, Role, SessionStatus, ToolRequest, ToolStatus};
 use offstage_tests::engine::*;
 use serde_json::json;
@@ -17,31 +15,9 @@ use serde_json::json;
 /// `mode` says.
 fn racer_engine(face: &str, mode: Isolation) -> (Engine, PluginHost) {
     let engine = Engine::new();
-    let plugin_dir = engine.path("plugins");
-    offstage_tests::install_plugin("offstage-test-racer", &plugin_dir);
-    let mut settings = BTreeMap::new();
-    settings.insert(
-        "racer".to_string(),
-        PluginSettings {
-            // Long enough for `sh` to print its first line on a loaded
-            // machine: the test asserts the caller gets it.
-            options: json!({ "after_ms": 1000, "face": face }),
-            ..PluginSettings::default()
-        },
-    );
-    let host = PluginHost::with_isolation(
-        engine.service.clone(),
-        PluginHostConfig {
-            dirs: vec![plugin_dir],
-            data_dir: engine.path("data"),
-            allow_insecure_permissions: false,
-            settings,
-        },
-        offstage_tests::host::isolation(mode),
-    );
-    let loaded = host.load_all();
-    assert_eq!(loaded.len(), 1, "{loaded:#?}");
-    assert_eq!(loaded[0].status, PluginStatus::Loaded, "{loaded:#?}");
+    // Long enough for `sh` to print its first line on a loaded machine:
+    // the test asserts the caller gets it.
+    let host = engine.load_racer(json!({ "after_ms": 1000, "face": face }), mode);
     (engine, host)
 }
 
