@@ -45,7 +45,7 @@
 //! `export_plugin!` — what the host checks — expands in that crate.
 //!
 //! Each workspace plugin is copied out of `debug/` right after its build
-//! (into `target/fixtures/lib*/`, [`keep`]), under the lock of the target
+//! (into `target/fixtures/lib*/`, `keep`), under the lock of the target
 //! dir it was built in: the variants of `reloadable` leave the same file
 //! name there. Tests load those copies.
 
