@@ -5,9 +5,9 @@
 //!
 //! Each test runs in a process of its own ([`alone`]): the pty's child is a
 //! child of the test process in a session of its own, and an in-process
-//! host of another test (its reaper reaps zombie children of the host in
-//! other sessions: orphans a job left behind) could reap it first, leaving
-//! its exit status to nobody.
+//! host of another test would take it for the orphan of a job and could
+//! reap it first, leaving its exit status to nobody (the embedding rule on
+//! `SessionService`'s docs).
 
 use std::{
     io::{Read, Write},

@@ -65,6 +65,17 @@ use crate::{
 pub(crate) const DEFAULT_AGENT: &str = "script";
 
 /// Handle on the session service. Cheap to clone.
+///
+/// A program that embeds the service shares its process with the job
+/// reaper (`session/jobs/tree.rs`): the process becomes a child subreaper,
+/// and the reaper reaps, by pid, zombie children of the process that lived
+/// in a job's process group or in a session other than the process's own
+/// (how an orphan of a job that called `setsid` is known once it has died).
+/// A child the embedding program starts in a session of its own (a
+/// pseudo-terminal's child, a daemon) can therefore be reaped before the
+/// program waits for it, which then fails with `ECHILD`: start such
+/// children from another process. Children in the program's own session
+/// and in no job's group are left alone.
 #[derive(Clone)]
 pub struct SessionService {
     inner: Arc<Inner>,
