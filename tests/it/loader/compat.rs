@@ -5,7 +5,7 @@
 //! `wait_idle`), 1.3.0 (with a `fork` method today's host lacks), 1.1.0 with
 //! one vtable field's type changed, and 2.0.0. `tests/compat/plugin-*` are
 //! plugins built against each, in workspaces of their own, into
-//! `target/guide` (`offstage_tests::fixtures::compat`). Today's host (1.2.0) must:
+//! `target/fixtures` (`offstage_tests::fixtures::compat`). Today's host (1.2.0) must:
 //!
 //! - run the 1.0 plugin as if it were current;
 //! - load the 1.3 plugin, whose `fork` comes back `Unsupported` (both faces)
