@@ -305,45 +305,61 @@ pub(super) fn plugin_check(
     config: Option<&Path>,
     allow_insecure: bool,
     json: bool,
-    (isolation, filesystem): (&str, &str),
+    (isolation, filesystem): (Option<&str>, Option<&str>),
 ) -> ExitCode {
     // The answer is the report below; the loader's own log of the same
     // failure would only repeat it.
     super::init_logging("error");
-    let mut options = crate::plugin::CheckOptions {
-        allow_insecure_permissions: allow_insecure,
-        settings: Default::default(),
-        isolation: isolation.parse().unwrap_or_default(),
-        filesystem: filesystem.parse().unwrap_or_default(),
-    };
-    if options.filesystem == crate::plugin::Filesystem::ReadOnly
-        && options.isolation != crate::plugin::Isolation::Process
-    {
-        let error = "--filesystem read-only needs --isolation process: \
-                     the restriction applies to the plugin's own process";
+    let config_error = |error: &str| {
         if json {
             print_json(&json!({ "stage": "config", "error": error }));
         } else {
             eprintln!("{error}");
         }
-        return ExitCode::FAILURE;
-    }
+        ExitCode::FAILURE
+    };
+    let mut options = crate::plugin::CheckOptions {
+        allow_insecure_permissions: allow_insecure,
+        ..Default::default()
+    };
     if let Some(config) = config {
         match crate::config::FileConfig::load(config) {
             Ok(loaded) => {
                 options.allow_insecure_permissions |=
                     loaded.allow_insecure_plugins.unwrap_or(false);
                 options.settings = super::serve::plugin_settings(&loaded.plugin);
+                options.isolation = loaded.isolation();
             }
-            Err(error) => {
-                if json {
-                    print_json(&json!({ "stage": "config", "error": error.to_string() }));
-                } else {
-                    eprintln!("{error}");
-                }
-                return ExitCode::FAILURE;
-            }
+            Err(error) => return config_error(&error.to_string()),
         }
+    }
+    // A flag is about this one file, so it wins over every table of the
+    // config (clap admits only the values `parse` accepts).
+    let isolation_keys = &mut options.isolation;
+    if let Some(mode) = isolation.and_then(|mode| mode.parse().ok()) {
+        isolation_keys.defaults.mode = Some(mode);
+        isolation_keys
+            .plugins
+            .values_mut()
+            .for_each(|own| own.mode = None);
+    }
+    if let Some(filesystem) = filesystem.and_then(|filesystem| filesystem.parse().ok()) {
+        isolation_keys.defaults.filesystem = Some(filesystem);
+        isolation_keys
+            .plugins
+            .values_mut()
+            .for_each(|own| own.filesystem = None);
+    }
+    // The config's own tables passed this check when it loaded: a
+    // failure here comes of the flags.
+    if let Err(error) = isolation_keys.check() {
+        return config_error(&if config.is_none() {
+            "--filesystem read-only needs --isolation process: \
+             the restriction applies to the plugin's own process"
+                .to_string()
+        } else {
+            format!("with the --isolation and --filesystem given, {error}")
+        });
     }
     let report = crate::plugin::check_file_with(file, options);
     let stage = match report.failed_stage() {

@@ -142,8 +142,9 @@ pub(crate) enum PluginCommand {
     /// ABI, manifest) or of its start (grants, options, `init`).
     Check {
         file: PathBuf,
-        /// Take the plugin's `[plugin.NAME]` table (grants, options) and
-        /// `allow_insecure_plugins` from this host config file.
+        /// Take the plugin's `[plugin.NAME]` table (grants, options,
+        /// isolation keys), `[plugins]` and `allow_insecure_plugins` from
+        /// this host config file.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
         /// Accept a file that other users can write.
@@ -153,13 +154,15 @@ pub(crate) enum PluginCommand {
         #[arg(long)]
         json: bool,
         /// Load it in this process (`none`) or in a child process of its
-        /// own (`process`), as the host config's `isolation` would.
-        #[arg(long, default_value = "none", value_parser = ["none", "process"])]
-        isolation: String,
+        /// own (`process`), as the host config's `isolation` would; wins
+        /// over `--config`'s. Default: the config's, else `none`.
+        #[arg(long, value_parser = ["none", "process"])]
+        isolation: Option<String>,
         /// With `--isolation process`: `read-only` restricts its process
-        /// with Landlock as the config's `filesystem` would.
-        #[arg(long, default_value = "unrestricted", value_parser = ["unrestricted", "read-only"])]
-        filesystem: String,
+        /// with Landlock as the config's `filesystem` would; wins over
+        /// `--config`'s. Default: the config's, else `unrestricted`.
+        #[arg(long, value_parser = ["unrestricted", "read-only"])]
+        filesystem: Option<String>,
     },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
@@ -288,7 +291,7 @@ pub fn main() -> ExitCode {
             config.as_deref(),
             allow_insecure,
             json,
-            (&isolation, &filesystem),
+            (isolation.as_deref(), filesystem.as_deref()),
         ),
         Command::Plugin {
             command: PluginCommand::Reload { client, name },

@@ -15,7 +15,7 @@ use super::{LoadError, LoadStage, PluginHost, PluginHostConfig, PluginInfo, Plug
 use crate::session::SessionService;
 
 /// How [`check_file_with`] treats a file.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct CheckOptions {
     /// Load the file even if it (or its directory) is writable by other
     /// users. For development.
@@ -23,12 +23,12 @@ pub struct CheckOptions {
     /// Per-plugin settings (grants, options) by plugin name, as a host
     /// config's `[plugin.NAME]` tables give them; none by default.
     pub settings: BTreeMap<String, PluginSettings>,
-    /// Where to run it: in this process, or in a child process as
-    /// `isolation = "process"` would (the `offstage` binary running this).
-    pub isolation: super::Isolation,
-    /// With [`Isolation::Process`](super::Isolation::Process): what its
-    /// process may do to the filesystem, as `filesystem` would.
-    pub filesystem: super::Filesystem,
+    /// Where to run it and how, as a host config's `[plugins]` and
+    /// `[plugin.NAME]` isolation keys say (resolved by the plugin's name,
+    /// once its manifest is read): in this process by default, or in a
+    /// child process (the `offstage` binary running this, unless
+    /// `child_exe` names another).
+    pub isolation: super::IsolationConfig,
 }
 
 /// What [`check_file_with`] found.
@@ -97,14 +97,7 @@ fn check_inner(path: &Path, options: CheckOptions) -> Result<CheckReport, LoadEr
                 allow_insecure_permissions: options.allow_insecure_permissions,
                 settings: options.settings.clone(),
             },
-            super::IsolationConfig {
-                defaults: super::IsolationSettings {
-                    mode: Some(options.isolation),
-                    filesystem: Some(options.filesystem),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
+            options.isolation.clone(),
         );
         let (plugin, error) = host.load_recorded(path);
         host.shutdown();

@@ -95,6 +95,82 @@ fn plugin_check_prints_the_manifest() {
 }
 
 #[test]
+fn plugin_check_takes_isolation_from_the_config_and_the_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = install_plugin("offstage-test-hello", dir.path());
+    let path = path.to_str().unwrap();
+    let check = |args: &[&str]| {
+        let mut all = vec!["plugin", "check", path];
+        all.extend(args);
+        let (code, stdout, stderr) = cli(&all, &[]);
+        (code, format!("{stdout}{stderr}"))
+    };
+    let isolation_line = |output: &str| {
+        output
+            .lines()
+            .find(|line| line.starts_with("isolation:"))
+            .unwrap_or_else(|| panic!("no isolation line in {output}"))
+            .to_string()
+    };
+    let per_plugin = write_file(
+        dir.path(),
+        "per-plugin.toml",
+        "[plugin.hello]\nisolation = \"process\"\nfilesystem = \"read-only\"\n",
+    );
+    let for_all = write_file(
+        dir.path(),
+        "for-all.toml",
+        "[plugins]\nisolation = \"process\"\n",
+    );
+    let per_plugin = per_plugin.to_str().unwrap();
+    let for_all = for_all.to_str().unwrap();
+
+    let (code, output) = check(&["--config", per_plugin]);
+    assert_eq!(code, 0, "{output}");
+    assert!(
+        isolation_line(&output).starts_with("isolation:    process (pid "),
+        "{output}"
+    );
+    assert!(output.contains("filesystem:   read-only"), "{output}");
+
+    let (code, output) = check(&["--config", for_all]);
+    assert_eq!(code, 0, "{output}");
+    assert!(
+        isolation_line(&output).contains("process (pid "),
+        "{output}"
+    );
+
+    // A flag is about this one file: it wins over either table.
+    let (code, output) = check(&["--config", for_all, "--isolation", "none"]);
+    assert_eq!(code, 0, "{output}");
+    assert_eq!(isolation_line(&output), "isolation:    none", "{output}");
+    let (code, output) = check(&["--config", per_plugin, "--filesystem", "unrestricted"]);
+    assert_eq!(code, 0, "{output}");
+    assert!(
+        isolation_line(&output).contains("process (pid "),
+        "{output}"
+    );
+    assert!(!output.contains("filesystem:"), "{output}");
+
+    // A flag that leaves a read-only plugin in the host's process is
+    // refused before anything loads, naming the flags.
+    let (code, output) = check(&["--config", per_plugin, "--isolation", "none"]);
+    assert_eq!(code, 1, "{output}");
+    assert!(
+        output.contains("--isolation and --filesystem given"),
+        "{output}"
+    );
+    assert!(output.contains("[plugin.hello]"), "{output}");
+    assert!(!output.contains("name:"), "nothing loaded: {output}");
+    let (code, output) = check(&["--filesystem", "read-only"]);
+    assert_eq!(code, 1, "{output}");
+    assert!(
+        output.contains("--filesystem read-only needs --isolation process"),
+        "{output}"
+    );
+}
+
+#[test]
 fn dev_loads_and_reloads_what_changes_in_the_plugin_dir() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().join("plugins");
