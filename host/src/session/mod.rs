@@ -798,13 +798,25 @@ impl SessionService {
 
 /// A new message, not yet recorded.
 fn new_message(session_id: &str, role: Role, text: &str, metadata: Value) -> Message {
+    new_message_at(session_id, role, text, metadata, now())
+}
+
+/// A new message made at `created_at`: the messages of one write share
+/// one timestamp (a move of a thousand jobs formats the time once).
+fn new_message_at(
+    session_id: &str,
+    role: Role,
+    text: &str,
+    metadata: Value,
+    created_at: String,
+) -> Message {
     Message {
         id: new_id("msg"),
         session_id: session_id.to_string(),
         role,
         text: text.to_string(),
         metadata,
-        created_at: now(),
+        created_at,
     }
 }
 

@@ -56,7 +56,7 @@ use crate::util::LockExt;
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{atomic::Ordering, Arc, Mutex, MutexGuard},
+    sync::{atomic::Ordering, Arc, LazyLock, Mutex, MutexGuard},
 };
 
 use offstage_plugin_api::types::{Job, Message, Role, Session};
@@ -1008,12 +1008,19 @@ pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), S
 }
 
 /// Appends `messages` in order and sets each session's `updated_at` to the
-/// time of its last one: a row per message, one update per session (a
-/// move of a thousand jobs adds a thousand messages to one session).
+/// time of its last one: one update per session, and the rows
+/// [`MESSAGES_PER_INSERT`] to a statement (a move of a thousand jobs adds a
+/// thousand messages to one session).
 pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(), StoreError> {
+    let mut chunks = messages.chunks_exact(MESSAGES_PER_INSERT);
+    for chunk in &mut chunks {
+        insert_message_rows(tx, chunk)?;
+    }
+    for message in chunks.remainder() {
+        insert_message_row(tx, message)?;
+    }
     let mut latest: Vec<(&str, &str)> = Vec::new();
     for message in messages {
-        insert_message_row(tx, message)?;
         match latest.iter_mut().find(|(id, _)| *id == message.session_id) {
             Some(entry) => entry.1 = &message.created_at,
             None => latest.push((&message.session_id, &message.created_at)),
@@ -1025,32 +1032,99 @@ pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(
     Ok(())
 }
 
+/// Message rows per multi-row `INSERT` in [`insert_messages`]. Each
+/// statement also rewrites `sqlite_sequence` (the table's
+/// `AUTOINCREMENT`) once, so many rows to a statement save that write and
+/// the statement's own setup per row; 32 rows keep the statement's 224
+/// parameters far below SQLite's limit.
+const MESSAGES_PER_INSERT: usize = 32;
+
+/// A message row's `INSERT`, less its rows of parameters: seven to a row,
+/// bound by [`MessageRow::bind`].
+const INSERT_MESSAGES: &str =
+    "INSERT INTO messages (id, session_id, role, text, metadata, created_at, delivered) VALUES ";
+
+/// A message's column values that are not its fields as they are.
+struct MessageRow<'a> {
+    message: &'a Message,
+    role: String,
+    metadata: String,
+    delivered: bool,
+}
+
+impl<'a> MessageRow<'a> {
+    fn new(message: &'a Message) -> Self {
+        MessageRow {
+            message,
+            role: word(&message.role),
+            metadata: serde_json::to_string(&message.metadata).expect("a JSON value serializes"),
+            delivered: !matches!(message.role, Role::User | Role::Notice),
+        }
+    }
+
+    /// Binds the row's seven values from parameter `first` (1-based) on.
+    fn bind(
+        &self,
+        statement: &mut rusqlite::CachedStatement<'_>,
+        first: usize,
+    ) -> rusqlite::Result<()> {
+        let message = self.message;
+        statement.raw_bind_parameter(first, &message.id)?;
+        statement.raw_bind_parameter(first + 1, &message.session_id)?;
+        statement.raw_bind_parameter(first + 2, &self.role)?;
+        statement.raw_bind_parameter(first + 3, &message.text)?;
+        statement.raw_bind_parameter(first + 4, &self.metadata)?;
+        statement.raw_bind_parameter(first + 5, &message.created_at)?;
+        statement.raw_bind_parameter(first + 6, self.delivered)
+    }
+}
+
+/// [`MESSAGES_PER_INSERT`] rows in one statement. A statement that fails
+/// changes nothing (SQLite undoes its rows), so on a failure the rows go
+/// again one at a time: a failure that repeats is then the error that
+/// names the message at fault.
+fn insert_message_rows(tx: &Connection, chunk: &[Message]) -> Result<(), StoreError> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{INSERT_MESSAGES}{}",
+            vec!["(?, ?, ?, ?, ?, ?, ?)"; MESSAGES_PER_INSERT].join(", ")
+        )
+    });
+    debug_assert_eq!(chunk.len(), MESSAGES_PER_INSERT);
+    let rows: Vec<MessageRow<'_>> = chunk.iter().map(MessageRow::new).collect();
+    let mut statement = tx.prepare_cached(&SQL)?;
+    let inserted = rows
+        .iter()
+        .enumerate()
+        .try_for_each(|(i, row)| row.bind(&mut statement, 1 + 7 * i))
+        .and_then(|()| statement.raw_execute());
+    if inserted.is_err() {
+        drop(statement);
+        for message in chunk {
+            insert_message_row(tx, message)?;
+        }
+    }
+    Ok(())
+}
+
 /// The message's row alone (its session's `updated_at` is the caller's).
 fn insert_message_row(tx: &Connection, message: &Message) -> Result<(), StoreError> {
-    let metadata = serde_json::to_string(&message.metadata).expect("a JSON value serializes");
-    let delivered = !matches!(message.role, Role::User | Role::Notice);
-    tx.prepare_cached(
-        "INSERT INTO messages (id, session_id, role, text, metadata, created_at, delivered)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![
-        message.id,
-        message.session_id,
-        word(&message.role),
-        message.text,
-        metadata,
-        message.created_at,
-        delivered,
-    ])
-    .map_err(|e| match constraint(&e) {
-        Some(
-            rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY,
-        ) => StoreError::Duplicate {
-            what: "message",
-            id: message.id.clone(),
-        },
-        _ => missing_parent(e, "session", &message.session_id),
-    })?;
+    let row = MessageRow::new(message);
+    static SQL: LazyLock<String> =
+        LazyLock::new(|| format!("{INSERT_MESSAGES}(?1, ?2, ?3, ?4, ?5, ?6, ?7)"));
+    let mut statement = tx.prepare_cached(&SQL)?;
+    row.bind(&mut statement, 1)
+        .and_then(|()| statement.raw_execute())
+        .map_err(|e| match constraint(&e) {
+            Some(
+                rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+                | rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY,
+            ) => StoreError::Duplicate {
+                what: "message",
+                id: message.id.clone(),
+            },
+            _ => missing_parent(e, "session", &message.session_id),
+        })?;
     Ok(())
 }
 
@@ -1233,7 +1307,10 @@ pub(crate) fn job_backgrounded(conn: &Connection, id: &str) -> Result<Option<boo
 /// The rows are found by primary key (`+status` keeps SQLite from
 /// scanning the running jobs' index instead), so a move costs the jobs it
 /// moves, not every job running.
-pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<String>, StoreError> {
+pub(crate) fn move_jobs<'a>(
+    conn: &Connection,
+    job_ids: &[&'a str],
+) -> Result<Vec<&'a str>, StoreError> {
     if let [job_id] = job_ids {
         let changed = conn
             .prepare_cached(
@@ -1242,7 +1319,7 @@ pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<Str
             )?
             .execute([job_id])?;
         return Ok(if changed == 1 {
-            vec![job_id.clone()]
+            vec![*job_id]
         } else {
             Vec::new()
         });
@@ -1262,8 +1339,8 @@ pub(crate) fn move_jobs(conn: &Connection, job_ids: &[String]) -> Result<Vec<Str
         .collect::<Result<_, _>>()?;
     Ok(job_ids
         .iter()
+        .copied()
         .filter(|id| changed.contains(*id))
-        .cloned()
         .collect())
 }
 

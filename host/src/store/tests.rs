@@ -588,16 +588,14 @@ fn a_move_marks_only_running_foreground_jobs_in_the_order_given() {
             job("job_back", "ses_1", JobStatus::Running),
         ])
         .unwrap();
-    let ids: Vec<String> = ["job_c", "job_ended", "job_nope", "job_back", "job_a"]
-        .map(String::from)
-        .to_vec();
+    let ids = vec!["job_c", "job_ended", "job_nope", "job_back", "job_a"];
     let moved = store.write(move |conn| move_jobs(conn, &ids)).unwrap();
-    assert_eq!(moved, vec!["job_c".to_string(), "job_a".to_string()]);
+    assert_eq!(moved, vec!["job_c", "job_a"]);
     let backgrounded = |id: &str| store.job(id).unwrap().unwrap().backgrounded;
     assert!(backgrounded("job_c") && backgrounded("job_a"));
     assert!(!backgrounded("job_ended"));
     // Moved already: a second move moves nothing.
-    let again = vec!["job_a".to_string()];
+    let again = vec!["job_a"];
     assert!(store
         .write(move |conn| move_jobs(conn, &again))
         .unwrap()
@@ -619,11 +617,8 @@ fn a_move_of_one_job_marks_it_only_while_it_runs_in_the_foreground() {
             job("job_back", "ses_1", JobStatus::Running),
         ])
         .unwrap();
-    let move_one = |id: &str| {
-        let ids = vec![id.to_string()];
-        store.write(move |conn| move_jobs(conn, &ids)).unwrap()
-    };
-    assert_eq!(move_one("job_run"), vec!["job_run".to_string()]);
+    let move_one = |id: &'static str| store.write(move |conn| move_jobs(conn, &[id])).unwrap();
+    assert_eq!(move_one("job_run"), vec!["job_run"]);
     assert!(store.job("job_run").unwrap().unwrap().backgrounded);
     for unmoved in ["job_run", "job_ended", "job_back", "job_nope"] {
         assert!(move_one(unmoved).is_empty(), "{unmoved}");
@@ -678,6 +673,47 @@ fn many_messages_set_each_sessions_updated_at_to_its_last_one() {
         })
     ));
     assert_eq!(store.messages("ses_1").unwrap().len(), 2);
+}
+
+#[test]
+fn many_messages_go_in_whole_statements_and_a_bad_one_is_named() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    // Two whole statements of rows and a remainder inserted one by one.
+    let count = 2 * MESSAGES_PER_INSERT + 5;
+    let messages: Vec<Message> = (0..count)
+        .map(|i| message(&format!("msg_{i:03}"), "ses_1", Role::Tool))
+        .collect();
+    let batch = messages.clone();
+    store
+        .write(move |conn| insert_messages(conn, &batch))
+        .unwrap();
+    assert_eq!(store.messages("ses_1").unwrap(), messages);
+    // A row that breaks a constraint in the middle of a statement's rows
+    // fails the write, names that message, and keeps none of the rows.
+    let mut bad: Vec<Message> = (0..MESSAGES_PER_INSERT)
+        .map(|i| message(&format!("msg_new_{i:03}"), "ses_1", Role::Tool))
+        .collect();
+    bad[MESSAGES_PER_INSERT / 2].id = "msg_010".into();
+    let error = store
+        .write(move |conn| insert_messages(conn, &bad))
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Duplicate { what: "message", id } if id == "msg_010"),
+        "{error:?}"
+    );
+    let mut gone_session: Vec<Message> = (0..MESSAGES_PER_INSERT)
+        .map(|i| message(&format!("msg_gone_{i:03}"), "ses_1", Role::Tool))
+        .collect();
+    gone_session[3].session_id = "ses_gone".into();
+    let error = store
+        .write(move |conn| insert_messages(conn, &gone_session))
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::NotFound { what: "session", .. }),
+        "{error:?}"
+    );
+    assert_eq!(store.messages("ses_1").unwrap(), messages);
 }
 
 /// The name of the thread a write's hook ran on, for `submit_now`.

@@ -9,10 +9,7 @@
 //! moved), and the callers are released in its hook, after the commit: a
 //! caller never hears "backgrounded" for a move a crash could undo.
 
-use std::{
-    collections::HashMap,
-    sync::{atomic::Ordering, Arc},
-};
+use std::sync::{atomic::Ordering, Arc};
 
 use offstage_plugin_api::types::{
     BackgroundRequest, Job, JobStatus, Message, Role, ToolResult, ToolStatus,
@@ -23,7 +20,8 @@ use super::JobRuntime;
 use crate::{
     error::{Result, ServiceError},
     event::PreparedEvent,
-    session::{new_message, SessionService},
+    ids::now,
+    session::{new_message_at, SessionService},
     store::{self, StoreError, Ticket},
     util::LockExt,
 };
@@ -98,7 +96,9 @@ impl SessionService {
         session_id: &str,
         matches: impl Fn(&Job) -> bool,
     ) -> Ticket<Moved> {
-        let candidates: HashMap<String, (Job, Arc<JobRuntime>)> = {
+        // In id order (the session's running set is sorted): the order the
+        // move's messages name the jobs in.
+        let candidates: Vec<(Job, Arc<JobRuntime>)> = {
             let state = self.state();
             state
                 .running_jobs(session_id)
@@ -107,37 +107,48 @@ impl SessionService {
                 })
                 .filter_map(|e| {
                     let runtime = e.runtime.as_ref().filter(|r| r.movable())?;
-                    Some((e.job.id.clone(), (e.job.clone(), runtime.clone())))
+                    Some((e.job.clone(), runtime.clone()))
                 })
                 .collect()
         };
-        let mut ids: Vec<String> = candidates.keys().cloned().collect();
-        ids.sort();
         let record_replies = reason != MoveReason::CallerGone;
         // A requested move is awaited by its caller (and the callers it
         // releases): committed on this thread when the writer is idle.
         // The other moves start from drops and timers, queued.
         self.submit_with(
             move |conn| {
-                if ids.is_empty() {
+                if candidates.is_empty() {
                     return Ok((Vec::new(), Vec::new()));
                 }
-                let mut moved = Vec::new();
-                let mut replies = Vec::new();
-                for id in store::move_jobs(conn, &ids)? {
-                    let Some((job, runtime)) = candidates.get(&id) else {
+                // Whether each candidate moved (a job whose end committed
+                // first did not): `move_jobs` answers in the order asked.
+                let moves: Vec<bool> = {
+                    let ids: Vec<&str> =
+                        candidates.iter().map(|(job, _)| job.id.as_str()).collect();
+                    let mut changed = store::move_jobs(conn, &ids)?.into_iter().peekable();
+                    ids.iter()
+                        .map(|id| changed.next_if(|moved| moved == id).is_some())
+                        .collect()
+                };
+                // One timestamp for the whole move: its messages are one
+                // event in the session's history.
+                let at = now();
+                let mut moved = Vec::with_capacity(candidates.len());
+                let mut replies = Vec::with_capacity(candidates.len());
+                for ((mut job, runtime), moves) in candidates.into_iter().zip(moves) {
+                    if !moves {
                         continue;
-                    };
-                    let mut job = job.clone();
+                    }
                     job.backgrounded = true;
                     if record_replies {
-                        let result = backgrounded_result(&job.id, runtime);
-                        replies.push(caller_message(&job, &result));
+                        let result = backgrounded_result(&job.id, &runtime);
+                        replies.push(caller_message(&job, &result, at.clone()));
                         *runtime.moved_result.lock_unpoisoned() = Some(result);
                     }
                     moved.push(job);
                 }
-                let mut messages: Vec<Message> = move_message(reason, &moved).into_iter().collect();
+                let mut messages: Vec<Message> =
+                    move_message(reason, &moved, at).into_iter().collect();
                 messages.extend(replies);
                 store::insert_messages(conn, &messages)?;
                 Ok::<_, StoreError>((moved, messages))
@@ -210,9 +221,10 @@ pub(super) fn backgrounded_result(job_id: &str, runtime: &JobRuntime) -> ToolRes
     }
 }
 
-/// The tool message recording what a call's caller got.
-pub(super) fn caller_message(job: &Job, result: &ToolResult) -> Message {
-    new_message(
+/// The tool message recording what a call's caller got, made at
+/// `created_at`.
+pub(super) fn caller_message(job: &Job, result: &ToolResult, created_at: String) -> Message {
+    new_message_at(
         &job.session_id,
         Role::Tool,
         &result.output,
@@ -222,11 +234,13 @@ pub(super) fn caller_message(job: &Job, result: &ToolResult) -> Message {
             "status": result.status,
             "exit_code": result.exit_code,
         }),
+        created_at,
     )
 }
 
-/// The tool message a move adds to its session (none when nothing moved).
-fn move_message(reason: MoveReason, moved: &[Job]) -> Option<Message> {
+/// The tool message a move adds to its session (none when nothing moved),
+/// made at `created_at`.
+fn move_message(reason: MoveReason, moved: &[Job], created_at: String) -> Option<Message> {
     let first = moved.first()?;
     if reason == MoveReason::Timeout {
         // A timeout's move adds no message: its caller's result says it.
@@ -252,5 +266,11 @@ fn move_message(reason: MoveReason, moved: &[Job]) -> Option<Message> {
             json!({ "backgrounded": ids, "reason": "caller_gone" }),
         ),
     };
-    Some(new_message(&first.session_id, Role::Tool, &text, metadata))
+    Some(new_message_at(
+        &first.session_id,
+        Role::Tool,
+        &text,
+        metadata,
+        created_at,
+    ))
 }

@@ -353,7 +353,7 @@ impl SessionService {
             return;
         }
         let _ = self
-            .append_ticket(caller_message(job, result), |_, _| {})
+            .append_ticket(caller_message(job, result, now()), |_, _| {})
             .wait()
             .await;
     }
