@@ -710,7 +710,13 @@ fn many_messages_go_in_whole_statements_and_a_bad_one_is_named() {
         .write(move |conn| insert_messages(conn, &gone_session))
         .unwrap_err();
     assert!(
-        matches!(&error, StoreError::NotFound { what: "session", .. }),
+        matches!(
+            &error,
+            StoreError::NotFound {
+                what: "session",
+                ..
+            }
+        ),
         "{error:?}"
     );
     assert_eq!(store.messages("ses_1").unwrap(), messages);

@@ -159,6 +159,8 @@ impl SessionService {
                 // follow in this same hook, so they still precede any
                 // later commit's (hooks run one group at a time), and
                 // none shows before the commit.
+                // Copied before the lock: the released callers take it too.
+                let copies = messages.to_vec();
                 let session_kept = {
                     let mut state = service.state();
                     for job in moved {
@@ -181,8 +183,8 @@ impl SessionService {
                         .and_then(|job| state.sessions.get_mut(&job.session_id))
                     {
                         Some(entry) => {
-                            for message in messages {
-                                entry.add_message(message.clone());
+                            for message in copies {
+                                entry.add_message(message);
                             }
                             true
                         }
