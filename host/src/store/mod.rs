@@ -1012,12 +1012,11 @@ pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), S
 /// [`MESSAGES_PER_INSERT`] to a statement (a move of a thousand jobs adds a
 /// thousand messages to one session).
 pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(), StoreError> {
-    let mut chunks = messages.chunks_exact(MESSAGES_PER_INSERT);
-    for chunk in &mut chunks {
-        insert_message_rows(tx, chunk)?;
-    }
-    for message in chunks.remainder() {
-        insert_message_row(tx, message)?;
+    for chunk in messages.chunks(MESSAGES_PER_INSERT) {
+        match chunk {
+            [message] => insert_message_row(tx, message)?,
+            rows => insert_message_rows(tx, rows)?,
+        }
     }
     let mut latest: Vec<(&str, &str)> = Vec::new();
     for message in messages {
@@ -1032,11 +1031,13 @@ pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(
     Ok(())
 }
 
-/// Message rows per multi-row `INSERT` in [`insert_messages`]. Each
+/// Most message rows per multi-row `INSERT` in [`insert_messages`]. Each
 /// statement also rewrites `sqlite_sequence` (the table's
 /// `AUTOINCREMENT`) once, so many rows to a statement save that write and
-/// the statement's own setup per row; 32 rows keep the statement's 224
-/// parameters far below SQLite's limit.
+/// the statement's own setup per row — for the two of a one-job move as
+/// for the 1,001 of a thousand-job one; 32 rows keep the statement's 224
+/// parameters far below SQLite's limit. One statement per row count, each
+/// prepared once and cached.
 const MESSAGES_PER_INSERT: usize = 32;
 
 /// A message row's `INSERT`, less its rows of parameters: seven to a row,
@@ -1079,20 +1080,25 @@ impl<'a> MessageRow<'a> {
     }
 }
 
-/// [`MESSAGES_PER_INSERT`] rows in one statement. A statement that fails
-/// changes nothing (SQLite undoes its rows), so on a failure the rows go
-/// again one at a time: a failure that repeats is then the error that
-/// names the message at fault.
+/// Up to [`MESSAGES_PER_INSERT`] rows in one statement. A statement that
+/// fails changes nothing (SQLite undoes its rows), so on a failure the
+/// rows go again one at a time: a failure that repeats is then the error
+/// that names the message at fault.
 fn insert_message_rows(tx: &Connection, chunk: &[Message]) -> Result<(), StoreError> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "{INSERT_MESSAGES}{}",
-            vec!["(?, ?, ?, ?, ?, ?, ?)"; MESSAGES_PER_INSERT].join(", ")
-        )
+    /// The statement for `n` rows at index `n - 1`.
+    static SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
+        (1..=MESSAGES_PER_INSERT)
+            .map(|n| {
+                format!(
+                    "{INSERT_MESSAGES}{}",
+                    vec!["(?, ?, ?, ?, ?, ?, ?)"; n].join(", ")
+                )
+            })
+            .collect()
     });
-    debug_assert_eq!(chunk.len(), MESSAGES_PER_INSERT);
+    debug_assert!((1..=MESSAGES_PER_INSERT).contains(&chunk.len()));
     let rows: Vec<MessageRow<'_>> = chunk.iter().map(MessageRow::new).collect();
-    let mut statement = tx.prepare_cached(&SQL)?;
+    let mut statement = tx.prepare_cached(&SQL[chunk.len() - 1])?;
     let inserted = rows
         .iter()
         .enumerate()

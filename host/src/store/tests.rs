@@ -679,7 +679,8 @@ fn many_messages_set_each_sessions_updated_at_to_its_last_one() {
 fn many_messages_go_in_whole_statements_and_a_bad_one_is_named() {
     let store = Store::open_in_memory().unwrap();
     store.put_session(&session("ses_1", None)).unwrap();
-    // Two whole statements of rows and a remainder inserted one by one.
+    // Two whole statements of rows and a remainder of five in a statement
+    // of its own.
     let count = 2 * MESSAGES_PER_INSERT + 5;
     let messages: Vec<Message> = (0..count)
         .map(|i| message(&format!("msg_{i:03}"), "ses_1", Role::Tool))
@@ -700,6 +701,20 @@ fn many_messages_go_in_whole_statements_and_a_bad_one_is_named() {
         .unwrap_err();
     assert!(
         matches!(&error, StoreError::Duplicate { what: "message", id } if id == "msg_010"),
+        "{error:?}"
+    );
+    // So does one in a statement shorter than a whole one.
+    let short = vec![
+        message("msg_short_0", "ses_1", Role::Tool),
+        message(&format!("msg_{:03}", count - 1), "ses_1", Role::Tool),
+        message("msg_short_2", "ses_1", Role::Tool),
+    ];
+    let named = short[1].id.clone();
+    let error = store
+        .write(move |conn| insert_messages(conn, &short))
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Duplicate { what: "message", id } if *id == named),
         "{error:?}"
     );
     let mut gone_session: Vec<Message> = (0..MESSAGES_PER_INSERT)
@@ -800,4 +815,69 @@ fn submit_now_never_commits_on_the_callers_thread_with_full_durability() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(dir.path(), Durability::Full).unwrap();
     assert_eq!(hook_thread(&store, true), "offstage-store");
+}
+
+/// A write that fails (here a duplicate session row by a raw `INSERT`)
+/// fails with its own error and keeps nothing, whether it is a group of
+/// one (no savepoint: its transaction is rolled back) or one of several
+/// (its savepoint is): the others of its group commit, and so do later
+/// writes.
+#[test]
+fn a_failing_write_fails_alone_in_a_group_of_one_and_of_several() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let insert = |id: &'static str| {
+        move |conn: &Connection| {
+            conn.execute(
+                "INSERT INTO sessions (id, title, agent, status, created_at, updated_at)
+                 VALUES (?1, 't', 'script', 'idle', 'now', 'now')",
+                [id],
+            )?;
+            Ok(())
+        }
+    };
+    let commits = store.commits();
+    let error = store.write(insert("ses_1")).unwrap_err();
+    assert!(matches!(error, StoreError::Sqlite(_)), "{error:?}");
+    assert_eq!(store.commits(), commits + 1, "one group of one");
+    store.write(insert("ses_2")).unwrap();
+    let ids = |store: &Store| -> Vec<String> {
+        store
+            .sessions()
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect()
+    };
+    assert_eq!(ids(&store), ["ses_1", "ses_2"]);
+
+    // Three writes in one group, the middle one failing.
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let blocker = store.submit(
+        move |_| {
+            entered_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+            Ok(())
+        },
+        |_| {},
+    );
+    entered_rx.recv().unwrap();
+    let commits = store.commits();
+    let first = store.submit(insert("ses_3"), |_| {});
+    let failing = store.submit(insert("ses_1"), |_| {});
+    let last = store.submit(insert("ses_4"), |_| {});
+    go_tx.send(()).unwrap();
+    blocker.wait_blocking().unwrap();
+    first.wait_blocking().unwrap();
+    let error = failing.wait_blocking().unwrap_err();
+    assert!(matches!(error, StoreError::Sqlite(_)), "{error:?}");
+    last.wait_blocking().unwrap();
+    assert_eq!(
+        store.commits(),
+        commits + 2,
+        "the blocker's, then one group"
+    );
+    assert_eq!(ids(&store), ["ses_1", "ses_2", "ses_3", "ses_4"]);
 }

@@ -7,7 +7,8 @@
 //! runs them in submission order in one transaction, each inside its own
 //! savepoint: a write that fails (a constraint, a missing row) is rolled
 //! back alone and fails alone; the others commit. One `COMMIT`, one sync,
-//! for the whole group.
+//! for the whole group. A group of one, the common case on an idle host,
+//! skips the savepoint: its transaction is all it has to undo.
 //!
 //! Only once the commit has returned does the writer, still in submission
 //! order and with the connection let go, run each write's *hook* and fill
@@ -306,6 +307,9 @@ fn commit_group(
         dones.extend(group.into_iter().map(|op| op.done));
         return Err(StoreError::from(error));
     }
+    if group.len() == 1 {
+        return commit_alone(conn, group, dones);
+    }
     let mut group = group.into_iter();
     while let Some(Op { run, done }) = group.next() {
         if let Err(error) = run_cached(conn, "SAVEPOINT write") {
@@ -314,10 +318,7 @@ fn commit_group(
             tracing::error!(%error, "cannot start a savepoint");
             continue;
         }
-        let ran = std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
-            tracing::error!("a store write panicked");
-            Err(StoreError::Unsaved("the write panicked".into()))
-        });
+        let ran = run_write(conn, run);
         dones.push(done);
         if let Err(error) = &ran {
             if conn.is_autocommit() {
@@ -346,6 +347,45 @@ fn commit_group(
             Err(StoreError::from(error))
         }
     }
+}
+
+/// A group of one, in a transaction already begun: with no other write
+/// to keep, the write needs no savepoint of its own. If it fails, the
+/// transaction is rolled back and the commit "succeeds" with nothing in
+/// it, so that the write's ticket gets the write's own error, as it would
+/// in a larger group.
+fn commit_alone(
+    conn: &Connection,
+    group: Vec<Op>,
+    dones: &mut Vec<Done>,
+) -> Result<(), StoreError> {
+    let Some(Op { run, done }) = group.into_iter().next() else {
+        return Ok(());
+    };
+    dones.push(done);
+    match run_write(conn, run) {
+        Ok(()) => run_cached(conn, "COMMIT").map_err(|error| {
+            let _ = conn.execute_batch("ROLLBACK");
+            StoreError::from(error)
+        }),
+        // SQLite rolled the transaction back itself (a full disk, an I/O
+        // error): the commit failed, as in a larger group.
+        Err(error) if conn.is_autocommit() => Err(error.again()),
+        Err(_) => {
+            if let Err(error) = run_cached(conn, "ROLLBACK") {
+                tracing::error!(%error, "cannot roll back a failed write");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Runs a write's body; a panic is the write's failure, not the writer's.
+fn run_write(conn: &Connection, run: Run) -> Result<(), StoreError> {
+    std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
+        tracing::error!("a store write panicked");
+        Err(StoreError::Unsaved("the write panicked".into()))
+    })
 }
 
 /// Runs one of the writer's own statements (`BEGIN`, `SAVEPOINT`, ...)

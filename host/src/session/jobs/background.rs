@@ -49,7 +49,7 @@ impl SessionService {
     /// `NotFound`; one that names a job not blocking (ended, or already in
     /// the background) moves nothing.
     pub async fn background(&self, request: BackgroundRequest) -> Result<Vec<Job>> {
-        self.get(&request.session_id).await?;
+        self.shared_session(&request.session_id)?;
         if let Some(job_id) = &request.job_id {
             let known = self
                 .state()
