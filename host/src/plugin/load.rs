@@ -29,7 +29,10 @@ use super::{
     info::{failed_info, info_from},
     isolate, LoadError, PluginHost, PluginInfo, PluginStatus,
 };
-use crate::{tool::Owner, util::LockExt};
+use crate::{
+    tool::Owner,
+    util::{panic_message, LockExt},
+};
 
 /// What was learnt about a file before `init`: enough to start it.
 pub(super) struct CheckedLibrary {
@@ -483,14 +486,9 @@ impl PluginHost {
 
 /// The one-line error for a panic that escaped the loader itself.
 pub(super) fn loader_panicked(path: &Path, payload: &(dyn std::any::Any + Send)) -> LoadError {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
     LoadError::Host {
         path: path.to_path_buf(),
-        message: format!("the loader panicked: {message}"),
+        message: format!("the loader panicked: {}", panic_message(payload)),
     }
 }
 
