@@ -316,7 +316,7 @@ fn commit_group(
         }
         let ran = std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
             tracing::error!("a store write panicked");
-            Err(StoreError::Unsaved("the write panicked".into()))
+            Err(StoreError::unsaved("the write panicked"))
         });
         dones.push(done);
         if let Err(error) = &ran {
