@@ -302,11 +302,7 @@ impl PluginHost {
         drop(child);
         child = match isolate::Child::spawn(self, path, again.as_ref()) {
             Ok(child) => child,
-            Err(LoadError::Isolated { message, .. })
-                if message.starts_with(isolate::NOT_ENFORCED) =>
-            {
-                return Err(refuse(message[isolate::NOT_ENFORCED.len()..].to_string()));
-            }
+            Err(LoadError::NotEnforced { cause, .. }) => return Err(refuse(cause)),
             Err(error) => return Err(error.into()),
         };
         if child.manifest.name != name {

@@ -195,10 +195,9 @@ fn restrict(
             )
         })?;
     }
-    // `open_isolated` (load.rs) knows the refusal by its prefix.
-    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::Isolated {
+    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::NotEnforced {
         path: file.to_path_buf(),
-        message: format!("{}{e}", sandbox::NOT_ENFORCED),
+        cause: e.to_string(),
     })?;
     Ok(staged)
 }
