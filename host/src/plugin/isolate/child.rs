@@ -364,13 +364,10 @@ impl Handler for ChildState {
                     self.hook(hook)?.wrap(input, forwarded_next(up, next)).await
                 }
                 Request::Export => {
-                    let exporter = self
-                        .instance
-                        .lock_unpoisoned()
-                        .as_ref()
-                        .map(Instance::exporter);
-                    let state = match exporter {
-                        Some(exporter) => exporter.export().map_err(instance_error)?,
+                    // The lock is held while the plugin exports: a
+                    // `Shutdown` meanwhile waits for the export to end.
+                    let state = match &*self.instance.lock_unpoisoned() {
+                        Some(instance) => instance.export_state().map_err(instance_error)?,
                         None => None,
                     };
                     serde_json::to_string(&state).map_err(|e| ServiceError::Internal(e.to_string()))
