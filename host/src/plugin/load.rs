@@ -16,7 +16,6 @@ use std::{
     },
 };
 
-use offstage_plugin_api::abi::PluginModuleRef;
 use serde_json::{json, Value};
 use tokio::runtime::Handle;
 
@@ -49,7 +48,7 @@ pub(super) struct CheckedLibrary {
 /// Where the library was opened.
 pub(super) enum Opened {
     /// In this process.
-    Local(PluginModuleRef),
+    Local(abi::Module),
     /// In a child process of its own (`isolation = "process"`).
     Isolated(isolate::Child),
 }
@@ -404,16 +403,16 @@ impl PluginHost {
                 on_failure: self.failure_callback(&manifest.name, generation),
             },
         );
-        let handle = abi::host_handle(&ctx);
+        let context = abi::HostContext::new(&ctx);
         let mut pid = None;
         let initialised = match module {
             Opened::Local(module) => {
                 let _runtime = runtime.enter();
-                abi::init(path, &manifest.name, module, handle)
+                abi::init(path, &manifest.name, module, context)
             }
             Opened::Isolated(child) => {
                 pid = Some(child.pid());
-                child.init(path, &ctx, handle.ctx, options_json, handed_state)
+                child.init(path, &ctx, context, options_json, handed_state)
             }
         };
         let instance = match initialised {

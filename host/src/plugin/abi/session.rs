@@ -329,7 +329,7 @@ where
 /// The async face of the method called `name`, for the generation behind
 /// `ctx`: how the host serves an isolated plugin's session calls
 /// (`plugin/isolate/`), grant check included.
-pub(in crate::plugin) fn call_by_name(
+pub(super) fn call_by_name(
     ctx: HostCtx,
     name: &str,
     args: String,

@@ -268,10 +268,10 @@ impl ChildState {
         );
         let upstream: Arc<dyn Upstream> = self.clone();
         let _ = ctx.upstream.set(upstream);
-        let handle = abi::host_handle(&ctx);
+        let context = abi::HostContext::new(&ctx);
         let instance = {
             let _entered = self.runtime.enter();
-            abi::init(&self.file, &name, module, handle)
+            abi::init(&self.file, &name, module, context)
         }?;
         *self.instance.lock_unpoisoned() = Some(instance);
         Ok(String::new())
