@@ -316,8 +316,8 @@ pub mod error_kind {
     pub const HOST_FAILURE: u32 = 6;
     pub const CONFLICT: u32 = 7;
     pub const INCOMPATIBLE: u32 = 8;
-    /// A plugin panicked and the panic was contained. Since 1.1; a plugin
-    /// built before sends its panics as `PLUGIN_FAILURE` with the text
-    /// `plugin panicked in ...`.
+    /// A plugin panicked and the panic was contained. Since 1.2 (added
+    /// after 1.1.0); a plugin built before sends its panics as
+    /// `PLUGIN_FAILURE` with the text `plugin panicked in ...`.
     pub const PLUGIN_PANIC: u32 = 9;
 }

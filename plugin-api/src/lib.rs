@@ -95,9 +95,13 @@ pub use session::SessionDomain;
 /// Names of the capabilities a plugin can ask for in its manifest and a host
 /// config can grant.
 pub mod capability {
-    /// `list`, `get`, `messages`, `jobs`, `wait_idle`.
+    // Which session methods each allows is the method table's
+    // (`methods.rs`); a host test checks that these docs say the same.
+
+    /// `list`, `get`, `messages`, `jobs`, `wait_idle`, `job`, `job_output`.
     pub const SESSION_READ: &str = "session.read";
-    /// `create`, `rename`, `remove`, `prompt`, `notice`, `interrupt`.
+    /// `create`, `rename`, `remove`, `prompt`, `notice`, `interrupt`,
+    /// `cancel_job`.
     pub const SESSION_WRITE: &str = "session.write";
     /// `call_tool`.
     pub const TOOL_CALL: &str = "tool.call";

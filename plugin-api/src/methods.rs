@@ -33,14 +33,23 @@
 //!
 //! # Adding a method
 //!
-//! 1. **Append** an entry at the end (the order is the vtable's field order
-//!    and can never change), with `since` the next minor release.
-//! 2. Add the args type to `types::args` if no existing one fits.
-//! 3. The host fails to build until `host/src/plugin/abi/session.rs` has a
-//!    handler `async fn NAME(service, args) -> Result<Ret>` for it.
-//! 4. Give it an HTTP route (and list it in the OpenAPI document), or write
-//!    `http: None`; the host's parity test checks the two agree.
-//! 5. Document it in `docs/plugins.md` and `plugin-api/CHANGELOG.md`.
+//! The code is three pieces; everything else in the code that names the
+//! method is expanded from the table:
+//!
+//! 1. The behaviour, a `pub async fn` on the host's `SessionService`.
+//! 2. One entry **appended** at the end here (the order is the vtable's
+//!    field order and can never change), with `since` the next minor
+//!    release; its args type goes in `types::args` if no existing one fits.
+//! 3. The host's one-line handler `async fn NAME(service, args) -> Result<Ret>`
+//!    in `handlers` (`host/src/plugin/abi/session.rs`): the host fails to
+//!    build until it is there.
+//!
+//! Then give it an HTTP route (and list it in the OpenAPI document) or
+//! write `http: None`, name it in its capability's docs (`crate::capability`
+//! in `lib.rs`), and document it in `docs/plugins.md` and
+//! `plugin-api/CHANGELOG.md`; host tests check the route and the
+//! capability docs against the table. CONTRIBUTING.md, "Adding a session
+//! method", has the whole list.
 
 /// Calls `$callback! { entries }` with every session-domain method; see the
 /// [module docs](crate::methods) for an entry's shape and how to add one.

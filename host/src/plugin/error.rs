@@ -265,6 +265,21 @@ pub enum LoadError {
         /// What the process reported, or how it ended.
         message: String,
     },
+    /// An isolated plugin's process could not restrict itself as
+    /// `filesystem = "read-only"` asks, before the plugin's manifest was
+    /// read; the loader reports it as [`LoadError::Filesystem`] once the
+    /// plugin's name is known. Its own variant so that the process's
+    /// answer, which crosses as this error, says so by its type.
+    #[error(
+        "{}: plugin process: filesystem = \"read-only\" is not enforced: {cause}",
+        path.display()
+    )]
+    NotEnforced {
+        /// The plugin file.
+        path: PathBuf,
+        /// Why, in words.
+        cause: String,
+    },
     /// `filesystem = "read-only"` is set for the plugin, but its process
     /// could not be restricted (no Landlock, or only in part): the plugin
     /// is not started rather than run unrestricted.
@@ -343,6 +358,7 @@ impl LoadError {
             | LoadError::InitError { path, .. }
             | LoadError::Host { path, .. }
             | LoadError::Isolated { path, .. }
+            | LoadError::NotEnforced { path, .. }
             | LoadError::Filesystem { path, .. }
             | LoadError::NameChanged { path, .. } => path,
             LoadError::Unknown { .. } => std::path::Path::new(""),

@@ -41,8 +41,9 @@ use crate::{
 };
 
 /// The host's state for one plugin generation. Leaked into the plugin as
-/// its `HostCtx` (see `abi/mod.rs`); lives as long as the process (libraries are never unloaded,
-/// so neither is anything they may still point at).
+/// its context (`abi::HostContext`); lives as long as the process
+/// (libraries are never unloaded, so neither is anything they may still
+/// point at).
 ///
 /// A generation's life, as the registry (`registry.rs`, `load.rs`, `reload.rs`) drives it:
 ///

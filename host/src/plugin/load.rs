@@ -16,7 +16,6 @@ use std::{
     },
 };
 
-use offstage_plugin_api::abi::PluginModuleRef;
 use serde_json::{json, Value};
 use tokio::runtime::Handle;
 
@@ -29,7 +28,10 @@ use super::{
     info::{failed_info, info_from},
     isolate, LoadError, PluginHost, PluginInfo, PluginStatus,
 };
-use crate::{tool::Owner, util::LockExt};
+use crate::{
+    tool::Owner,
+    util::{panic_message, LockExt},
+};
 
 /// What was learnt about a file before `init`: enough to start it.
 pub(super) struct CheckedLibrary {
@@ -46,7 +48,7 @@ pub(super) struct CheckedLibrary {
 /// Where the library was opened.
 pub(super) enum Opened {
     /// In this process.
-    Local(PluginModuleRef),
+    Local(abi::Module),
     /// In a child process of its own (`isolation = "process"`).
     Isolated(isolate::Child),
 }
@@ -299,11 +301,7 @@ impl PluginHost {
         drop(child);
         child = match isolate::Child::spawn(self, path, again.as_ref()) {
             Ok(child) => child,
-            Err(LoadError::Isolated { message, .. })
-                if message.starts_with(isolate::NOT_ENFORCED) =>
-            {
-                return Err(refuse(message[isolate::NOT_ENFORCED.len()..].to_string()));
-            }
+            Err(LoadError::NotEnforced { cause, .. }) => return Err(refuse(cause)),
             Err(error) => return Err(error.into()),
         };
         if child.manifest.name != name {
@@ -405,16 +403,16 @@ impl PluginHost {
                 on_failure: self.failure_callback(&manifest.name, generation),
             },
         );
-        let handle = abi::host_handle(&ctx);
+        let context = abi::HostContext::new(&ctx);
         let mut pid = None;
         let initialised = match module {
             Opened::Local(module) => {
                 let _runtime = runtime.enter();
-                abi::init(path, &manifest.name, module, handle)
+                abi::init(path, &manifest.name, module, context)
             }
             Opened::Isolated(child) => {
                 pid = Some(child.pid());
-                child.init(path, &ctx, handle.ctx, options_json, handed_state)
+                child.init(path, &ctx, context, options_json, handed_state)
             }
         };
         let instance = match initialised {
@@ -483,14 +481,9 @@ impl PluginHost {
 
 /// The one-line error for a panic that escaped the loader itself.
 pub(super) fn loader_panicked(path: &Path, payload: &(dyn std::any::Any + Send)) -> LoadError {
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
     LoadError::Host {
         path: path.to_path_buf(),
-        message: format!("the loader panicked: {message}"),
+        message: format!("the loader panicked: {}", panic_message(payload)),
     }
 }
 

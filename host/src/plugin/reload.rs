@@ -147,7 +147,8 @@ impl PluginHost {
                 }));
             }
             // Called with `loading` held: the old generation cannot be shut
-            // down meanwhile, so its instance is alive.
+            // down meanwhile, so this exports its state (an exporter of an
+            // instance shut down would be refused, never run).
             let previous_state = match old.exporter.export() {
                 Ok(state) => state,
                 Err(InstanceError::Failed(message)) => {

@@ -60,7 +60,7 @@ use std::{
 };
 
 use offstage_plugin_api::types::{Job, Message, Role, Session};
-use rusqlite::{params, types::Type, Connection, OptionalExtension, Row};
+use rusqlite::{params, types::Type, Connection, ErrorCode, OptionalExtension, Row};
 use serde::{de::DeserializeOwned, Serialize};
 
 pub use open::DB_FILE;
@@ -178,8 +178,15 @@ pub enum StoreError {
     Full(String),
     /// The group holding the write could not be committed: nothing of it
     /// was kept.
-    #[error("the store could not save the change: {0}")]
-    Unsaved(String),
+    #[error("the store could not save the change: {cause}")]
+    Unsaved {
+        /// Why, as text: each write of a failed group gets its own copy of
+        /// the one error, and a `rusqlite::Error` does not clone.
+        cause: String,
+        /// SQLite's code for the failure, if SQLite failed: what tells a
+        /// damaged file from any other failure at start-up.
+        code: Option<ErrorCode>,
+    },
     #[error("store error: {0}")]
     /// Any other SQLite error.
     Sqlite(rusqlite::Error),
@@ -201,8 +208,24 @@ impl StoreError {
     pub(crate) fn again(&self) -> StoreError {
         match self {
             StoreError::Full(text) => StoreError::Full(text.clone()),
-            StoreError::Unsaved(text) => StoreError::Unsaved(text.clone()),
-            other => StoreError::Unsaved(other.to_string()),
+            StoreError::Unsaved { cause, code } => StoreError::Unsaved {
+                cause: cause.clone(),
+                code: *code,
+            },
+            StoreError::Sqlite(error) => StoreError::Unsaved {
+                cause: self.to_string(),
+                code: error.sqlite_error_code(),
+            },
+            other => StoreError::unsaved(other.to_string()),
+        }
+    }
+
+    /// A write that was not saved for a reason of the store's own, not
+    /// SQLite's.
+    pub(crate) fn unsaved(cause: impl Into<String>) -> StoreError {
+        StoreError::Unsaved {
+            cause: cause.into(),
+            code: None,
         }
     }
 
@@ -223,17 +246,14 @@ impl StoreError {
                 cause: format!("a record cannot be read: {error}"),
             },
             StoreError::Sqlite(error) => open::classify(path, error),
-            // A failed group keeps only the text of its error; SQLite's
-            // words for a damaged file are stable.
-            StoreError::Unsaved(cause)
-                if cause.contains("malformed") || cause.contains("not a database") =>
-            {
-                StoreError::Corrupt {
-                    path: path.to_path_buf(),
-                    cause,
-                }
-            }
-            StoreError::Unsaved(cause) => StoreError::Io {
+            StoreError::Unsaved {
+                cause,
+                code: Some(ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt),
+            } => StoreError::Corrupt {
+                path: path.to_path_buf(),
+                cause,
+            },
+            StoreError::Unsaved { cause, .. } => StoreError::Io {
                 path: path.to_path_buf(),
                 source: std::io::Error::other(cause),
             },
@@ -516,7 +536,7 @@ impl Store {
                     Ok(value)
                 }
                 (Ok(()), Some(Err(error))) => Err(error),
-                (Ok(()), None) => Err(StoreError::Unsaved("the write did not run".into())),
+                (Ok(()), None) => Err(StoreError::unsaved("the write did not run")),
                 (Err(error), _) => Err(error.again()),
             };
             done_slot.fill(value);
@@ -528,7 +548,7 @@ impl Store {
             self.writer.send(op)
         };
         if let Err(op) = sent {
-            (op.done)(Err(&StoreError::Unsaved("the store is closed".into())));
+            (op.done)(Err(&StoreError::unsaved("the store is closed")));
         }
         Ticket::new(slot)
     }

@@ -189,6 +189,33 @@ fn garbage_is_refused_and_left_untouched() {
     }
 }
 
+/// A group that failed to commit keeps SQLite's code along with its text:
+/// read back at start-up, a damaged file is `Corrupt` by that code.
+#[test]
+fn a_failed_group_on_a_damaged_file_is_corrupt_at_start() {
+    let path = Path::new("/data/offstage.db");
+    for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_NOTADB] {
+        let failed = StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(code),
+            None,
+        ));
+        let unsaved = failed.again();
+        assert!(matches!(unsaved, StoreError::Unsaved { .. }), "{unsaved:?}");
+        match unsaved.again().at_start(path) {
+            StoreError::Corrupt { path: named, .. } => assert_eq!(named, path),
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+    let io = StoreError::Sqlite(rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR),
+        None,
+    ));
+    assert!(
+        matches!(io.again().at_start(path), StoreError::Io { .. }),
+        "an I/O failure is no damage"
+    );
+}
+
 #[test]
 fn another_applications_database_is_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -384,7 +384,7 @@ fn commit_alone(
 fn run_write(conn: &Connection, run: Run) -> Result<(), StoreError> {
     std::panic::catch_unwind(AssertUnwindSafe(|| run(conn))).unwrap_or_else(|_| {
         tracing::error!("a store write panicked");
-        Err(StoreError::Unsaved("the write panicked".into()))
+        Err(StoreError::unsaved("the write panicked"))
     })
 }
 

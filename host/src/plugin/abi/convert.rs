@@ -156,3 +156,28 @@ pub(in crate::plugin) fn to_abi_unit(result: Result<()>) -> RResult<(), AbiError
         Err(error) => RResult::RErr(PluginError::from(error).to_abi()),
     }
 }
+
+/// The outcome of a registration the host made itself through the ABI
+/// (for an isolated plugin's process), read back as a plugin's is.
+pub(in crate::plugin) fn from_abi_unit(result: RResult<(), AbiError>) -> Result<()> {
+    match result {
+        RResult::ROk(()) => Ok(()),
+        RResult::RErr(error) => Err(ServiceError::from(plugin_error(error))),
+    }
+}
+
+/// An error as the isolation channel carries it (`isolate/wire.rs`): the
+/// ABI's kind number and the message, exactly what would cross the ABI.
+pub(in crate::plugin) fn error_to_wire(error: ServiceError) -> (u32, String) {
+    let abi = PluginError::from(error).to_abi();
+    (abi.kind, abi.message.into_string())
+}
+
+/// An error the isolation channel carried, read as one that crossed the
+/// ABI is ([`plugin_error`]: an older plugin's panic is still a panic).
+pub(in crate::plugin) fn error_from_wire(kind: u32, message: String) -> ServiceError {
+    ServiceError::from(plugin_error(AbiError {
+        kind,
+        message: message.into(),
+    }))
+}

@@ -32,11 +32,11 @@ use abi_stable::{
     std_types::RResult,
 };
 use offstage_plugin_api::{
-    abi::{AbiError, HostHandle, PluginModuleRef, PANIC_ABORT},
+    abi::{AbiError, PluginModuleRef, PANIC_ABORT},
     ErrorKind,
 };
 
-use super::{convert::plugin_error, instance::Instance};
+use super::{convert::plugin_error, instance::Instance, HostContext};
 use crate::plugin::error::{one_line, trim_layout_report, LoadError};
 
 /// What a plugin says about itself, in host types.
@@ -50,12 +50,15 @@ pub(in crate::plugin) struct ManifestInfo {
     pub panic_abort: bool,
 }
 
+/// A plugin library's root module, checked by abi_stable: what
+/// [`manifest`] and [`init`] call. It points into its library's
+/// [`Mapping`], which stays mapped as long as anything may hold it.
+#[derive(Clone, Copy)]
+pub(in crate::plugin) struct Module(PluginModuleRef);
+
 /// Opens the library at `copy` (a private copy of `path`, which is the name
 /// errors use) and returns its checked root module.
-pub(in crate::plugin) fn open(
-    path: &Path,
-    copy: &Path,
-) -> Result<(PluginModuleRef, Mapping), LoadError> {
+pub(in crate::plugin) fn open(path: &Path, copy: &Path) -> Result<(Module, Mapping), LoadError> {
     let library = RawLibrary::load_at(copy).map_err(|e| classify(path, e))?;
     // Kept mapped from here on, failures included (abi_stable's checks may
     // have run the library's code), unless `Mapping::unmap` says otherwise.
@@ -68,7 +71,7 @@ pub(in crate::plugin) fn open(
     let module = header
         .init_root_module::<PluginModuleRef>()
         .map_err(|e| classify(path, e))?;
-    Ok((module, mapping))
+    Ok((Module(module), mapping))
 }
 
 /// A plugin library as mapped by [`open`]. Dropped, it stays mapped for
@@ -93,11 +96,8 @@ impl Drop for Mapping {
 }
 
 /// Calls the plugin's `manifest()`.
-pub(in crate::plugin) fn manifest(
-    path: &Path,
-    module: PluginModuleRef,
-) -> Result<ManifestInfo, LoadError> {
-    match (module.manifest())() {
+pub(in crate::plugin) fn manifest(path: &Path, module: Module) -> Result<ManifestInfo, LoadError> {
+    match (module.0.manifest())() {
         RResult::ROk(m) => Ok(ManifestInfo {
             name: m.name.into_string(),
             version: m.version.into_string(),
@@ -121,10 +121,10 @@ pub(in crate::plugin) fn manifest(
 pub(in crate::plugin) fn init(
     path: &Path,
     name: &str,
-    module: PluginModuleRef,
-    handle: HostHandle,
+    module: Module,
+    context: HostContext,
 ) -> Result<Instance, LoadError> {
-    match (module.init())(handle) {
+    match (module.0.init())(context.handle()) {
         RResult::ROk(instance) => Ok(Instance::new(instance)),
         RResult::RErr(error) => Err(classify_init_error(path, name, error)),
     }

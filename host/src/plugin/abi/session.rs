@@ -329,7 +329,7 @@ where
 /// The async face of the method called `name`, for the generation behind
 /// `ctx`: how the host serves an isolated plugin's session calls
 /// (`plugin/isolate/`), grant check included.
-pub(in crate::plugin) fn call_by_name(
+pub(super) fn call_by_name(
     ctx: HostCtx,
     name: &str,
     args: String,
@@ -444,10 +444,97 @@ mod tests {
         }
     }
 
+    /// The fields of the vtable as abi_stable lays it out, which is what a
+    /// plugin checks against: `Method::ALL` is read from the same table, so
+    /// only the layout can show they disagree.
+    fn vtable_fields() -> Vec<&'static str> {
+        use abi_stable::abi_stability::PrefixStableAbi;
+        use offstage_plugin_api::abi::SessionDomainVtable_Prefix;
+
+        let layout = <SessionDomainVtable_Prefix as PrefixStableAbi>::LAYOUT;
+        assert!(layout.is_prefix_kind(), "{}", layout.full_type());
+        layout
+            .get_fields()
+            .expect("a prefix type has fields")
+            .iter()
+            .map(|field| field.name())
+            .collect()
+    }
+
     #[test]
     fn methods_are_in_vtable_order_with_both_faces() {
         let names: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+        // The prefix every host has, so never anything else.
         assert_eq!(names.first(), Some(&"list"));
-        assert_eq!(names.last(), Some(&"cancel_job"));
+        let faces: Vec<String> = names
+            .iter()
+            .flat_map(|name| [name.to_string(), format!("{name}_blocking")])
+            .collect();
+        assert_eq!(vtable_fields(), faces);
+    }
+
+    /// The capability docs in `plugin-api/src/lib.rs`: per capability's
+    /// value, the backquoted names its doc comment lists.
+    fn documented_capabilities() -> Vec<(String, Vec<String>)> {
+        const LIB_RS: &str = include_str!("../../../../plugin-api/src/lib.rs");
+        let module = LIB_RS
+            .split_once("pub mod capability {")
+            .expect("lib.rs has the capability module")
+            .1;
+        let mut documented = Vec::new();
+        let mut names = Vec::new();
+        for line in module.lines().map(str::trim) {
+            if let Some(doc) = line.strip_prefix("///") {
+                names.extend(
+                    doc.split('`')
+                        .skip(1)
+                        .step_by(2)
+                        .map(|name| name.to_string()),
+                );
+            } else if let Some(constant) = line.strip_prefix("pub const ") {
+                let Some((_, value)) = constant.split_once("= \"") else {
+                    break; // `ALL`, after the last capability
+                };
+                let value = value.trim_end_matches("\";").to_string();
+                documented.push((value, std::mem::take(&mut names)));
+            }
+        }
+        documented
+    }
+
+    #[test]
+    fn the_capability_docs_list_every_method_under_its_capability() {
+        let documented = documented_capabilities();
+        assert_eq!(
+            documented
+                .iter()
+                .map(|(c, _)| c.as_str())
+                .collect::<Vec<_>>(),
+            capability::ALL,
+            "the capability docs were not read right"
+        );
+        for method in Method::ALL {
+            let (_, names) = documented
+                .iter()
+                .find(|(c, _)| c == method.capability())
+                .expect("every method's capability is documented");
+            assert!(
+                names.iter().any(|n| n == method.name()),
+                "the docs of `{}` (plugin-api/src/lib.rs) do not list `{}`",
+                method.capability(),
+                method.name()
+            );
+        }
+        for (capability, names) in &documented {
+            // Hooks (`tools().add`) are not session methods.
+            for name in names.iter().filter(|n| !n.contains('(')) {
+                let method = Method::ALL.iter().find(|m| m.name() == name);
+                assert_eq!(
+                    method.map(|m| m.capability()),
+                    Some(capability.as_str()),
+                    "the docs of `{capability}` list `{name}`, which is no method of it"
+                );
+            }
+        }
     }
 }

@@ -195,10 +195,9 @@ fn restrict(
             )
         })?;
     }
-    // `open_isolated` (load.rs) knows the refusal by its prefix.
-    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::Isolated {
+    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::NotEnforced {
         path: file.to_path_buf(),
-        message: format!("{}{e}", sandbox::NOT_ENFORCED),
+        cause: e.to_string(),
     })?;
     Ok(staged)
 }
@@ -269,10 +268,10 @@ impl ChildState {
         );
         let upstream: Arc<dyn Upstream> = self.clone();
         let _ = ctx.upstream.set(upstream);
-        let handle = abi::host_handle(&ctx);
+        let context = abi::HostContext::new(&ctx);
         let instance = {
             let _entered = self.runtime.enter();
-            abi::init(&self.file, &name, module, handle)
+            abi::init(&self.file, &name, module, context)
         }?;
         *self.instance.lock_unpoisoned() = Some(instance);
         Ok(String::new())
@@ -365,13 +364,10 @@ impl Handler for ChildState {
                     self.hook(hook)?.wrap(input, forwarded_next(up, next)).await
                 }
                 Request::Export => {
-                    let exporter = self
-                        .instance
-                        .lock_unpoisoned()
-                        .as_ref()
-                        .map(Instance::exporter);
-                    let state = match exporter {
-                        Some(exporter) => exporter.export().map_err(instance_error)?,
+                    // The lock is held while the plugin exports: a
+                    // `Shutdown` meanwhile waits for the export to end.
+                    let state = match &*self.instance.lock_unpoisoned() {
+                        Some(instance) => instance.export_state().map_err(instance_error)?,
                         None => None,
                     };
                     serde_json::to_string(&state).map_err(|e| ServiceError::Internal(e.to_string()))

@@ -40,9 +40,7 @@ pub use config::{
     take_isolation_keys, Filesystem, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
 };
 pub(in crate::plugin) use parent::{Child, Supervisor};
-pub(in crate::plugin) use sandbox::{
-    available as filesystem_restriction_available, Sandbox, NOT_ENFORCED,
-};
+pub(in crate::plugin) use sandbox::{available as filesystem_restriction_available, Sandbox};
 pub(in crate::plugin) use wire::HookKind;
 
 use super::abi::remote::LocalHook;

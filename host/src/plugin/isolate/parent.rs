@@ -22,8 +22,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use abi_stable::std_types::{RResult, RString};
-use offstage_plugin_api::abi::{AbiError, HostCtx};
 use tokio::{io::AsyncBufReadExt, runtime::Handle, sync::watch};
 
 use super::{
@@ -34,9 +32,9 @@ use crate::{
     error::Result,
     plugin::{
         abi::{
-            self, block_on_host, plugin_error,
-            remote::{callback_abi, instance, wrapper_abi, Downstream, HeldNext},
-            Instance, ManifestInfo,
+            block_on_host,
+            remote::{instance, Downstream, HeldNext},
+            HostContext, Instance, ManifestInfo,
         },
         generation::GenerationState,
         Inner, LoadError, PluginHost,
@@ -64,7 +62,7 @@ struct Link {
     runtime: Handle,
     settings: OnceLock<Resolved>,
     /// The parent generation's context, once `init` is under way.
-    ctx: OnceLock<(Arc<GenerationState>, SendCtx)>,
+    ctx: OnceLock<(Arc<GenerationState>, HostContext)>,
     hooks: Mutex<HashMap<u64, HookKind>>,
     nexts: Mutex<HashMap<u64, HeldNext>>,
     next_ids: AtomicU64,
@@ -86,9 +84,6 @@ struct Link {
     host: Weak<Inner>,
 }
 
-#[derive(Clone, Copy)]
-struct SendCtx(HostCtx);
-
 impl Link {
     fn name(&self) -> &str {
         self.name.get().map(String::as_str).unwrap_or("?")
@@ -109,10 +104,10 @@ impl Link {
         }
     }
 
-    fn host_ctx(&self) -> Result<HostCtx> {
+    fn host_ctx(&self) -> Result<HostContext> {
         self.ctx
             .get()
-            .map(|(_, ctx)| ctx.0)
+            .map(|(_, context)| *context)
             .ok_or_else(|| ServiceError::Plugin("the plugin is not initialised yet".into()))
     }
 
@@ -184,35 +179,19 @@ impl Drop for InFlight<'_> {
     }
 }
 
-fn from_abi_unit(result: RResult<(), AbiError>) -> Result<()> {
-    match result {
-        RResult::ROk(()) => Ok(()),
-        RResult::RErr(error) => Err(ServiceError::from(plugin_error(error))),
-    }
-}
-
 impl super::wire::Handler for Link {
     fn call(self: Arc<Self>, request: Request) -> BoxFuture<Result<String>> {
         Box::pin(async move {
             match request {
                 Request::Session { method, args } => {
-                    let ctx = self.host_ctx()?;
-                    abi::call_by_name(ctx, &method, args).await
+                    self.host_ctx()?.call_session(&method, args).await
                 }
                 Request::Register { kind, name, hook } => {
                     let ctx = self.host_ctx()?;
                     self.hooks.lock_unpoisoned().insert(hook, kind);
                     let link: Arc<dyn Downstream> = Arc::new(Remote(Arc::clone(&self)));
-                    let name = RString::from(name);
-                    let result = match kind {
-                        HookKind::Tool => abi::add_tool(ctx, name, callback_abi(link, hook)),
-                        HookKind::Agent => abi::register_agent(ctx, name, callback_abi(link, hook)),
-                        HookKind::Subscription => {
-                            abi::subscribe(ctx, name, callback_abi(link, hook))
-                        }
-                        HookKind::Wrapper => abi::wrap_tool(ctx, name, wrapper_abi(link, hook)),
-                    };
-                    from_abi_unit(result).map(|()| String::new())
+                    ctx.register_remote(kind, name, link, hook)
+                        .map(|()| String::new())
                 }
                 Request::Next { next, input } => {
                     let held = self.nexts.lock_unpoisoned().remove(&next);
@@ -597,19 +576,19 @@ impl Child {
     }
 
     /// Runs the plugin's `init` in the child as the generation behind
-    /// `ctx` (`host_ctx` is its handle's context): the child's
-    /// registrations reach the host's registries through `ctx` (staged
-    /// there until the commit). Returns the forwarding instance.
+    /// `ctx` (`host_ctx` is its context as a plugin's `init` gets it): the
+    /// child's registrations reach the host's registries through it
+    /// (staged there until the commit). Returns the forwarding instance.
     pub(in crate::plugin) fn init(
         mut self,
         path: &Path,
         ctx: &Arc<GenerationState>,
-        host_ctx: HostCtx,
+        host_ctx: HostContext,
         options: String,
         previous_state: Option<String>,
     ) -> std::result::Result<Instance, LoadError> {
         let link = Arc::clone(&self.link);
-        let _ = link.ctx.set((Arc::clone(ctx), SendCtx(host_ctx)));
+        let _ = link.ctx.set((Arc::clone(ctx), host_ctx));
         let settings = link.settings().clone();
         *link.last_state.lock_unpoisoned() = previous_state.clone();
         let request = Request::Init {

@@ -33,10 +33,6 @@ use landlock::{
     RulesetCreatedAttr, RulesetStatus, ABI,
 };
 
-/// How the plugin's process words a restriction that failed (the host
-/// turns an answer starting with it into `LoadError::Filesystem`).
-pub(in crate::plugin) const NOT_ENFORCED: &str = "filesystem = \"read-only\" is not enforced: ";
-
 /// Why a plugin's filesystem restriction could not be set up.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(in crate::plugin) enum SandboxError {

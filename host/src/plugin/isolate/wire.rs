@@ -18,7 +18,6 @@ use std::{
 };
 
 use futures_util::{SinkExt, StreamExt};
-use offstage_plugin_api::{abi::AbiError, Error as PluginError};
 use serde::{Deserialize, Serialize};
 use tokio::{
     net::UnixStream,
@@ -29,7 +28,11 @@ use tokio::{
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use crate::{
-    error::Result, plugin::abi::plugin_error, util::BoxFuture, util::LockExt, ServiceError,
+    error::Result,
+    plugin::abi::{error_from_wire, error_to_wire},
+    util::BoxFuture,
+    util::LockExt,
+    ServiceError,
 };
 
 /// Largest frame either side accepts (a tool's whole output may cross).
@@ -153,20 +156,14 @@ pub(in crate::plugin) struct WireError {
 
 impl From<ServiceError> for WireError {
     fn from(error: ServiceError) -> Self {
-        let abi = PluginError::from(error).to_abi();
-        WireError {
-            kind: abi.kind,
-            message: abi.message.into_string(),
-        }
+        let (kind, message) = error_to_wire(error);
+        WireError { kind, message }
     }
 }
 
 impl From<WireError> for ServiceError {
     fn from(error: WireError) -> Self {
-        ServiceError::from(plugin_error(AbiError {
-            kind: error.kind,
-            message: error.message.into(),
-        }))
+        error_from_wire(error.kind, error.message)
     }
 }
 

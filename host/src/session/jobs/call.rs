@@ -17,7 +17,7 @@ use std::{sync::Arc, time::Duration};
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolCall, ToolRequest, ToolResult, ToolStatus};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::{
     background::{backgrounded_result, caller_message, MoveReason},
@@ -29,7 +29,7 @@ use crate::{
     ids::{check_caller_id, new_id, now},
     permission::{Action, Permissions},
     session::{JobEntry, SessionService},
-    store::{self, StoreError},
+    store::{self, StoreError, Ticket},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
     util::LockExt,
     ServiceError,
@@ -233,40 +233,40 @@ impl SessionService {
     /// tool, and the caller for the task's word that it did: a job never
     /// runs without its record.
     async fn start_job(&self, checked: CheckedCall) -> Result<StartedJob> {
-        let CheckedCall {
-            call,
-            tool,
-            wrappers,
+        let output = self.create_output(&checked.call, &checked.file_id)?;
+        let job = job_record(&checked, &output);
+        let policy = checked.policy;
+        let runtime = Arc::new(JobRuntime::new(policy.background, output));
+        let recorded = self.record_job(&job, &runtime);
+        let started = self.spawn_job_task(checked, &runtime, recorded);
+        let blocking = task_started(started, &job.id).await?;
+        Ok(StartedJob {
+            job,
+            runtime,
             policy,
-            file_id,
-            ask,
-            reservation,
-        } = checked;
-        let output = Arc::new(OutputSink::create(
+            blocking,
+        })
+    }
+
+    /// The job's output file, `<session's output dir>/<file_id>.log`.
+    fn create_output(&self, call: &ToolCall, file_id: &str) -> Result<Arc<OutputSink>> {
+        Ok(Arc::new(OutputSink::create(
             self.output_dir(&call.session_id)?
                 .join(format!("{file_id}.log")),
             self.max_output(),
-        )?);
-        let job = Job {
-            id: call.job_id.clone(),
-            session_id: call.session_id.clone(),
-            kind: call.tool.clone(),
-            title: tool.title(&call.input),
-            status: JobStatus::Running,
-            backgrounded: policy.background,
-            started_at: now(),
-            completed_at: None,
-            exit_code: None,
-            output_path: Some(output.path().display().to_string()),
-            child_session_id: None,
-        };
-        let runtime = Arc::new(JobRuntime::new(policy.background, output.clone()));
+        )?))
+    }
+
+    /// Submits the job's record. Its commit's hook puts the job in the
+    /// table, counts a foreground caller as blocking the session and
+    /// publishes `job.started`.
+    fn record_job(&self, job: &Job, runtime: &Arc<JobRuntime>) -> Ticket<()> {
         let record = job.clone();
         let entry = JobEntry {
             job: job.clone(),
             runtime: Some(runtime.clone()),
         };
-        let recorded = self.submit(
+        self.submit(
             move |conn| store::insert_job(conn, &record),
             move |service, ()| {
                 let job = entry.job.clone();
@@ -283,13 +283,33 @@ impl SessionService {
                 drop(state);
                 service.inner.events.publish("job.started", json!(job));
             },
-        );
+        )
+    }
 
+    /// Spawns the job's task: once `recorded` has committed, it frees the
+    /// job id's reservation, tells the caller (with the guard that keeps
+    /// the session busy while a foreground caller waits), and runs the
+    /// tool — after its permission question, if it has one.
+    fn spawn_job_task(
+        &self,
+        checked: CheckedCall,
+        runtime: &Arc<JobRuntime>,
+        recorded: Ticket<()>,
+    ) -> TaskStarted {
+        let CheckedCall {
+            call,
+            tool,
+            wrappers,
+            policy,
+            ask,
+            reservation,
+            ..
+        } = checked;
         let ctx = JobContext {
             service: self.clone(),
-            job_id: job.id.clone(),
-            session_id: job.session_id.clone(),
-            output,
+            job_id: call.job_id.clone(),
+            session_id: call.session_id.clone(),
+            output: runtime.output.clone(),
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let service = self.clone();
@@ -327,22 +347,7 @@ impl SessionService {
                 .run_job(task_runtime, ctx, call, ask, tool, wrappers)
                 .await;
         });
-        let blocking = match started_rx.await {
-            Ok(Ok(blocking)) => blocking,
-            Ok(Err(StoreError::Duplicate { .. })) => return Err(job_exists(&job.id)),
-            Ok(Err(error)) => return Err(error.into()),
-            Err(_) => {
-                return Err(ServiceError::Internal(
-                    "the job's task ended before it started".into(),
-                ))
-            }
-        };
-        Ok(StartedJob {
-            job,
-            runtime,
-            policy,
-            blocking,
-        })
+        started_rx
     }
 
     /// Step 4: the call's result as a tool message in its session, for a
@@ -406,6 +411,43 @@ impl SessionService {
                 }
             }
         }
+    }
+}
+
+/// The word a job's task sends its caller once the job's record has
+/// committed: the guard that keeps the session busy while a foreground
+/// caller waits, or why the record failed.
+type TaskStarted = oneshot::Receiver<std::result::Result<Option<BlockingCall>, StoreError>>;
+
+/// The job's record as the call starts it: running, in the foreground
+/// unless its policy says background, writing to `output`.
+fn job_record(checked: &CheckedCall, output: &OutputSink) -> Job {
+    let call = &checked.call;
+    Job {
+        id: call.job_id.clone(),
+        session_id: call.session_id.clone(),
+        kind: call.tool.clone(),
+        title: checked.tool.title(&call.input),
+        status: JobStatus::Running,
+        backgrounded: checked.policy.background,
+        started_at: now(),
+        completed_at: None,
+        exit_code: None,
+        output_path: Some(output.path().display().to_string()),
+        child_session_id: None,
+    }
+}
+
+/// Waits for the job's task to say it started (`job_id` names the job in
+/// the error for a duplicate record).
+async fn task_started(started: TaskStarted, job_id: &str) -> Result<Option<BlockingCall>> {
+    match started.await {
+        Ok(Ok(blocking)) => Ok(blocking),
+        Ok(Err(StoreError::Duplicate { .. })) => Err(job_exists(job_id)),
+        Ok(Err(error)) => Err(error.into()),
+        Err(_) => Err(ServiceError::Internal(
+            "the job's task ended before it started".into(),
+        )),
     }
 }
 
