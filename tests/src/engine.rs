@@ -4,10 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    Rule, SessionService,
-};
+use offstage::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus, Rule, SessionService};
 use offstage_plugin_api::types::{Event, Job, JobStatus, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use tokio::{sync::broadcast, task::JoinHandle};
@@ -58,7 +55,7 @@ impl Engine {
     /// A plugin host on this engine with the racer test plugin
     /// (`tests/plugins/racer`) installed and loaded with `options`, run as
     /// `mode` says; fails the test unless it loaded.
-    pub fn load_racer(&self, options: Value, mode: offstage::plugin::Isolation) -> PluginHost {
+    pub fn load_racer(&self, options: Value, mode: offstage::Isolation) -> PluginHost {
         let plugin_dir = self.path("plugins");
         crate::install_plugin("offstage-test-racer", &plugin_dir);
         let mut settings = std::collections::BTreeMap::new();

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 use offstage_plugin_api::types::{ToolRequest, ToolResult};
 use serde_json::{json, Value};
 
@@ -104,15 +104,13 @@ impl ReloadHost {
     pub async fn reload_to(
         &self,
         variant: Variant,
-    ) -> Result<offstage::plugin::PluginInfo, offstage::plugin::LoadError> {
+    ) -> Result<offstage::PluginInfo, offstage::LoadError> {
         self.install(variant);
         self.reload().await
     }
 
     /// Reloads the plugin from its installed file.
-    pub async fn reload(
-        &self,
-    ) -> Result<offstage::plugin::PluginInfo, offstage::plugin::LoadError> {
+    pub async fn reload(&self) -> Result<offstage::PluginInfo, offstage::LoadError> {
         let plugins = self.host.plugins.clone();
         tokio::time::timeout(
             PATIENCE,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use offstage::plugin::{Isolation, IsolationSettings, PluginStatus};
+use offstage::{Isolation, IsolationSettings, PluginStatus};
 use offstage_plugin_api::types::ToolStatus;
 use offstage_tests::{loader::*, wait::poll_every};
 use serde_json::json;
@@ -38,7 +38,7 @@ fn outcome(result: offstage::Result<offstage_plugin_api::types::ToolResult>) -> 
 }
 
 /// Waits until `crashy` is loaded again as a generation after `generation`.
-async fn restarted(host: &Host, generation: u64) -> offstage::plugin::PluginInfo {
+async fn restarted(host: &Host, generation: u64) -> offstage::PluginInfo {
     poll_every("crashy restarted", Duration::from_millis(20), async || {
         host.plugins
             .get("crashy")
@@ -126,7 +126,7 @@ async fn an_exit_fails_the_call_and_the_plugin_restarts() {
 async fn an_allocation_past_the_memory_limit_ends_only_the_child() {
     let host = crashy_fixture(IsolationSettings {
         memory_limit: Some(2 << 30),
-        restart: Some(offstage::plugin::RestartPolicy::Never),
+        restart: Some(offstage::RestartPolicy::Never),
         ..Default::default()
     })
     .start();
@@ -200,7 +200,7 @@ async fn a_process_that_stops_answering_is_killed_and_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_never_leaves_the_plugin_failed() {
     let host = crashy_fixture(IsolationSettings {
-        restart: Some(offstage::plugin::RestartPolicy::Never),
+        restart: Some(offstage::RestartPolicy::Never),
         ..Default::default()
     })
     .start();
@@ -288,7 +288,7 @@ async fn a_panic_abort_plugin_loads_when_isolated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_wrapper_dies_ends_with_the_failure_and_the_tool_runs_unwrapped() {
     let host = crashy_fixture(IsolationSettings {
-        restart: Some(offstage::plugin::RestartPolicy::Never),
+        restart: Some(offstage::RestartPolicy::Never),
         ..Default::default()
     })
     .start();

@@ -30,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use offstage::plugin::PluginStatus;
+use offstage::PluginStatus;
 use offstage_plugin_api::types::{BackgroundRequest, JobStatus, Role, ToolRequest, ToolStatus};
 use offstage_tests::loader::*;
 use offstage_tests::proc::{processes_of, rss_bytes};

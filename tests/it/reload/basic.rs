@@ -5,10 +5,7 @@
 //! in `isolation::reload` (`reload_suite!`); fifty reloads in a row run in
 //! process only (the isolation bench measures isolated reloads' memory).
 
-use offstage::{
-    plugin::{Isolation, LoadError, PluginStatus},
-    ServiceError,
-};
+use offstage::{Isolation, LoadError, PluginStatus, ServiceError};
 use offstage_plugin_api::types::{NewSession, ToolStatus};
 use offstage_tests::loader::{lib_name, PATIENCE};
 use offstage_tests::reload::*;
@@ -562,5 +559,5 @@ pub(crate) use reload_suite;
 
 /// The suite in process (isolated: `isolation::reload`).
 mod in_process {
-    reload_suite!(offstage::plugin::Isolation::None);
+    reload_suite!(offstage::Isolation::None);
 }
