@@ -140,17 +140,8 @@ impl Plugin for DevSrc {
 
     fn init(ctx: Context) -> Result<Self> {
         ctx.tools().add(
-            ToolSpec { name: "devsrc_says".into(), description: String::new() },
-            |call: ToolCall| async move {
-                Ok(ToolResult {
-                    call_id: call.job_id.clone(),
-                    job_id: call.job_id,
-                    status: ToolStatus::Completed,
-                    output: GREETING.to_string(),
-                    exit_code: Some(0),
-                    output_path: None,
-                })
-            },
+            ToolSpec::new("devsrc_says", ""),
+            |call: ToolCall| async move { Ok(ToolResult::completed(&call, GREETING)) },
         )?;
         Ok(DevSrc)
     }
