@@ -9,6 +9,8 @@ use offstage_plugin_api::types::{Event, Job, JobStatus, Message, Role, ToolReque
 use serde_json::{json, Value};
 use tokio::{sync::broadcast, task::JoinHandle};
 
+use crate::wait::eventually;
+
 pub use crate::{
     proc::pid_alive,
     wait::{poll, within, PATIENCE},
@@ -224,10 +226,17 @@ pub fn drain(events: &mut offstage::Subscriber) -> Vec<Event> {
 
 /// Waits until `pid` is gone.
 pub async fn wait_pid_gone(pid: u32) {
-    poll(&format!("process {pid} to be gone"), || async move {
-        (!pid_alive(pid)).then_some(())
-    })
-    .await
+    poll(&pid_gone(pid), async || (!pid_alive(pid)).then_some(())).await
+}
+
+/// [`wait_pid_gone`] from a plain thread: for a test whose runtime has
+/// been dropped, which is what it checks the processes outlive.
+pub fn wait_pid_gone_blocking(pid: u32) {
+    eventually(&pid_gone(pid), || (!pid_alive(pid)).then_some(()))
+}
+
+fn pid_gone(pid: u32) -> String {
+    format!("process {pid} to be gone")
 }
 
 /// Reads a file of pids (one per line) once every line a command promised
