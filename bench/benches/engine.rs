@@ -44,8 +44,8 @@ use std::{
 };
 
 use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    Delivery, Event, EventBus, HistoryLimits, SessionService,
+    Delivery, Event, EventBus, HistoryLimits, PluginHost, PluginHostConfig, PluginSettings,
+    PluginStatus, SessionService,
 };
 use offstage_bench::{median, micros, service, summarize};
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};

@@ -38,11 +38,8 @@ use std::{
 
 use futures_util::{SinkExt, StreamExt};
 use offstage::{
-    plugin::{
-        Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig,
-        PluginSettings, PluginStatus,
-    },
-    SessionService,
+    Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginSettings,
+    PluginStatus, SessionService,
 };
 use offstage_bench::{median, service};
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolStatus};

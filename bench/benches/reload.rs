@@ -30,10 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use offstage::{
-    plugin::{watch, PluginHost, PluginHostConfig},
-    ServiceConfig, SessionService,
-};
+use offstage::{watch_plugins, PluginHost, PluginHostConfig, ServiceConfig, SessionService};
 use offstage_plugin_api::types::{NewSession, ToolRequest};
 use serde_json::json;
 
@@ -189,7 +186,7 @@ fn main() {
         summary("reload() alone (checks, copy, dlopen, init, swap)", reload_only);
         summary("file in place -> first answer, API reload", to_first_answer);
 
-        let watcher = watch::watch(host.clone(), vec![plugin_dir.clone()], vec![]).unwrap();
+        let watcher = watch_plugins(host.clone(), vec![plugin_dir.clone()], vec![]).unwrap();
         let mut via_watcher = Vec::new();
         for _ in 0..20 {
             generation += 1;

@@ -51,10 +51,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    SessionService,
-};
+use offstage::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus, SessionService};
 use offstage_bench::{
     http::Conn,
     median, micros,

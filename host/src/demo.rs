@@ -38,10 +38,10 @@ pub const EXAMPLE_PLUGINS: &[(&str, &str)] = &[
 
 /// The command the demo's session runs: it prints, works for a while, and
 /// prints again.
-pub const DEMO_COMMAND: &str =
+pub(crate) const DEMO_COMMAND: &str =
     "echo 'step 1: fetching sources'; sleep 3; echo 'step 2: build finished'";
 
-/// How the demo runs. [`run`] uses [`DemoOptions::default`]; tests pass
+/// How the demo runs. `offstage demo` uses [`DemoOptions::default`]; tests pass
 /// the plugin files they built and turn colour off.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -99,7 +99,7 @@ impl From<crate::ServiceError> for DemoError {
 /// Entry point of `offstage demo`: runs the scenario, printing the
 /// transcript to stdout. Exit code 0 when every step happened, 1 (with the
 /// reason on stderr) otherwise.
-pub fn run() -> ExitCode {
+pub(crate) fn run() -> ExitCode {
     let mut stdout = std::io::stdout();
     match run_with(&DemoOptions::default(), &mut stdout) {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,26 +5,30 @@
 //! design; module docs explain each part.
 //!
 //! Data flows one way: `http`/`cli` → `session` (and its `jobs`) → `tool` →
-//! `store`/`event`. The [`plugin`] module adapts the same [`SessionService`]
-//! to the plugin ABI and holds no session logic of its own.
+//! `store`/`event`. The plugin host ([`PluginHost`]) adapts the same
+//! [`SessionService`] to the plugin ABI and holds no session logic of its
+//! own.
 //!
 //! The public surface is small on purpose: the `offstage` binary is the
 //! product, and this library exists so that the binary, the end-to-end
 //! tests and the benchmarks share one implementation. The implementation
-//! modules are private; what an embedder or a test needs is re-exported
-//! below, and store internals that only tests and benchmarks reach sit in
-//! the hidden [`testing`] module.
+//! modules are private; what those three use is re-exported below and
+//! nothing else: the session service and its config, the event bus,
+//! permissions, the plugin host (with `offstage dev`'s watcher,
+//! [`watch_plugins`]), and `offstage demo` ([`run_demo`]). Store internals
+//! that only tests and benchmarks reach sit in the hidden [`testing`]
+//! module.
 
 mod agent;
 mod cli;
 mod config;
-pub mod demo;
+mod demo;
 mod error;
 mod event;
 mod http;
 mod ids;
 mod permission;
-pub mod plugin;
+mod plugin;
 mod session;
 mod store;
 mod tool;
@@ -38,6 +42,21 @@ pub use crate::{
     permission::{Action, PermissionRequest, Reply, Rule},
     session::{ServiceConfig, SessionService},
 };
+
+// The plugin host, as the benchmarks and the loader, reload and isolation
+// tests drive it: the host and its config, what it reports, how isolated
+// plugins run, and `offstage plugin check`'s one-call form.
+pub use crate::plugin::{
+    check_file, Filesystem, Isolation, IsolationConfig, IsolationSettings, LoadError, LoadStage,
+    PluginHost, PluginHostConfig, PluginInfo, PluginSettings, PluginStatus, RestartPolicy,
+};
+
+// `offstage dev`'s watcher, for the dev tests and the reload benchmark;
+// renamed because outside `plugin::watch` the bare names say too little.
+pub use crate::plugin::watch::{watch as watch_plugins, DevWatcher, DEBOUNCE as WATCH_DEBOUNCE};
+
+// `offstage demo`, run in process by its end-to-end test.
+pub use crate::demo::{run_with as run_demo, DemoError, DemoOptions, EXAMPLE_PLUGINS};
 
 /// Store internals for the end-to-end tests and benchmarks: opening the
 /// store directly, its file names and schema version, the tail size of a

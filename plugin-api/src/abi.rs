@@ -47,7 +47,9 @@ pub type AbiResult = RResult<RString, AbiError>;
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct AbiError {
+    /// One of the [`error_kind`] numbers.
     pub kind: u32,
+    /// What went wrong, for humans.
     pub message: RString,
 }
 
@@ -82,11 +84,15 @@ pub const PANIC_ABORT: u8 = 1;
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone)]
 pub struct AbiManifest {
+    /// The plugin's name, unique among a host's plugins.
     pub name: RString,
+    /// The plugin's own version.
     pub version: RString,
     /// Version of `offstage-plugin-api` the plugin was built against.
     pub api_version: RString,
+    /// What the plugin does, for humans.
     pub description: RString,
+    /// The [`capability`](crate::capability) names the plugin asks for.
     pub capabilities: RVec<RString>,
     /// [`PANIC_UNWIND`] or [`PANIC_ABORT`].
     pub panic_strategy: u8,
@@ -97,6 +103,7 @@ pub struct AbiManifest {
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy)]
 pub struct HostHandle {
+    /// The host's state for this generation; passed back in every call.
     pub ctx: HostCtx,
     /// A `HostVtableRef`, erased so that its growth is not checked by the
     /// loader (which would refuse older plugins).
@@ -114,6 +121,8 @@ unsafe impl Sync for HostHandle {}
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct PluginInstance {
+    /// The plugin's state for this generation; passed to the functions
+    /// below.
     pub state: CallbackState,
     /// State the plugin hands to its next generation on hot reload, as JSON.
     pub export_state: extern "C" fn(CallbackState) -> RResult<ROption<RString>, AbiError>,
@@ -129,7 +138,9 @@ pub struct PluginInstance {
 #[sabi(kind(Prefix(prefix_ref = PluginModuleRef)))]
 #[sabi(missing_field(panic))]
 pub struct PluginModule {
+    /// What the plugin says about itself; called before `init`.
     pub manifest: extern "C" fn() -> RResult<AbiManifest, AbiError>,
+    /// Starts a generation of the plugin with the host's handle.
     #[sabi(last_prefix_field)]
     pub init: extern "C" fn(HostHandle) -> RResult<PluginInstance, AbiError>,
 }
@@ -147,8 +158,12 @@ impl RootModule for PluginModuleRef {
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct CallbackAbi {
+    /// The creating side's state, passed to `call` and `drop`.
     pub state: CallbackState,
+    /// Runs the callback: a JSON argument in, a future of its JSON answer
+    /// out.
     pub call: extern "C" fn(CallbackState, RString) -> FfiFuture<AbiResult>,
+    /// Frees `state`.
     pub drop: extern "C" fn(CallbackState),
 }
 
@@ -157,8 +172,12 @@ pub struct CallbackAbi {
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct NextAbi {
+    /// The host's state for the rest of the chain.
     pub state: CallbackState,
+    /// Calls the rest of the chain with a `ToolCall` as JSON; a future of
+    /// its `ToolResult` as JSON.
     pub call: extern "C" fn(CallbackState, RString) -> FfiFuture<AbiResult>,
+    /// Frees `state` when `call` was never made.
     pub drop: extern "C" fn(CallbackState),
 }
 
@@ -166,8 +185,12 @@ pub struct NextAbi {
 #[repr(C)]
 #[derive(StableAbi, Debug)]
 pub struct WrapperAbi {
+    /// The plugin's state for the wrapper, passed to `call` and `drop`.
     pub state: CallbackState,
+    /// Runs the wrapper on a `ToolCall` as JSON, with the rest of the
+    /// chain; a future of its `ToolResult` as JSON.
     pub call: extern "C" fn(CallbackState, RString, NextAbi) -> FfiFuture<AbiResult>,
+    /// Frees `state`.
     pub drop: extern "C" fn(CallbackState),
 }
 
@@ -205,11 +228,13 @@ macro_rules! session_domain_vtable {
             $(#[doc = $first_doc])*
             #[sabi(last_prefix_field)]
             pub $first: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+            #[doc = concat!("The blocking face of `", stringify!($first), "`.")]
             pub $first_blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
             $(
                 $(#[doc = $doc])*
                 $(#[cfg($cfg)])*
                 pub $name: extern "C" fn(HostCtx, RString) -> FfiFuture<AbiResult>,
+                #[doc = concat!("The blocking face of `", stringify!($name), "`.")]
                 $(#[cfg($cfg)])*
                 pub $blocking: extern "C" fn(HostCtx, RString) -> AbiResult,
             )*
@@ -252,6 +277,7 @@ impl IntoFace<AsyncMethod> for AsyncMethod {
 #[sabi(kind(Prefix(prefix_ref = HostVtableRef)))]
 #[sabi(missing_field(option))]
 pub struct HostVtable {
+    /// The session domain's methods.
     #[sabi(last_prefix_field)]
     pub session: SessionDomainRef,
     /// `(ctx, level 1=error..5=trace, target, message)`.
@@ -259,17 +285,22 @@ pub struct HostVtable {
     /// The most verbose level the host will record; lets the plugin skip
     /// formatting what would be thrown away.
     pub max_log_level: extern "C" fn(HostCtx) -> u8,
+    /// `(ctx, milliseconds)`: a future that is ready after that long, on
+    /// the host's timer.
     pub sleep: extern "C" fn(HostCtx, u64) -> FfiFuture<()>,
+    /// Runs a future on the host's runtime.
     pub spawn: extern "C" fn(HostCtx, FfiFuture<()>),
     /// The plugin's options from the host config, as a JSON object.
     pub options: extern "C" fn(HostCtx) -> RString,
     /// State handed over by the previous generation, if any (hot reload).
     pub previous_state: extern "C" fn(HostCtx) -> ROption<RString>,
+    /// `(ctx, tool name, wrapper)`.
     pub wrap_tool: extern "C" fn(HostCtx, RString, WrapperAbi) -> RResult<(), AbiError>,
     /// `(ctx, tool spec JSON, handler)`.
     pub add_tool: extern "C" fn(HostCtx, RString, CallbackAbi) -> RResult<(), AbiError>,
     /// `(ctx, JSON list of event types, empty for all, handler)`.
     pub subscribe: extern "C" fn(HostCtx, RString, CallbackAbi) -> RResult<(), AbiError>,
+    /// `(ctx, agent name, handler of its turns)`.
     pub register_agent: extern "C" fn(HostCtx, RString, CallbackAbi) -> RResult<(), AbiError>,
     /// The plugin's own data directory (`<host data dir>/plugin-data/<name>`),
     /// created if missing, as a path. Added after 1.1.0; `None` in older
@@ -308,13 +339,21 @@ pub unsafe fn check_host_layout(handle: &HostHandle) -> Result<HostVtableRef, St
 
 /// Error kinds as numbers on the wire. See [`crate::ErrorKind`].
 pub mod error_kind {
+    /// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound).
     pub const NOT_FOUND: u32 = 1;
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput).
     pub const INVALID_INPUT: u32 = 2;
+    /// [`ErrorKind::PermissionDenied`](crate::ErrorKind::PermissionDenied).
     pub const PERMISSION_DENIED: u32 = 3;
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported).
     pub const UNSUPPORTED: u32 = 4;
+    /// [`ErrorKind::PluginFailure`](crate::ErrorKind::PluginFailure).
     pub const PLUGIN_FAILURE: u32 = 5;
+    /// [`ErrorKind::HostFailure`](crate::ErrorKind::HostFailure).
     pub const HOST_FAILURE: u32 = 6;
+    /// [`ErrorKind::Conflict`](crate::ErrorKind::Conflict).
     pub const CONFLICT: u32 = 7;
+    /// [`ErrorKind::Incompatible`](crate::ErrorKind::Incompatible).
     pub const INCOMPATIBLE: u32 = 8;
     /// A plugin panicked and the panic was contained. Since 1.2 (added
     /// after 1.1.0); a plugin built before sends its panics as

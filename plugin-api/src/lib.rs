@@ -68,7 +68,6 @@
 
 #![warn(missing_docs)]
 
-#[allow(missing_docs)]
 pub mod abi;
 mod context;
 mod error;
@@ -82,7 +81,6 @@ pub mod methods;
 pub mod pattern;
 mod plugin;
 mod session;
-#[allow(missing_docs)]
 pub mod types;
 
 pub use context::Context;

@@ -13,7 +13,9 @@ use serde_json::Value;
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum SessionStatus {
+    /// No turn is running; a prompt or a notice starts one.
     Idle,
+    /// A turn is running.
     Busy,
 }
 
@@ -21,12 +23,19 @@ pub enum SessionStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Session {
+    /// The session's id, chosen by the host.
     pub id: String,
+    /// A name for humans.
     pub title: String,
+    /// The session this one was started from (a `subagent` call's caller).
     pub parent_id: Option<String>,
+    /// The agent that answers the session's turns.
     pub agent: String,
+    /// Whether a turn is running now.
     pub status: SessionStatus,
+    /// When the session was created (RFC 3339).
     pub created_at: String,
+    /// When the session last changed (RFC 3339).
     pub updated_at: String,
 }
 
@@ -35,8 +44,11 @@ pub struct Session {
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Role {
+    /// A prompt.
     User,
+    /// The agent's answer in a turn.
     Assistant,
+    /// A tool call's result.
     Tool,
     /// Written by the host when background work ends; wakes the session.
     Notice,
@@ -46,12 +58,19 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Message {
+    /// The message's id.
     pub id: String,
+    /// The session whose history it is in.
     pub session_id: String,
+    /// Who wrote it.
     pub role: Role,
+    /// What it says.
     pub text: String,
+    /// Structured details: a tool message's and a notice's name their job
+    /// (`job_id`, ...; docs/contract.md, "Records").
     #[serde(default)]
     pub metadata: Value,
+    /// When it was written (RFC 3339).
     pub created_at: String,
 }
 
@@ -60,9 +79,13 @@ pub struct Message {
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum JobStatus {
+    /// Not ended yet, in the foreground or the background.
     Running,
+    /// Ended as it should (a command that exited 0, say).
     Completed,
+    /// Ended in failure: a non-zero exit, a timeout, a tool's error.
     Error,
+    /// Ended by a cancel or an interrupt, or by the host stopping.
     Cancelled,
 }
 
@@ -77,18 +100,29 @@ impl JobStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Job {
+    /// The job's id: the id of the tool call that started it.
     pub id: String,
+    /// The session whose tool call started it.
     pub session_id: String,
     /// The tool that runs it: `shell`, `subagent`, or a plugin's tool.
     #[serde(rename = "type")]
     pub kind: String,
+    /// A short description for humans, such as the command line.
     pub title: String,
+    /// Where it is in its life.
     pub status: JobStatus,
+    /// Whether it was moved to the background (its caller got an answer
+    /// before it ended).
     pub backgrounded: bool,
+    /// When it started (RFC 3339).
     pub started_at: String,
+    /// When it ended (RFC 3339); `None` while it runs.
     pub completed_at: Option<String>,
+    /// The exit code of a command, when it had one.
     pub exit_code: Option<i32>,
+    /// The file holding its whole output, when it writes one.
     pub output_path: Option<String>,
+    /// The session a `subagent` job runs in.
     pub child_session_id: Option<String>,
 }
 
@@ -97,8 +131,11 @@ pub struct Job {
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ToolStatus {
+    /// The job ended as it should.
     Completed,
+    /// The job failed, or the tool refused the call.
     Error,
+    /// The job was cancelled or interrupted.
     Cancelled,
     /// The job was moved to the background and goes on; a notice follows.
     Backgrounded,
@@ -133,13 +170,18 @@ impl From<ToolStatus> for JobStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolResult {
+    /// The tool call answered.
     pub call_id: String,
+    /// The job it started (the same id as `call_id`).
     pub job_id: String,
+    /// How the call ended for its caller.
     pub status: ToolStatus,
     /// All output when the job finished, the output so far when it was
     /// backgrounded; cut to a tail with a marker when long.
     pub output: String,
+    /// The exit code of a command, when it had one.
     pub exit_code: Option<i32>,
+    /// The file holding the job's whole output, when it writes one.
     pub output_path: Option<String>,
 }
 
@@ -174,9 +216,13 @@ impl ToolResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolCall {
+    /// The session that made the call.
     pub session_id: String,
+    /// The call's job, and so the call's id.
     pub job_id: String,
+    /// The tool called, by name.
     pub tool: String,
+    /// The call's arguments, as the tool defines them.
     pub input: Value,
 }
 
@@ -184,7 +230,9 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ToolRequest {
+    /// The tool to call, by name.
     pub tool: String,
+    /// The call's arguments, as the tool defines them.
     #[serde(default)]
     pub input: Value,
     /// The id to give the call and its job; generated when absent.
@@ -208,9 +256,12 @@ impl ToolRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BackgroundRequest {
+    /// The session whose jobs move.
     pub session_id: String,
+    /// Only the jobs of this type (`shell`, `subagent`, ...).
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// Only this job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_id: Option<String>,
 }
@@ -247,10 +298,14 @@ impl BackgroundRequest {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NewSession {
+    /// A name for humans; `Session` and the id's last characters when
+    /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// The agent to answer its turns; the host's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<String>,
+    /// The session it is started from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<String>,
 }
@@ -259,8 +314,11 @@ pub struct NewSession {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Event {
+    /// What happened: `session.created`, `job.finished`, ...
+    /// (docs/contract.md, "Events").
     #[serde(rename = "type")]
     pub kind: String,
+    /// The details, by type: most carry the record that changed.
     #[serde(default)]
     pub properties: Value,
 }
@@ -269,15 +327,20 @@ pub struct Event {
 /// not seen yet (a user prompt, notices from background work, or both).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentTurn {
+    /// The session the turn runs in.
     pub session_id: String,
+    /// The agent asked to answer, by name.
     pub agent: String,
+    /// What the agent has not seen yet, oldest first.
     pub messages: Vec<Message>,
 }
 
 /// A tool a plugin adds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolSpec {
+    /// The name calls use; unique among the host's tools.
     pub name: String,
+    /// What the tool does, for humans and agents.
     #[serde(default)]
     pub description: String,
 }

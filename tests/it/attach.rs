@@ -14,12 +14,11 @@ use std::{
     num::NonZeroU16,
     sync::{Arc, Mutex},
     thread,
-    time::{Duration, Instant},
 };
 
 use offstage_tests::{
     server::{cli, offstage_binary, Server},
-    wait::PATIENCE,
+    wait::eventually_showing,
 };
 use portable_pty::{native_pty_system, Child, CommandBuilder, MasterPty, PtySize};
 
@@ -126,18 +125,14 @@ impl Attached {
 
     /// Waits until the screen holds every one of `texts`; returns it.
     fn wait_for(&self, texts: &[&str]) -> String {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
+        eventually_showing(&format!("{texts:?} on the screen"), || {
             let screen = self.screen();
             if texts.iter().all(|t| screen.contains(t)) {
-                return screen;
+                Ok(screen)
+            } else {
+                Err(rows(&screen))
             }
-            assert!(
-                Instant::now() < deadline,
-                "waited {PATIENCE:?} for {texts:?}; the screen:\n{screen}"
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
+        })
     }
 
     fn send(&mut self, bytes: &[u8]) {
@@ -151,27 +146,27 @@ impl Attached {
     /// end: a loaded machine may still be reading when the child is
     /// gone); its success.
     fn wait_exit(&mut self) -> bool {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                while !self.reader.is_finished() {
-                    assert!(
-                        Instant::now() < deadline,
-                        "the pty was not closed after attach exited:\n{}",
-                        self.screen()
-                    );
-                    thread::sleep(Duration::from_millis(50));
-                }
-                return status.success();
+        let parser = &self.parser;
+        let screen = || rows(&parser.lock().unwrap().screen().contents());
+        let child = &mut self.child;
+        let status = eventually_showing("attach to exit", || {
+            child.try_wait().unwrap().ok_or_else(screen)
+        });
+        let reader = &self.reader;
+        eventually_showing("the pty to close after attach exited", || {
+            if reader.is_finished() {
+                Ok(())
+            } else {
+                Err(screen())
             }
-            assert!(
-                Instant::now() < deadline,
-                "attach did not exit:\n{}",
-                self.screen()
-            );
-            thread::sleep(Duration::from_millis(50));
-        }
+        });
+        status.success()
     }
+}
+
+/// A screen's rows, one a line in a failure's `{:#?}`.
+fn rows(screen: &str) -> Vec<String> {
+    screen.lines().map(str::to_owned).collect()
 }
 
 impl Drop for Attached {

@@ -19,8 +19,7 @@
 use std::{collections::BTreeMap, path::Path, process::Command};
 
 use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    ServiceConfig, SessionService,
+    PluginHost, PluginHostConfig, PluginSettings, PluginStatus, ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolStatus};
 use offstage_tests::{

@@ -4,13 +4,12 @@
 
 use std::path::{Path, PathBuf};
 
-use offstage::{
-    plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    Rule, SessionService,
-};
+use offstage::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus, Rule, SessionService};
 use offstage_plugin_api::types::{Event, Job, JobStatus, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 use tokio::{sync::broadcast, task::JoinHandle};
+
+use crate::wait::eventually;
 
 pub use crate::{
     proc::pid_alive,
@@ -58,7 +57,7 @@ impl Engine {
     /// A plugin host on this engine with the racer test plugin
     /// (`tests/plugins/racer`) installed and loaded with `options`, run as
     /// `mode` says; fails the test unless it loaded.
-    pub fn load_racer(&self, options: Value, mode: offstage::plugin::Isolation) -> PluginHost {
+    pub fn load_racer(&self, options: Value, mode: offstage::Isolation) -> PluginHost {
         let plugin_dir = self.path("plugins");
         crate::install_plugin("offstage-test-racer", &plugin_dir);
         let mut settings = std::collections::BTreeMap::new();
@@ -227,10 +226,17 @@ pub fn drain(events: &mut offstage::Subscriber) -> Vec<Event> {
 
 /// Waits until `pid` is gone.
 pub async fn wait_pid_gone(pid: u32) {
-    poll(&format!("process {pid} to be gone"), || async move {
-        (!pid_alive(pid)).then_some(())
-    })
-    .await
+    poll(&pid_gone(pid), async || (!pid_alive(pid)).then_some(())).await
+}
+
+/// [`wait_pid_gone`] from a plain thread: for a test whose runtime has
+/// been dropped, which is what it checks the processes outlive.
+pub fn wait_pid_gone_blocking(pid: u32) {
+    eventually(&pid_gone(pid), || (!pid_alive(pid)).then_some(()))
+}
+
+fn pid_gone(pid: u32) -> String {
+    format!("process {pid} to be gone")
 }
 
 /// Reads a file of pids (one per line) once every line a command promised

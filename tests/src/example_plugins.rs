@@ -3,10 +3,7 @@
 
 use std::{collections::BTreeMap, path::PathBuf};
 
-use offstage::{
-    plugin::{Isolation, PluginHost, PluginSettings, PluginStatus},
-    Event, SessionService,
-};
+use offstage::{Event, Isolation, PluginHost, PluginSettings, PluginStatus, SessionService};
 use offstage_plugin_api::types::{Message, Role};
 use serde_json::Value;
 use tokio::sync::broadcast;

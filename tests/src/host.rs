@@ -4,9 +4,7 @@
 use std::{collections::BTreeMap, path::Path, path::PathBuf};
 
 use offstage::{
-    plugin::{
-        Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginSettings,
-    },
+    Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginSettings,
     Rule, ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::NewSession;

@@ -8,11 +8,8 @@ use std::{
 };
 
 use offstage::{
-    plugin::{
-        Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginInfo,
-        PluginSettings, PluginStatus,
-    },
-    SessionService,
+    Isolation, IsolationConfig, IsolationSettings, PluginHost, PluginHostConfig, PluginInfo,
+    PluginSettings, PluginStatus, SessionService,
 };
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolResult};
 use serde_json::Value;

@@ -3,16 +3,16 @@
 //! loads a genuinely different library, and a host whose plugin dir holds
 //! one of them.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::path::{Path, PathBuf};
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 use offstage_plugin_api::types::{ToolRequest, ToolResult};
 use serde_json::{json, Value};
 
-use crate::loader::{lib_name, set_mode, Fixture, Host, PATIENCE};
+use crate::{
+    loader::{lib_name, set_mode, Fixture, Host, PATIENCE},
+    wait::poll_showing,
+};
 
 /// The reloadable test plugin's package.
 pub const PACKAGE: &str = "offstage-test-reloadable";
@@ -104,15 +104,13 @@ impl ReloadHost {
     pub async fn reload_to(
         &self,
         variant: Variant,
-    ) -> Result<offstage::plugin::PluginInfo, offstage::plugin::LoadError> {
+    ) -> Result<offstage::PluginInfo, offstage::LoadError> {
         self.install(variant);
         self.reload().await
     }
 
     /// Reloads the plugin from its installed file.
-    pub async fn reload(
-        &self,
-    ) -> Result<offstage::plugin::PluginInfo, offstage::plugin::LoadError> {
+    pub async fn reload(&self) -> Result<offstage::PluginInfo, offstage::LoadError> {
         let plugins = self.host.plugins.clone();
         tokio::time::timeout(
             PATIENCE,
@@ -161,35 +159,32 @@ impl ReloadHost {
 
     /// Waits until the plugin's log has a line equal to `line`.
     pub async fn wait_for_log(&self, line: &str) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while !self.log_lines().iter().any(|l| l == line) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no line {line:?} in the plugin log: {:#?}",
-                self.log_lines()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        poll_showing(&format!("a line {line:?} in the plugin log"), async || {
+            let lines = self.log_lines();
+            if lines.iter().any(|l| l == line) {
+                Ok(())
+            } else {
+                Err(lines)
+            }
+        })
+        .await
     }
 
     /// Waits until `n` jobs are running.
     pub async fn wait_for_running_jobs(&self, n: usize) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
+        poll_showing(&format!("{n} jobs running"), async || {
             let jobs = self.host.service.jobs(None).await.unwrap();
             let running = jobs
                 .iter()
                 .filter(|j| j.status == offstage_plugin_api::types::JobStatus::Running)
                 .count();
             if running >= n {
-                return;
+                Ok(())
+            } else {
+                Err(jobs)
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{running} of {n} jobs running: {jobs:#?}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        })
+        .await
     }
 
     /// A tool call request in a new session, for spawning.

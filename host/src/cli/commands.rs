@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use ureq::http::Method;
 
 use super::{
+    api_word,
     client::{Client, ClientError},
     BackgroundArgs, ClientArgs, SessionCommand, ToolArgs,
 };
@@ -47,22 +48,20 @@ fn segment(text: &str) -> String {
 }
 
 fn session_row(session: &Session) -> String {
-    let status = serde_json::to_value(session.status).ok();
     format!(
         "{}  {:<4}  {:<8}  {}",
         session.id,
-        status.as_ref().and_then(Value::as_str).unwrap_or("?"),
+        api_word(session.status),
         session.agent,
         session.title
     )
 }
 
 fn job_row(job: &Job) -> String {
-    let status = serde_json::to_value(job.status).ok();
     format!(
         "{}  {:<9}  {:<2}  {:<8}  {:>4}  {}",
         job.id,
-        status.as_ref().and_then(Value::as_str).unwrap_or("?"),
+        api_word(job.status),
         if job.backgrounded { "bg" } else { "fg" },
         job.kind,
         job.exit_code
@@ -117,8 +116,7 @@ pub(super) fn session(args: &ClientArgs, command: SessionCommand) -> ExitCode {
                         session.created_at, session.updated_at
                     );
                     for message in &messages {
-                        let role = serde_json::to_value(message.role).ok();
-                        let role = role.as_ref().and_then(Value::as_str).unwrap_or("?");
+                        let role = api_word(message.role);
                         println!("\n[{role}] {}", message.created_at);
                         println!("{}", message.text.trim_end());
                     }

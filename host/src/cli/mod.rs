@@ -305,6 +305,15 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// A status word as the API spells it: the value's serde name, so that the
+/// tables of the client commands and `attach` never drift from the JSON.
+pub(crate) fn api_word(value: impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(word)) => word,
+        _ => "?".into(),
+    }
+}
+
 /// Logs to stderr, filtered by `OFFSTAGE_LOG`, else `RUST_LOG`, else
 /// `default` (e.g. `info`).
 pub(crate) fn init_logging(default: &str) {

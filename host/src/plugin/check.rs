@@ -16,7 +16,7 @@ use crate::session::SessionService;
 
 /// How [`check_file_with`] treats a file.
 #[derive(Debug, Clone, Default)]
-pub struct CheckOptions {
+pub(crate) struct CheckOptions {
     /// Load the file even if it (or its directory) is writable by other
     /// users. For development.
     pub allow_insecure_permissions: bool,
@@ -33,7 +33,7 @@ pub struct CheckOptions {
 
 /// What [`check_file_with`] found.
 #[derive(Debug)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     /// The plugin as the throwaway host listed it (a failed load
     /// included); `None` only if the host itself could not start.
     pub plugin: Option<PluginInfo>,
@@ -44,7 +44,7 @@ pub struct CheckReport {
 impl CheckReport {
     /// Which part failed, if any: the file (format, ABI, manifest) or
     /// its start (config, options, `init`).
-    pub fn failed_stage(&self) -> Option<LoadStage> {
+    pub(crate) fn failed_stage(&self) -> Option<LoadStage> {
         self.error.as_ref().map(LoadError::stage)
     }
 }
@@ -67,7 +67,7 @@ pub fn check_file(path: &Path) -> Result<PluginInfo, LoadError> {
 
 /// [`check_file`] with [`CheckOptions`], reporting the plugin's info
 /// even when it failed.
-pub fn check_file_with(path: &Path, options: CheckOptions) -> CheckReport {
+pub(crate) fn check_file_with(path: &Path, options: CheckOptions) -> CheckReport {
     match check_inner(path, options) {
         Ok(report) => report,
         Err(error) => CheckReport {

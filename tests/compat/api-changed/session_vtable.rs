@@ -5,6 +5,8 @@
 // deliberately broken field lives here and not in the published crate.
 
 /// The session domain, one field's type changed (a compatibility fixture).
+// Its fields are abi.rs's, undocumented here: only the one type matters.
+#[allow(missing_docs)]
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = SessionDomainRef)))]

@@ -319,14 +319,7 @@ fn dropping_the_runtime_mid_turn_is_clean() {
         });
         drop(runtime);
         for pid in pids {
-            let deadline = std::time::Instant::now() + PATIENCE;
-            while pid_alive(pid) {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "{pid} outlived the runtime"
-                );
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
+            wait_pid_gone_blocking(pid);
         }
     }
 }

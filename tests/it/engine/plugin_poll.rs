@@ -12,7 +12,7 @@
 //!   `face = "blocking"`) still completes;
 //! - the spinning future is still running, and cancelling its job drops it.
 
-use offstage::plugin::{Isolation, PluginHost};
+use offstage::{Isolation, PluginHost};
 use offstage_plugin_api::types::{JobStatus, ToolRequest, ToolStatus};
 use offstage_tests::{engine::*, wait::watchdog};
 use serde_json::json;

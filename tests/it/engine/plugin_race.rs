@@ -6,7 +6,7 @@
 //! The suite runs with the plugin in process here and in a child process
 //! in `isolation::hooks` (`race_suite!`).
 
-use offstage::plugin::{Isolation, PluginHost, PluginStatus};
+use offstage::{Isolation, PluginHost, PluginStatus};
 use offstage_plugin_api::types::{JobStatus, Role, SessionStatus, ToolRequest, ToolStatus};
 use offstage_tests::engine::*;
 use serde_json::json;
@@ -241,5 +241,5 @@ pub(crate) use race_suite;
 
 /// The suite in process (isolated: `isolation::hooks`).
 mod in_process {
-    race_suite!(offstage::plugin::Isolation::None);
+    race_suite!(offstage::Isolation::None);
 }

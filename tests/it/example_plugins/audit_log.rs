@@ -3,7 +3,7 @@
 //! into its own data dir (`Context::data_dir`). In process here, and in a
 //! child process in `isolation::example_plugins` (`audit_log_suite!`).
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 use offstage_plugin_api::types::ToolRequest;
 use offstage_tests::example_plugins::*;
 use serde_json::{json, Value};
@@ -211,5 +211,5 @@ pub(crate) use audit_log_suite;
 
 /// The suite in process (isolated: `isolation::example_plugins`).
 mod in_process {
-    audit_log_suite!(offstage::plugin::Isolation::None);
+    audit_log_suite!(offstage::Isolation::None);
 }

@@ -6,7 +6,7 @@
 //! All in process; the slow, the fast and the refused call also in a child
 //! process in `isolation::example_plugins` (`auto_background_suite!`).
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 use offstage_plugin_api::types::{Role, ToolRequest, ToolStatus};
 use offstage_tests::example_plugins::*;
 use serde_json::json;
@@ -207,5 +207,5 @@ pub(crate) use auto_background_suite;
 
 /// The suite in process (isolated: `isolation::example_plugins`).
 mod in_process {
-    auto_background_suite!(offstage::plugin::Isolation::None);
+    auto_background_suite!(offstage::Isolation::None);
 }

@@ -6,7 +6,7 @@
 //! The agent's own cases also run in a child process in
 //! `isolation::example_plugins` (`check_agent_suite!`).
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 use offstage_plugin_api::types::{NewSession, Role, ToolRequest, ToolStatus};
 use offstage_tests::example_plugins::*;
 use serde_json::json;
@@ -158,5 +158,5 @@ pub(crate) use check_agent_suite;
 
 /// The suite in process (isolated: `isolation::example_plugins`).
 mod in_process {
-    check_agent_suite!(offstage::plugin::Isolation::None);
+    check_agent_suite!(offstage::Isolation::None);
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use offstage::demo::{run_with, DemoOptions, EXAMPLE_PLUGINS};
+use offstage::{run_demo, DemoOptions, EXAMPLE_PLUGINS};
 
 fn options(after: Duration, colour: bool) -> DemoOptions {
     let plugin_files = EXAMPLE_PLUGINS
@@ -23,7 +23,7 @@ fn options(after: Duration, colour: bool) -> DemoOptions {
 fn transcript() -> String {
     let options = options(Duration::from_millis(1500), false);
     let mut out = Vec::new();
-    let result = run_with(&options, &mut out);
+    let result = run_demo(&options, &mut out);
     let text = String::from_utf8(out).unwrap();
     if let Err(error) = result {
         panic!("the demo failed: {error}\ntranscript so far:\n{text}");
@@ -91,7 +91,7 @@ fn the_demo_fails_clearly_when_nothing_is_moved() {
     // the demo must say so rather than hang or claim success. Colour on, as
     // on a terminal.
     let mut out = Vec::new();
-    let error = run_with(&options(Duration::from_secs(20), true), &mut out)
+    let error = run_demo(&options(Duration::from_secs(20), true), &mut out)
         .expect_err("the demo must fail");
     let text = String::from_utf8(out).unwrap();
     assert!(

@@ -3,6 +3,6 @@
 //! plugin in a child process of its own: the child runs the same layout
 //! checks, and refusals read the same.
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 
 crate::loader::compat::compat_suite!(Isolation::Process);

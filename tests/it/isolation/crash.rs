@@ -4,9 +4,13 @@
 
 use std::time::Duration;
 
-use offstage::plugin::{Isolation, IsolationSettings, PluginStatus};
+use offstage::{Isolation, IsolationSettings, PluginStatus};
 use offstage_plugin_api::types::ToolStatus;
-use offstage_tests::{loader::*, wait::poll_every};
+use offstage_tests::{
+    engine::wait_pid_gone,
+    loader::*,
+    wait::{poll, poll_every},
+};
 use serde_json::json;
 
 /// `crashy` isolated by name (`[plugin.crashy] isolation = "process"`),
@@ -38,8 +42,8 @@ fn outcome(result: offstage::Result<offstage_plugin_api::types::ToolResult>) -> 
 }
 
 /// Waits until `crashy` is loaded again as a generation after `generation`.
-async fn restarted(host: &Host, generation: u64) -> offstage::plugin::PluginInfo {
-    poll_every("crashy restarted", Duration::from_millis(20), async || {
+async fn restarted(host: &Host, generation: u64) -> offstage::PluginInfo {
+    poll("crashy restarted", async || {
         host.plugins
             .get("crashy")
             .filter(|i| i.status == PluginStatus::Loaded && i.generation > generation)
@@ -126,7 +130,7 @@ async fn an_exit_fails_the_call_and_the_plugin_restarts() {
 async fn an_allocation_past_the_memory_limit_ends_only_the_child() {
     let host = crashy_fixture(IsolationSettings {
         memory_limit: Some(2 << 30),
-        restart: Some(offstage::plugin::RestartPolicy::Never),
+        restart: Some(offstage::RestartPolicy::Never),
         ..Default::default()
     })
     .start();
@@ -200,12 +204,12 @@ async fn a_process_that_stops_answering_is_killed_and_restarted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_never_leaves_the_plugin_failed() {
     let host = crashy_fixture(IsolationSettings {
-        restart: Some(offstage::plugin::RestartPolicy::Never),
+        restart: Some(offstage::RestartPolicy::Never),
         ..Default::default()
     })
     .start();
     outcome(host.call("crash", json!({ "how": "segfault" })).await);
-    let info = poll_every("crashy failed", Duration::from_millis(20), async || {
+    let info = poll("crashy failed", async || {
         host.plugins
             .get("crashy")
             .filter(|i| i.status == PluginStatus::Failed)
@@ -261,10 +265,7 @@ async fn state_is_handed_to_the_next_process_on_reload() {
     assert_eq!(host.call("count", json!({})).await.unwrap().output, "3");
     // The old process is ended once drained.
     let old = before.pid.unwrap();
-    poll_every("old process gone", Duration::from_millis(20), async || {
-        (!offstage_tests::proc::pid_alive(old)).then_some(())
-    })
-    .await;
+    wait_pid_gone(old).await;
     host.plugins.shutdown();
 }
 
@@ -288,7 +289,7 @@ async fn a_panic_abort_plugin_loads_when_isolated() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_wrapper_dies_ends_with_the_failure_and_the_tool_runs_unwrapped() {
     let host = crashy_fixture(IsolationSettings {
-        restart: Some(offstage::plugin::RestartPolicy::Never),
+        restart: Some(offstage::RestartPolicy::Never),
         ..Default::default()
     })
     .start();
@@ -309,7 +310,7 @@ async fn a_job_whose_wrapper_dies_ends_with_the_failure_and_the_tool_runs_unwrap
         "{jobs:?}"
     );
 
-    poll_every("crashy failed", Duration::from_millis(20), async || {
+    poll("crashy failed", async || {
         host.plugins
             .get("crashy")
             .filter(|i| i.status == PluginStatus::Failed)
@@ -343,12 +344,7 @@ async fn a_contained_panic_fails_the_plugin_and_ends_its_process() {
     );
     let info = host.plugins.get("faulty").unwrap();
     assert_eq!(info.status, PluginStatus::Failed, "{info:#?}");
-    poll_every(
-        "the panicked plugin's process ends",
-        Duration::from_millis(20),
-        async || (!offstage_tests::proc::pid_alive(pid)).then_some(()),
-    )
-    .await;
+    wait_pid_gone(pid).await;
     host.plugins.shutdown();
 }
 

@@ -3,18 +3,18 @@
 //! call to the background (auto-background), and an agent that calls tools
 //! (check-agent).
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 
 crate::example_plugins::audit_log::audit_log_suite!(Isolation::Process);
 
 mod auto_background {
-    use offstage::plugin::Isolation;
+    use offstage::Isolation;
 
     crate::example_plugins::auto_background::auto_background_suite!(Isolation::Process);
 }
 
 mod check_agent {
-    use offstage::plugin::Isolation;
+    use offstage::Isolation;
 
     crate::example_plugins::check_agent::check_agent_suite!(Isolation::Process);
 }

@@ -3,7 +3,7 @@
 //! its library's constructor included — while the same plugin without the
 //! setting writes where it likes.
 
-use offstage::plugin::{Filesystem, Isolation, IsolationSettings};
+use offstage::{Filesystem, Isolation, IsolationSettings};
 use offstage_plugin_api::types::ToolStatus;
 use offstage_tests::loader::*;
 use serde_json::json;

@@ -3,6 +3,6 @@
 //! the wrapper, a wrapped call outliving its plugin) with the plugin in a
 //! child process.
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 
 crate::engine::plugin_race::race_suite!(Isolation::Process);

@@ -3,6 +3,6 @@
 //! drain on the old one, wrappers and subscriptions hand over without a
 //! gap, state crosses from process to process.
 
-use offstage::plugin::Isolation;
+use offstage::Isolation;
 
 crate::reload::basic::reload_suite!(Isolation::Process);

@@ -18,7 +18,7 @@
 
 use std::path::PathBuf;
 
-use offstage::plugin::{Isolation, PluginStatus};
+use offstage::{Isolation, PluginStatus};
 use offstage_plugin_api::types::ToolStatus;
 use offstage_tests::loader::*;
 use serde_json::{json, Value};
@@ -140,5 +140,5 @@ pub(crate) use compat_suite;
 
 /// The suite in process (isolated: `isolation::compat`).
 mod in_process {
-    compat_suite!(offstage::plugin::Isolation::None);
+    compat_suite!(offstage::Isolation::None);
 }

@@ -5,7 +5,7 @@
 //! inside a future the host is polling. Each walk is bounded by a timeout,
 //! so a deadlock fails the test instead of hanging it.
 
-use offstage::{plugin::Isolation, ServiceError};
+use offstage::{Isolation, ServiceError};
 use offstage_plugin_api::types::JobStatus;
 use offstage_tests::loader::*;
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 //! entry point and inside a future — leave the host serving and the plugin
 //! marked failed.
 
-use offstage::{plugin::PluginStatus, ServiceError};
+use offstage::{PluginStatus, ServiceError};
 use offstage_plugin_api::types::ToolStatus;
 use offstage_tests::loader::*;
 use serde_json::json;

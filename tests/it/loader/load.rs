@@ -6,10 +6,7 @@
 //! (`isolation::grants`, `config_suite!`): grants are checked by the host
 //! either way.
 
-use offstage::{
-    plugin::{check_file, Isolation, LoadError, PluginSettings, PluginStatus},
-    ServiceError,
-};
+use offstage::{check_file, Isolation, LoadError, PluginSettings, PluginStatus, ServiceError};
 use offstage_plugin_api::types::ToolStatus;
 use offstage_tests::loader::*;
 use serde_json::json;
@@ -167,9 +164,9 @@ async fn loads_and_failures_are_published_as_events() {
         permissions: vec![],
     });
     let mut events = service.events().subscribe();
-    let plugins = offstage::plugin::PluginHost::new(
+    let plugins = offstage::PluginHost::new(
         service.clone(),
-        offstage::plugin::PluginHostConfig {
+        offstage::PluginHostConfig {
             dirs: vec![fixture.plugin_dir.clone()],
             data_dir: fixture.data_dir.clone(),
             allow_insecure_permissions: false,
@@ -272,5 +269,5 @@ pub(crate) use config_suite;
 
 /// The suite in process (isolated: `isolation::grants`).
 mod in_process {
-    config_suite!(offstage::plugin::Isolation::None);
+    config_suite!(offstage::Isolation::None);
 }

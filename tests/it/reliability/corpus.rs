@@ -27,7 +27,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use offstage::{plugin::PluginStatus, ServiceError};
+use offstage::{PluginStatus, ServiceError};
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolStatus};
 use offstage_tests::loader::*;
 use serde_json::json;

@@ -30,10 +30,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use offstage::plugin::PluginStatus;
+use offstage::PluginStatus;
 use offstage_plugin_api::types::{BackgroundRequest, JobStatus, Role, ToolRequest, ToolStatus};
 use offstage_tests::loader::*;
 use offstage_tests::proc::{processes_of, rss_bytes};
+use offstage_tests::wait::poll_showing;
 use serde_json::json;
 
 const SESSIONS: usize = 6;
@@ -184,18 +185,22 @@ async fn worker(
 /// none for the others. Counts the calls audited.
 async fn audit(host: &Host, ledger: &Ledger, session: &str) {
     let service = &host.service;
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let jobs = service.jobs(Some(session)).await.unwrap();
-        if jobs.iter().all(|j| j.status.is_final()) {
-            break;
+    // The check owns what it uses, as `read_pids` does: one that borrows
+    // makes the spawned worker's future fail to prove itself `Send` (a
+    // limit of the compiler with `AsyncFnMut`).
+    let (owned_service, owned_session) = (service.clone(), session.to_string());
+    poll_showing(&format!("every job of {session} to end"), move || {
+        let (service, session) = (owned_service.clone(), owned_session.clone());
+        async move {
+            let jobs = service.jobs(Some(&session)).await.unwrap();
+            if jobs.iter().all(|j| j.status.is_final()) {
+                Ok(())
+            } else {
+                Err(jobs)
+            }
         }
-        assert!(
-            Instant::now() < deadline,
-            "jobs of {session} still running: {jobs:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let outcomes: Vec<(String, Outcome)> = ledger
         .outcomes
         .lock()
@@ -406,8 +411,7 @@ async fn soak() {
 
     // Let every backgrounded job end (bounded), then check the books.
     let service = &host.service;
-    let deadline = Instant::now() + PATIENCE;
-    loop {
+    poll_showing("every backgrounded job to end", async || {
         let running = service
             .jobs(None)
             .await
@@ -416,11 +420,12 @@ async fn soak() {
             .filter(|j| j.status == JobStatus::Running)
             .count();
         if running == 0 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{running} jobs still running"))
         }
-        assert!(Instant::now() < deadline, "{running} jobs still running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 
     let outcomes = ledger.outcomes.lock().unwrap().clone();
     let started = ledger.started.load(Ordering::Relaxed) as usize;

@@ -5,13 +5,11 @@
 //! in `isolation::reload` (`reload_suite!`); fifty reloads in a row run in
 //! process only (the isolation bench measures isolated reloads' memory).
 
-use offstage::{
-    plugin::{Isolation, LoadError, PluginStatus},
-    ServiceError,
-};
+use offstage::{Isolation, LoadError, PluginStatus, ServiceError};
 use offstage_plugin_api::types::{NewSession, ToolStatus};
 use offstage_tests::loader::{lib_name, PATIENCE};
 use offstage_tests::reload::*;
+use offstage_tests::wait::poll_showing;
 use serde_json::json;
 
 pub(crate) async fn calls_in_flight_finish_on_the_old_generation_and_new_calls_reach_the_new(
@@ -470,22 +468,20 @@ pub(crate) async fn state_handed_over_counts_every_event_around_a_slow_init(mode
     let wait_for_count = |want: u64| {
         let host = host.clone();
         async move {
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            loop {
+            let what = format!("the plugin to count {want} finished jobs");
+            poll_showing(&what, async || {
                 let count: u64 = host
                     .output("reloadable_finished", json!({}))
                     .await
                     .parse()
                     .unwrap();
                 if count >= want {
-                    return count;
+                    Ok(count)
+                } else {
+                    Err(count)
                 }
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the plugin counted {count} of {want} finished jobs"
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
+            })
+            .await
         }
     };
 
@@ -562,5 +558,5 @@ pub(crate) use reload_suite;
 
 /// The suite in process (isolated: `isolation::reload`).
 mod in_process {
-    reload_suite!(offstage::plugin::Isolation::None);
+    reload_suite!(offstage::Isolation::None);
 }

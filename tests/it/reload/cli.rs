@@ -4,6 +4,7 @@
 use offstage_tests::loader::lib_name;
 use offstage_tests::reload::{stamp, Variant, PACKAGE};
 use offstage_tests::server::{cli, Server};
+use offstage_tests::wait::eventually;
 use serde_json::{json, Value};
 
 fn install(variant: Variant, dest: &std::path::Path) {
@@ -39,20 +40,14 @@ fn reload_over_the_api_and_the_cli() {
         let (server, gate) = (server.clone(), gate.clone());
         std::thread::spawn(move || whoami(&server, json!({ "wait_for": gate })))
     };
-    let deadline = std::time::Instant::now() + offstage_tests::wait::PATIENCE;
-    while server
-        .expect("GET", "/api/job", None, 200)
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|j| j["status"] != "running")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the held call never started"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    eventually("the held call to start", || {
+        let jobs = server.expect("GET", "/api/job", None, 200);
+        jobs.as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["status"] == "running")
+            .then_some(())
+    });
     install(Variant::B, &dest);
     let mut events = server.events();
     let reloaded = server.expect("POST", "/api/plugin/reloadable/reload", None, 200);

@@ -1,10 +1,10 @@
-//! `offstage dev`'s watcher (`offstage::plugin::watch`), driven through the
+//! `offstage dev`'s watcher (`offstage::watch`), driven through the
 //! library: files landing in a plugin dir load or reload plugins, and a
 //! watched plugin crate is rebuilt by cargo and installed on each change.
 
 use std::path::Path;
 
-use offstage::plugin::{watch, PluginStatus};
+use offstage::{watch_plugins, PluginStatus, WATCH_DEBOUNCE};
 use offstage_plugin_api::types::Event;
 use offstage_tests::{
     loader::{lib_name, Fixture, Host},
@@ -26,7 +26,7 @@ async fn output(host: &Host, tool: &str) -> Option<String> {
 async fn files_landing_in_a_plugin_dir_are_loaded_and_reloaded() {
     let reload = ReloadHost::start(Variant::A);
     let host = &reload.host;
-    let _watcher = watch::watch(
+    let _watcher = watch_plugins(
         host.plugins.clone(),
         vec![host.fixture.plugin_dir.clone()],
         vec![],
@@ -76,7 +76,7 @@ async fn a_slow_writer_is_waited_for_and_an_unchanged_file_not_reloaded() {
 
     let reload = ReloadHost::start(Variant::A);
     let host = &reload.host;
-    let _watcher = watch::watch(
+    let _watcher = watch_plugins(
         host.plugins.clone(),
         vec![host.fixture.plugin_dir.clone()],
         vec![],
@@ -96,7 +96,7 @@ async fn a_slow_writer_is_waited_for_and_an_unchanged_file_not_reloaded() {
             .unwrap();
         file.write_all(first).unwrap();
         file.flush().unwrap();
-        tokio::time::sleep(watch::DEBOUNCE * 4).await;
+        tokio::time::sleep(WATCH_DEBOUNCE * 4).await;
         file.write_all(rest).unwrap();
     }
     let event = next_event(&mut events, "plugin.reloaded").await;
@@ -140,17 +140,8 @@ impl Plugin for DevSrc {
 
     fn init(ctx: Context) -> Result<Self> {
         ctx.tools().add(
-            ToolSpec { name: "devsrc_says".into(), description: String::new() },
-            |call: ToolCall| async move {
-                Ok(ToolResult {
-                    call_id: call.job_id.clone(),
-                    job_id: call.job_id,
-                    status: ToolStatus::Completed,
-                    output: GREETING.to_string(),
-                    exit_code: Some(0),
-                    output_path: None,
-                })
-            },
+            ToolSpec::new("devsrc_says", ""),
+            |call: ToolCall| async move { Ok(ToolResult::completed(&call, GREETING)) },
         )?;
         Ok(DevSrc)
     }
@@ -210,7 +201,7 @@ async fn watched_sources_are_rebuilt_and_a_failed_build_keeps_the_old_generation
     let crate_dir = plugin_crate(fixture.dir.path());
     let host = fixture.start();
     let mut events = host.service.events().subscribe();
-    let _watcher = watch::watch(
+    let _watcher = watch_plugins(
         host.plugins.clone(),
         vec![host.fixture.plugin_dir.clone()],
         vec![crate_dir.clone()],

@@ -13,13 +13,13 @@
 //! last clone of the service is gone, so each run ends by dropping its
 //! runtime (and with it every task's clone) and then the service.
 
-use std::{path::Path, time::Duration};
+use std::path::Path;
 
 use offstage::{testing::StoreError, Action, Reply, Rule, ServiceConfig, SessionService};
 use offstage_plugin_api::types::{
     Job, JobStatus, Message, NewSession, Role, Session, SessionStatus, ToolRequest, ToolStatus,
 };
-use offstage_tests::wait::{poll, PATIENCE};
+use offstage_tests::wait::{eventually_showing, poll, PATIENCE};
 use serde_json::json;
 
 fn config(dir: &Path) -> ServiceConfig {
@@ -40,16 +40,12 @@ fn config(dir: &Path) -> ServiceConfig {
 /// in this binary is spawning at that moment holds a copy from `fork` until
 /// its `exec` (the descriptor is close-on-exec): a brief, harmless window.
 fn open_when_free(dir: &Path) -> SessionService {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        match SessionService::open(config(dir)) {
-            Ok(service) => return service,
-            Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(error) => panic!("cannot open {}: {error}", dir.display()),
-        }
-    }
+    let what = format!("the lock of {} to be free", dir.display());
+    eventually_showing(&what, || match SessionService::open(config(dir)) {
+        Ok(service) => Ok(service),
+        Err(locked @ StoreError::Locked { .. }) => Err(locked),
+        Err(error) => panic!("cannot open {}: {error}", dir.display()),
+    })
 }
 
 /// One host run: a fresh runtime and the service opened on `dir`.

@@ -5,7 +5,7 @@
 //! `notice`, `[moved]`, `[wake]`, ...), so the transcript reads the same
 //! without colour (`NO_COLOR`); colour only adds to it.
 
-use offstage_plugin_api::types::{Job, JobStatus, Role, SessionStatus};
+use offstage_plugin_api::types::{Job, Role};
 use ratatui::{
     layout::{Constraint, Layout, Position, Rect},
     style::{Color, Modifier, Style},
@@ -128,11 +128,7 @@ pub(crate) fn draw(frame: &mut Frame<'_>, app: &mut App) {
                 .iter()
                 .enumerate()
                 .map(|(i, s)| {
-                    let status = if s.status == SessionStatus::Busy {
-                        "busy"
-                    } else {
-                        "idle"
-                    };
+                    let status = crate::cli::api_word(s.status);
                     let text = format!(" {}  {status}  {}", s.id, s.title);
                     let style = if i == *selected {
                         Style::default().add_modifier(Modifier::REVERSED)
@@ -412,12 +408,7 @@ fn centered(area: Rect, width: u16, height: u16) -> Rect {
 }
 
 fn job_row(job: &Job) -> String {
-    let status = match job.status {
-        JobStatus::Running => "running",
-        JobStatus::Completed => "completed",
-        JobStatus::Error => "error",
-        JobStatus::Cancelled => "cancelled",
-    };
+    let status = crate::cli::api_word(job.status);
     let exit = job
         .exit_code
         .map(|c| c.to_string())
