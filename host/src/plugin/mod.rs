@@ -88,11 +88,6 @@ mod error;
 mod file;
 mod generation;
 mod info;
-// `run_child`, `ChildArgs` and `take_isolation_keys` are crate-internal
-// now that this module is private, but still say `pub` in isolate/, which
-// another branch is changing; they become `pub(crate)` after it lands, and
-// this allow goes with them.
-#[allow(unreachable_pub)]
 mod isolate;
 mod load;
 mod registry;

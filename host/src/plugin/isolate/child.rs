@@ -67,7 +67,7 @@ struct ChildState {
 
 /// What the host tells the plugin's process on its command line.
 #[derive(Debug, Clone)]
-pub struct ChildArgs {
+pub(crate) struct ChildArgs {
     /// The plugin file.
     pub file: PathBuf,
     /// The host's data dir.
@@ -83,7 +83,7 @@ pub struct ChildArgs {
 
 /// Runs the plugin's process until the host closes the channel. Started by
 /// the host only; the channel is file descriptor 3.
-pub fn run_child(args: ChildArgs) -> ExitCode {
+pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
     let ChildArgs {
         file,
         data_dir,

@@ -225,7 +225,7 @@ impl IsolationConfig {
 
 /// Removes the isolation keys from a `[plugins]` or `[plugin.NAME]` table
 /// of the config file and reads them; what is left are the plugin's options.
-pub fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSettings, String> {
+pub(crate) fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSettings, String> {
     fn text(table: &mut toml::Table, key: &str) -> Result<Option<String>, String> {
         match table.remove(key) {
             None => Ok(None),

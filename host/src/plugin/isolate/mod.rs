@@ -34,11 +34,10 @@ mod parent;
 mod sandbox;
 pub(in crate::plugin) mod wire;
 
-pub use child::{run_child, ChildArgs};
+pub(crate) use child::{run_child, ChildArgs};
+pub(crate) use config::take_isolation_keys;
 pub(in crate::plugin) use config::Resolved;
-pub use config::{
-    take_isolation_keys, Filesystem, Isolation, IsolationConfig, IsolationSettings, RestartPolicy,
-};
+pub use config::{Filesystem, Isolation, IsolationConfig, IsolationSettings, RestartPolicy};
 pub(in crate::plugin) use parent::{Child, Supervisor};
 pub(in crate::plugin) use sandbox::{available as filesystem_restriction_available, Sandbox};
 pub(in crate::plugin) use wire::HookKind;
