@@ -24,20 +24,21 @@
 //!
 //! # A sighting walks down from the host, not across the machine
 //!
-//! Every job end, and every reaper tick while jobs run, needs a sighting:
-//! every live process of every job. Reading every process on the machine
-//! (`/proc/*/stat`, ~150–500 of them on a shared build machine) and
-//! walking each one's parents up to the host cost a third of a shell
-//! call's time. Where the host is a subreaper and the kernel lists each
-//! task's children (`/proc/PID/task/TID/children`, `CONFIG_PROC_CHILDREN`,
-//! on in mainstream distribution kernels), a sighting instead walks
-//! *down* ([`Finder::Children`]): the host's children, listed from each of
-//! its threads (jobs' main processes, adopted orphans, plugin processes);
-//! of those, the ones that belong to a job (a main process, a member seen
-//! before, or the marker in its environment); and everything below those.
-//! It reads what the jobs have plus the host's few direct children — for
-//! a job of `true` that has ended, a handful of small files. It finds what
-//! the scan found, because:
+//! Every job end needs a sighting of that job's live processes, and every
+//! reaper tick while jobs run one of every job's. Reading every process on
+//! the machine (`/proc/*/stat`, ~150–500 of them on a shared build
+//! machine) and walking each one's parents up to the host cost a third of
+//! a shell call's time. Where the host is a subreaper and the kernel lists
+//! each task's children (`/proc/PID/task/TID/children`,
+//! `CONFIG_PROC_CHILDREN`, on in mainstream distribution kernels), a
+//! sighting instead walks *down* ([`Finder::Children`]): the jobs' main
+//! processes (known by pid) and the orphans the host adopted (all listed
+//! by its main thread: the kernel gives an orphan to the subreaper's first
+//! live thread); of those, the ones that belong to a job in the sighting's
+//! scope (a main process, a member seen before, or the marker in its
+//! environment); and everything below those. A job end looks at its own
+//! job only. It reads what the jobs have — for a job of `true` that has
+//! ended, three small reads. It finds what the scan found, because:
 //!
 //! - every process of a job is a descendant of the host (an orphan goes to
 //!   its nearest subreaper ancestor, the host), so it is below one of the
@@ -361,7 +362,16 @@ fn forget(marker: &str) {
 /// Takes a sighting begun after this call, and sends SIGKILL to every
 /// live member of `marker`'s job in it. Returns how many live members
 /// were found.
+///
+/// Walking down, the sighting is of this job alone: cheap enough to take
+/// for each round. The whole-machine scan is shared with the rounds that
+/// asked meanwhile ([`fresh_sighting`]).
 fn kill_round(marker: &str) -> usize {
+    if finder() == Finder::Children {
+        if let Some(sighting) = walk_down(Scope::Job(marker)) {
+            return kill_seen(marker, &sighting);
+        }
+    }
     kill_seen(marker, &fresh_sighting())
 }
 
@@ -446,7 +456,7 @@ fn fresh_sighting() -> Arc<Sighting> {
 /// it found.
 fn look() -> Sighting {
     if finder() == Finder::Children {
-        if let Some(sighting) = walk_down() {
+        if let Some(sighting) = walk_down(Scope::Every) {
             return sighting;
         }
         tracing::debug!("job processes: child lists kept changing; reading every process");
@@ -622,15 +632,49 @@ fn settled_children(
     None
 }
 
-/// A sighting down from the host ([`Finder::Children`]), recording the
-/// members it finds. `None` if a child list did not settle: the caller
-/// reads every process instead.
-fn walk_down() -> Option<Sighting> {
+/// The jobs a sighting looks for.
+#[derive(Debug, Clone, Copy)]
+enum Scope<'a> {
+    /// Every registered job (the reaper's tick).
+    Every,
+    /// One job (its kill round): the others' trees are not walked.
+    Job(&'a str),
+}
+
+impl Scope<'_> {
+    fn covers(self, job: &str) -> bool {
+        match self {
+            Scope::Every => true,
+            Scope::Job(marker) => marker == job,
+        }
+    }
+}
+
+/// A sighting down from the host ([`Finder::Children`]) of the jobs in
+/// `scope`, recording the members it finds. `None` if a child list did
+/// not settle: the caller reads every process instead.
+///
+/// The host's children it reads are the jobs' main processes (by pid:
+/// each hangs off the thread that spawned it) and the host's *main
+/// thread's* child list: the kernel hands an orphan to the first live
+/// thread of its subreaper (`find_new_reaper` → `find_alive_thread`),
+/// which is the main thread for as long as the process lives. Other
+/// threads' lists hold only children the host started itself (main
+/// processes, plugin processes, builds), so they are not read: a look at
+/// a job that has ended costs a few small reads, not two per thread.
+fn walk_down(scope: Scope<'_>) -> Option<Sighting> {
     let host = std::process::id() as i32;
     let (mains, known, registered) = {
         let registry = REGISTRY.lock_unpoisoned();
-        let (mains, known) = registry.owners();
-        let registered: HashSet<String> = registry.jobs.keys().cloned().collect();
+        let (mut mains, mut known) = registry.owners();
+        mains.retain(|_, job| scope.covers(job));
+        known.retain(|_, job| scope.covers(job));
+        let registered: HashSet<String> = registry
+            .jobs
+            .keys()
+            .filter(|job| scope.covers(job))
+            .cloned()
+            .collect();
         (mains, known, registered)
     };
     let (mut buffer, mut pids) = (Vec::with_capacity(256), Vec::new());
@@ -639,13 +683,21 @@ fn walk_down() -> Option<Sighting> {
     let mut below: Vec<(Proc, String)> = Vec::new();
     // Host children looked at, and processes descended into.
     let (mut host_children, mut visited) = (HashSet::<ProcId>::new(), HashSet::<ProcId>::new());
+    // Still the host's children (alive, or zombies tokio has not waited
+    // for): read once, as nothing is re-parented to them later.
+    let mut main_processes: Vec<Proc> = mains
+        .keys()
+        .filter_map(|pid| read_stat(*pid))
+        .filter(|proc| proc.ppid == host)
+        .collect();
     for listing in 0.. {
         if listing == HOST_LISTINGS {
             return None;
         }
-        // The host's threads, counted anew each time (`u32::MAX`: more
-        // than one, so each is listed).
-        let children = settled_children(host, u32::MAX, &mut buffer, &mut pids)?;
+        // The main thread's list, where orphans arrive (`1`: that one
+        // thread's file).
+        let mut children = settled_children(host, 1, &mut buffer, &mut pids)?;
+        children.append(&mut main_processes);
         let mut new = 0;
         for child in children {
             // The latest word on it (the reaper reaps from it).
@@ -798,19 +850,25 @@ fn reaper() {
     loop {
         {
             // Every tick while a job is tracked (so a detaching process is
-            // seen within one); asleep otherwise, until the next job or
-            // the idle sweep. A wake-up before the tick looks early, which
-            // only the idle-to-busy step causes.
+            // seen within one); asleep otherwise, until the next job, an
+            // orphan's exit or the idle sweep.
             let registry = REGISTRY.lock_unpoisoned();
-            let wait = if registry.busy() {
+            let was_busy = registry.busy();
+            let wait = if was_busy {
                 SCAN_EVERY
             } else {
                 IDLE_SWEEP_EVERY
             };
-            drop(
-                WAKE.wait_timeout(registry, wait)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            );
+            let (registry, _) = WAKE
+                .wait_timeout(registry, wait)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Woken by the first job after none: its first look is a tick
+            // from now, as for any job. A look at once would come before
+            // its command has even started, and a short job has ended
+            // (with its own kill round) before the tick.
+            if !was_busy && registry.busy() {
+                continue;
+            }
         }
         // The ended jobs, taken before the sighting begins: it then sees
         // whatever they had left when they ended.
@@ -1024,7 +1082,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(pids.len(), 4, "the job's processes did not all start");
-        let mut walked: Vec<i32> = walk_down()
+        let mut walked: Vec<i32> = walk_down(Scope::Every)
             .expect("a quiet tree settles")
             .jobs
             .remove("unit.walk.x")
