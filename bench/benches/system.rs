@@ -58,7 +58,7 @@ use offstage_bench::{
     http::Conn,
     median, micros,
     proc::{processes_of, rss_bytes},
-    service, summarize,
+    service, summarize, CpuTime,
 };
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
 use serde_json::json;
@@ -870,8 +870,15 @@ async fn mass() {
 fn main() {
     if let Some(ms) = std::env::var_os(BARE_ROUND_VAR) {
         let time = Duration::from_millis(ms.to_str().and_then(|m| m.parse().ok()).unwrap());
-        let calls = offstage_bench::runtime().block_on(bare_round(time));
-        println!("{calls}");
+        let runtime = offstage_bench::runtime();
+        let before = CpuTime::now();
+        let calls = runtime.block_on(bare_round(time));
+        let used = CpuTime::now().since(before);
+        println!(
+            "{calls} {} {}",
+            used.own.as_micros(),
+            used.children.as_micros()
+        );
         return;
     }
     let wanted = offstage_bench::group_filter();
@@ -1126,18 +1133,28 @@ async fn bare_round(time: Duration) -> u64 {
 /// One bare round in a child process of this bench: a process with no
 /// session service, so that the baseline pays nothing of the host's (its
 /// job-tree reaper wakes on every child's exit), and can still alternate
-/// with the host's rounds. Start-up is outside the timed window.
-fn bare_round_in_child(time: Duration) -> u64 {
+/// with the host's rounds. Start-up is outside the timed window. Returns
+/// the calls made and the CPU time the round used.
+fn bare_round_in_child(time: Duration) -> (u64, CpuTime) {
     let output = Command::new(std::env::current_exe().unwrap())
         .env(BARE_ROUND_VAR, time.as_millis().to_string())
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
     assert!(output.status.success(), "the bare round failed");
-    String::from_utf8_lossy(&output.stdout)
-        .trim()
-        .parse()
-        .expect("the bare round prints its count")
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<u64> = printed
+        .split_whitespace()
+        .map(|n| n.parse().expect("the bare round prints numbers"))
+        .collect();
+    let [calls, own, children] = numbers[..] else {
+        panic!("the bare round printed {printed:?}");
+    };
+    let cpu = CpuTime {
+        own: Duration::from_micros(own),
+        children: Duration::from_micros(children),
+    };
+    (calls, cpu)
 }
 
 /// The shell tool through the session service, one session per call in
@@ -1194,10 +1211,20 @@ async fn writer_throughput() {
     service_round(&service, &sessions, time / 4).await;
     let (mut bare_rates, mut service_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let (mut calls, mut commits) = (0, 0);
+    // CPU time per call, (this process's, its commands'), bare and service.
+    let (mut bare_cpu, mut service_cpu) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    let per_call = |used: Duration, calls: u64| used.as_secs_f64() * 1e6 / calls.max(1) as f64;
     for _ in 0..ROUNDS {
-        let bare = bare_round_in_child(time) as f64 / time.as_secs_f64();
+        let (bare_calls, used) = bare_round_in_child(time);
+        bare_cpu.0.push(per_call(used.own, bare_calls));
+        bare_cpu.1.push(per_call(used.children, bare_calls));
+        let bare = bare_calls as f64 / time.as_secs_f64();
         let before = service.store().commits();
+        let cpu_before = CpuTime::now();
         let made = service_round(&service, &sessions, time).await;
+        let used = CpuTime::now().since(cpu_before);
+        service_cpu.0.push(per_call(used.own, made));
+        service_cpu.1.push(per_call(used.children, made));
         commits += service.store().commits() - before;
         calls += made;
         let rate = made as f64 / time.as_secs_f64();
@@ -1226,6 +1253,14 @@ async fn writer_throughput() {
         ratio,
         "≥ 0.8× bare",
         ratio >= 0.8,
+    );
+    // Where a call's CPU goes: the process's own threads (the host, or
+    // bare tokio's spawning and waiting) and its commands (`sh`, reaped).
+    let (service_own, service_children) = (median(&mut service_cpu.0), median(&mut service_cpu.1));
+    let (bare_own, bare_children) = (median(&mut bare_cpu.0), median(&mut bare_cpu.1));
+    println!(
+        "\nCPU per call, median of the rounds: service {service_own:.0} µs in the host's threads + {service_children:.0} µs in `sh`; bare {bare_own:.0} µs in tokio's + {bare_children:.0} µs in `sh`. At 0.8× the host may use {:.0} µs.",
+        (bare_own + bare_children) / 0.8 - service_children
     );
     service.shutdown().await;
 }

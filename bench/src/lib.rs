@@ -72,6 +72,47 @@ pub fn service(dir: &std::path::Path) -> offstage::SessionService {
     .expect("the file store opens in a fresh temp dir")
 }
 
+/// CPU time (user + system) used so far by this process's own threads
+/// and by its children that have been waited for: where a throughput
+/// round's time went, the process's share apart from its commands'.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuTime {
+    /// This process's threads.
+    pub own: Duration,
+    /// Its waited-for children (and theirs).
+    pub children: Duration,
+}
+
+impl CpuTime {
+    /// The totals now, from `getrusage`.
+    pub fn now() -> CpuTime {
+        fn of(who: libc::c_int) -> Duration {
+            // SAFETY: `getrusage` fills the struct it is given.
+            let usage = unsafe {
+                let mut usage: libc::rusage = std::mem::zeroed();
+                libc::getrusage(who, &mut usage);
+                usage
+            };
+            let time = |t: libc::timeval| {
+                Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+            };
+            time(usage.ru_utime) + time(usage.ru_stime)
+        }
+        CpuTime {
+            own: of(libc::RUSAGE_SELF),
+            children: of(libc::RUSAGE_CHILDREN),
+        }
+    }
+
+    /// What was used since `earlier`.
+    pub fn since(self, earlier: CpuTime) -> CpuTime {
+        CpuTime {
+            own: self.own.saturating_sub(earlier.own),
+            children: self.children.saturating_sub(earlier.children),
+        }
+    }
+}
+
 /// A duration in microseconds with two decimals.
 pub fn micros(duration: Duration) -> String {
     format!("{:.2} µs", duration.as_secs_f64() * 1e6)
