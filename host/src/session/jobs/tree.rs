@@ -81,7 +81,15 @@
 //! is registered (woken by [`JobTree::new`]) or a child of the host exits
 //! (SIGCHLD: a zombie of a process no job claimed), with a sweep every
 //! [`IDLE_SWEEP_EVERY`] as the fallback: an idle host does not look at
-//! `/proc` five times a second.
+//! `/proc` five times a second. A job's first look is a tick after it
+//! registered (a look at once would come before its command started).
+//!
+//! The reaper is housekeeping, and a sighting of many running jobs is
+//! not cheap (a thousand jobs: ~40 ms of `/proc` reads). So its thread
+//! runs at a lower priority ([`REAPER_NICE`]), and its ticks are spaced
+//! [`TICK_PER_SIGHTING`] times its last sighting's length when that is
+//! longer than [`SCAN_EVERY`]: it never holds more than a tenth of a
+//! core, and a move's commit or a job's end does not wait for it.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -96,8 +104,20 @@ use crate::util::LockExt;
 /// The environment variable that marks a job's processes.
 pub(crate) const MARKER_VAR: &str = "OFFSTAGE_JOB";
 
-/// How often the reaper thread looks while there is something to watch.
+/// How often the reaper thread looks while there is something to watch,
+/// at most.
 const SCAN_EVERY: Duration = Duration::from_millis(200);
+
+/// The reaper's ticks are at least this many times as far apart as its
+/// last sighting took: a sighting costs what the jobs have (a thousand
+/// running jobs, ~40 ms of reads), and the reaper is housekeeping — it
+/// must not take a core from the jobs and the commits.
+const TICK_PER_SIGHTING: u32 = 10;
+
+/// The reaper thread's nice value: below the host's other threads, so
+/// that a sighting that does run gives way to a move's commit and the
+/// callers it releases.
+const REAPER_NICE: libc::c_int = 10;
 
 /// How often the reaper thread sweeps while no job is tracked.
 const IDLE_SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -847,6 +867,14 @@ fn kill(pid: i32, start: u64) {
 /// ended jobs, and reaps the zombies the host adopted from them — all
 /// from one sighting per tick.
 fn reaper() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls; `setpriority` with a thread id sets that
+    // thread's nice value on Linux (raising it needs no privilege).
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, REAPER_NICE);
+    }
+    let mut tick = SCAN_EVERY;
     loop {
         {
             // Every tick while a job is tracked (so a detaching process is
@@ -854,11 +882,7 @@ fn reaper() {
             // orphan's exit or the idle sweep.
             let registry = REGISTRY.lock_unpoisoned();
             let was_busy = registry.busy();
-            let wait = if was_busy {
-                SCAN_EVERY
-            } else {
-                IDLE_SWEEP_EVERY
-            };
+            let wait = if was_busy { tick } else { IDLE_SWEEP_EVERY };
             let (registry, _) = WAKE
                 .wait_timeout(registry, wait)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -885,7 +909,9 @@ fn reaper() {
                 .map(|(m, _)| m.clone())
                 .collect()
         };
+        let started = std::time::Instant::now();
         let sighting = fresh_sighting();
+        tick = SCAN_EVERY.max(started.elapsed() * TICK_PER_SIGHTING);
         for marker in doomed {
             if kill_seen(&marker, &sighting) == 0 {
                 forget(&marker);
@@ -1028,6 +1054,50 @@ mod tests {
         let zombie = b"7 (z) Z 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0";
         assert!(parse_stat(7, zombie).unwrap().zombie);
         assert_eq!(parse_stat(7, b"7 (cut) S 1 7"), None);
+    }
+
+    /// The reaper gives way to the host's other threads.
+    #[test]
+    fn the_reaper_thread_runs_below_the_others() {
+        init();
+        let nice_of = |tid: &str| -> Option<(String, i64)> {
+            let task = format!("/proc/self/task/{tid}");
+            let comm = std::fs::read_to_string(format!("{task}/comm")).ok()?;
+            let stat = std::fs::read_to_string(format!("{task}/stat")).ok()?;
+            // Field 19, counted after the name's closing parenthesis.
+            let nice = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(16)?
+                .parse()
+                .ok()?;
+            Some((comm.trim().to_string(), nice))
+        };
+        let mut reaper = None;
+        for _ in 0..500 {
+            reaper = std::fs::read_dir("/proc/self/task")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| nice_of(e.file_name().to_str()?))
+                .find(|(comm, _)| comm == "offstage-reaper");
+            if reaper
+                .as_ref()
+                .is_some_and(|(_, nice)| *nice == i64::from(REAPER_NICE))
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (_, nice) = reaper.expect("the reaper thread runs");
+        assert_eq!(nice, i64::from(REAPER_NICE));
+        // SAFETY: a plain syscall.
+        let this_thread = unsafe { libc::syscall(libc::SYS_gettid) };
+        let (_, mine) = nice_of(&this_thread.to_string()).unwrap();
+        assert!(
+            mine < nice,
+            "this thread is at {mine}, the reaper at {nice}"
+        );
     }
 
     #[test]
