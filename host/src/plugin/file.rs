@@ -127,6 +127,27 @@ pub(crate) struct Content {
     pub(crate) hash: u64,
 }
 
+/// Which file sits at a path, as far as telling two installs apart goes:
+/// its length, modification time and (on Unix) inode. A library
+/// installed again, even with the same bytes, is a new file (copied and
+/// renamed into place), so its stamp differs; a late event about a file
+/// already seen finds the same stamp.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stamp(Option<(u64, Option<std::time::SystemTime>, u64)>);
+
+impl Stamp {
+    /// The stamp of what is at `path` now; a missing file has one too.
+    pub(crate) fn of(path: &Path) -> Self {
+        Stamp(std::fs::metadata(path).ok().map(|meta| {
+            #[cfg(unix)]
+            let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+            #[cfg(not(unix))]
+            let inode = 0;
+            (meta.len(), meta.modified().ok(), inode)
+        }))
+    }
+}
+
 /// Hashes `file` from its start by streaming it through a small buffer.
 pub(crate) fn content_of(file: &mut File) -> std::io::Result<Content> {
     copy_streaming(file, &mut std::io::sink())

@@ -27,6 +27,10 @@ pub(super) struct State {
 pub(super) struct PluginEntry {
     pub(super) info: PluginInfo,
     pub(super) live: Option<Generation>,
+    /// When `info.error` is a failed build of the plugin's sources: the
+    /// library file as it was then. Only a file installed since (another
+    /// stamp) clears that error; see [`PluginHost::clear_error`].
+    pub(super) failed_build_over: Option<file::Stamp>,
 }
 
 impl PluginHost {
@@ -83,14 +87,24 @@ impl PluginHost {
 
     /// Clears the error shown for the loaded generation of `name` (a failed
     /// build or reload that a later success superseded) and returns its
-    /// info; `None` if `name` has no loaded generation.
-    pub(super) fn clear_error(&self, name: &str) -> Option<PluginInfo> {
+    /// info; `None` if `name` has no loaded generation. `now` is the
+    /// library file at hand: a failed build's error stays unless that file
+    /// was installed after the failure, since a late event about the file
+    /// installed before it says nothing about the failed build.
+    pub(super) fn clear_error(&self, name: &str, now: &file::Stamp) -> Option<PluginInfo> {
         let mut state = self.inner.state.lock_unpoisoned();
         let entry = state
             .entries
             .iter_mut()
             .find(|e| e.info.name == name && e.live.is_some())?;
-        entry.info.error = None;
+        if entry
+            .failed_build_over
+            .as_ref()
+            .is_none_or(|then| then != now)
+        {
+            entry.info.error = None;
+            entry.failed_build_over = None;
+        }
         Some(entry.info.clone())
     }
 
@@ -101,7 +115,11 @@ impl PluginHost {
         state
             .entries
             .retain(|e| !(e.info.path == info.path && e.info.status != PluginStatus::Loaded));
-        state.entries.push(PluginEntry { info, live });
+        state.entries.push(PluginEntry {
+            info,
+            live,
+            failed_build_over: None,
+        });
     }
 
     /// Marks generation `generation` of `name` failed, if it is loaded. Its

@@ -186,6 +186,7 @@ impl PluginHost {
             match entry {
                 Some(entry) => {
                     entry.info = info.clone();
+                    entry.failed_build_over = None;
                     entry.live.replace(live)
                 }
                 None => {
@@ -194,6 +195,7 @@ impl PluginHost {
                     state.entries.push(PluginEntry {
                         info: info.clone(),
                         live: Some(live),
+                        failed_build_over: None,
                     });
                     None
                 }
@@ -245,6 +247,7 @@ impl PluginHost {
             });
             entry.map(|entry| {
                 entry.info.error = Some(message);
+                entry.failed_build_over = None;
                 entry.info.clone()
             })
         };
@@ -279,6 +282,7 @@ impl PluginHost {
                 .find(|e| e.live.is_some() && e.info.path == path)
                 .map(|entry| {
                     entry.info.error = Some(error.to_string());
+                    entry.failed_build_over = Some(file::Stamp::of(path));
                     entry.info.clone()
                 })
         };
@@ -319,8 +323,9 @@ impl PluginHost {
     /// that did: what `offstage dev` does when a file in a plugin dir
     /// changes. A file whose bytes are those the loaded generation came
     /// from (a rebuild that produced the same library) is not reloaded:
-    /// the loaded plugin is returned as it is, with any build error it
-    /// showed cleared.
+    /// the loaded plugin is returned as it is, with the error it showed
+    /// cleared, unless that error is a failed build and the file is still
+    /// the one installed before it (a late event about an old install).
     pub fn load_or_reload(&self, path: &Path) -> Result<PluginInfo, LoadError> {
         let canonical = std::fs::canonicalize(path).ok();
         let same_file = |known: &Path| {
@@ -341,7 +346,7 @@ impl PluginHost {
             .is_ok_and(|now| now == content);
         if unchanged {
             tracing::info!(plugin = %name, path = %path.display(), "plugin file unchanged; not reloaded");
-            if let Some(info) = self.clear_error(&name) {
+            if let Some(info) = self.clear_error(&name, &file::Stamp::of(path)) {
                 return Ok(info);
             }
         }

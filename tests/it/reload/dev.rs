@@ -126,6 +126,41 @@ async fn a_slow_writer_is_waited_for_and_an_unchanged_file_not_reloaded() {
     assert!(seen.iter().all(|e| e.kind != "plugin.failed"), "{seen:#?}");
 }
 
+/// A failed build's error stays until a library is installed after it:
+/// a late event about the file installed before the failure (the same
+/// bytes, the same file) does not clear it; the same bytes installed
+/// again (a fixed build that produced the library of before) do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_build_is_cleared_only_by_a_file_installed_after_it() {
+    let reload = ReloadHost::start(Variant::A);
+    let plugins = reload.host.plugins.clone();
+    let path = reload.path.clone();
+    plugins.record_build_failure(&path, "error: expected item, found `this`");
+    let error = |plugins: &offstage::PluginHost| plugins.get("reloadable").unwrap().error;
+    assert!(error(&plugins).is_some_and(|e| e.contains("build failed")));
+
+    let late = {
+        let (plugins, path) = (plugins.clone(), path.clone());
+        tokio::task::spawn_blocking(move || plugins.load_or_reload(&path))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(late.generation, 1, "unchanged bytes are not reloaded");
+    assert!(
+        late.error.is_some() && error(&plugins).is_some(),
+        "the file of before the failure leaves its error: {late:?}"
+    );
+
+    reload.install(Variant::A);
+    let fixed = tokio::task::spawn_blocking(move || plugins.load_or_reload(&path))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((fixed.generation, fixed.error), (1, None));
+    assert_eq!(reload.whoami().await, stamp(Variant::A, 1));
+}
+
 const DEV_PLUGIN: &str = r#"
 use offstage_plugin_api::prelude::*;
 
