@@ -228,7 +228,10 @@ struct SessionEntry {
     /// Shared, so that `list` takes pointers under the lock and clones
     /// outside it; a change copies it only while a reader still holds it.
     session: Arc<Session>,
-    messages: Vec<Message>,
+    /// Shared with the hooks that recorded them and with readers: a move
+    /// of a thousand jobs hands its messages over without copying them,
+    /// and `messages` copies them outside the lock.
+    messages: Vec<Arc<Message>>,
     /// User prompts and notices the agent has not seen yet.
     inbox: Vec<Message>,
     turn: Option<turn::TurnHandle>,
@@ -244,9 +247,9 @@ impl SessionEntry {
     /// Puts a message that is already in the store into memory (the
     /// caller publishes `message.added`). Prompts and notices also go to
     /// the inbox.
-    fn add_message(&mut self, message: Message) {
+    fn add_message(&mut self, message: Arc<Message>) {
         if matches!(message.role, Role::User | Role::Notice) {
-            self.inbox.push(message.clone());
+            self.inbox.push(Message::clone(&message));
         }
         if self.session.updated_at != message.created_at {
             Arc::make_mut(&mut self.session).updated_at = message.created_at.clone();
@@ -689,7 +692,11 @@ impl SessionService {
 
     /// A session's messages, oldest first.
     pub async fn messages(&self, id: &str) -> Result<Vec<Message>> {
-        Ok(self.state().session(id)?.messages.clone())
+        let shared = self.state().session(id)?.messages.clone();
+        Ok(shared
+            .iter()
+            .map(|message| Message::clone(message))
+            .collect())
     }
 
     /// Adds a notice to a session and wakes it. Background jobs that end do
@@ -753,7 +760,7 @@ impl SessionService {
     /// the inbox.
     fn push_message(&self, entry: &mut SessionEntry, message: Message) {
         let event = PreparedEvent::prepare("message.added", &message);
-        entry.add_message(message);
+        entry.add_message(Arc::new(message));
         self.inner.events.publish_all([event]);
     }
 

@@ -77,7 +77,11 @@ impl SessionService {
                 session.id.clone(),
                 SessionEntry {
                     session: std::sync::Arc::new(session),
-                    messages: stored.messages,
+                    messages: stored
+                        .messages
+                        .into_iter()
+                        .map(std::sync::Arc::new)
+                        .collect(),
                     inbox: stored.inbox,
                     turn: None,
                     blocking_calls: 0,

@@ -62,7 +62,7 @@ fn notices_of(
         .messages
         .iter()
         .filter(|m| m.role == Role::Notice && m.metadata["job_id"] == job_id)
-        .cloned()
+        .map(|m| offstage_plugin_api::types::Message::clone(m))
         .collect()
 }
 

@@ -257,6 +257,12 @@ pub(super) fn connect(
         .map_err(|e| classify(&shown, e))?;
     conn.pragma_update(None, "foreign_keys", true)
         .map_err(|e| classify(&shown, e))?;
+    // A statement inside a transaction keeps a journal of the pages it
+    // changes, so that it alone can be undone; past 64 KiB SQLite spills
+    // that journal to a temporary file, and a 1,000-job move paid a
+    // `pwrite` per page for a file nobody ever reads. It stays in memory.
+    conn.pragma_update(None, "temp_store", "memory")
+        .map_err(|e| classify(&shown, e))?;
     // Every statement the store runs stays prepared: with rusqlite's
     // default of 16 the store's ~30 statements evicted each other, and a
     // small write paid for parsing and planning its statements again.

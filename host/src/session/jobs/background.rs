@@ -40,7 +40,7 @@ pub(super) enum MoveReason {
 /// What a move committed: the jobs moved, by id, and the messages it
 /// added (the session's "moved" message first, then each released
 /// caller's tool message).
-pub(super) type Moved = (Vec<Job>, Vec<Message>);
+pub(super) type Moved = (Vec<Job>, Vec<Arc<Message>>);
 
 impl SessionService {
     /// Moves a session's blocking jobs — all, one type, or one job — to
@@ -151,7 +151,8 @@ impl SessionService {
                     move_message(reason, &moved, at).into_iter().collect();
                 messages.extend(replies);
                 store::insert_messages(conn, &messages)?;
-                Ok::<_, StoreError>((moved, messages))
+                let shared = messages.into_iter().map(Arc::new).collect();
+                Ok::<_, StoreError>((moved, shared))
             },
             move |service, (moved, messages)| {
                 // The callers first: they wait for nothing but this, and
@@ -159,22 +160,17 @@ impl SessionService {
                 // follow in this same hook, so they still precede any
                 // later commit's (hooks run one group at a time), and
                 // none shows before the commit.
-                // Copied before the lock: the released callers take it too.
-                let copies = messages.to_vec();
+                let mut released = Vec::with_capacity(moved.len());
                 let session_kept = {
                     let mut state = service.state();
                     for job in moved {
                         if let Some(entry) = state.jobs.get_mut(&job.id) {
                             entry.job.backgrounded = true;
-                            // Released in the hook that marks the job: a
-                            // job that ends right after must not find its
-                            // caller still waiting, or that caller would
-                            // report the end as well as the notice does.
                             if let Some(runtime) = &entry.runtime {
                                 if record_replies {
                                     runtime.recorded.store(true, Ordering::SeqCst);
                                 }
-                                runtime.released.send_replace(true);
+                                released.push(runtime.clone());
                             }
                         }
                     }
@@ -183,8 +179,8 @@ impl SessionService {
                         .and_then(|job| state.sessions.get_mut(&job.session_id))
                     {
                         Some(entry) => {
-                            for message in copies {
-                                entry.add_message(message);
+                            for message in messages {
+                                entry.add_message(message.clone());
                             }
                             true
                         }
@@ -192,6 +188,15 @@ impl SessionService {
                         None => false,
                     }
                 };
+                // Released in the hook that marks the jobs (a job that ends
+                // right after must not find its caller still waiting, or
+                // that caller would report the end as well as the notice
+                // does: the end's hook runs after this one), but with the
+                // lock let go, which each released caller takes on its way
+                // out.
+                for runtime in released {
+                    runtime.released.send_replace(true);
+                }
                 // Serialised outside the state lock, published with one
                 // lock of the bus for all of them.
                 let messages = if session_kept { &messages[..] } else { &[] };
@@ -201,7 +206,7 @@ impl SessionService {
                     .chain(
                         messages
                             .iter()
-                            .map(|message| PreparedEvent::prepare("message.added", message)),
+                            .map(|message| PreparedEvent::prepare("message.added", &**message)),
                     )
                     .collect();
                 service.inner.events.publish_all(events);
