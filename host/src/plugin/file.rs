@@ -128,22 +128,28 @@ pub(crate) struct Content {
 }
 
 /// Which file sits at a path, as far as telling two installs apart goes:
-/// its length, modification time and (on Unix) inode. A library
-/// installed again, even with the same bytes, is a new file (copied and
-/// renamed into place), so its stamp differs; a late event about a file
-/// already seen finds the same stamp.
+/// its length, modification time and identity (the inode on Unix; the
+/// creation time elsewhere, since a copy there keeps its source's
+/// modification time). A library installed again, even with the same
+/// bytes, is a new file (copied and renamed into place), so its stamp
+/// differs; a late event about a file already seen finds the same stamp.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Stamp(Option<(u64, Option<std::time::SystemTime>, u64)>);
+pub(crate) struct Stamp(Option<(u64, Option<std::time::SystemTime>, FileIdentity)>);
+
+#[cfg(unix)]
+type FileIdentity = u64;
+#[cfg(not(unix))]
+type FileIdentity = Option<std::time::SystemTime>;
 
 impl Stamp {
     /// The stamp of what is at `path` now; a missing file has one too.
     pub(crate) fn of(path: &Path) -> Self {
         Stamp(std::fs::metadata(path).ok().map(|meta| {
             #[cfg(unix)]
-            let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+            let identity = std::os::unix::fs::MetadataExt::ino(&meta);
             #[cfg(not(unix))]
-            let inode = 0;
-            (meta.len(), meta.modified().ok(), inode)
+            let identity = meta.created().ok();
+            (meta.len(), meta.modified().ok(), identity)
         }))
     }
 }

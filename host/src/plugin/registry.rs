@@ -137,6 +137,7 @@ impl PluginHost {
             };
             entry.info.status = PluginStatus::Failed;
             entry.info.error = Some(error::one_line(message));
+            entry.failed_build_over = None;
             entry.info.clone()
         };
         // Logged once, where it was detected (`GenerationState::fail`).

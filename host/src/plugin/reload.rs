@@ -173,7 +173,7 @@ impl PluginHost {
         path: &Path,
         generation: u64,
         old_state: &Arc<GenerationState>,
-        info: PluginInfo,
+        mut info: PluginInfo,
         live: Generation,
     ) -> PluginInfo {
         let old = {
@@ -185,8 +185,16 @@ impl PluginHost {
             });
             match entry {
                 Some(entry) => {
+                    // A build that failed after this very file was
+                    // installed is still the plugin's latest word: the file
+                    // loads (it is a good build, only an older one), and
+                    // the failure stays shown.
+                    if entry.failed_build_over.as_ref() == Some(&file::Stamp::of(path)) {
+                        info.error = entry.info.error.clone();
+                    } else {
+                        entry.failed_build_over = None;
+                    }
                     entry.info = info.clone();
-                    entry.failed_build_over = None;
                     entry.live.replace(live)
                 }
                 None => {

@@ -126,39 +126,48 @@ async fn a_slow_writer_is_waited_for_and_an_unchanged_file_not_reloaded() {
     assert!(seen.iter().all(|e| e.kind != "plugin.failed"), "{seen:#?}");
 }
 
-/// A failed build's error stays until a library is installed after it:
-/// a late event about the file installed before the failure (the same
-/// bytes, the same file) does not clear it; the same bytes installed
-/// again (a fixed build that produced the library of before) do.
+/// A failed build's error stays until a library is installed after it.
+/// Late events about the file installed before the failure do not clear
+/// it: one whose bytes are new loads that (older, good) build and keeps
+/// the error; one whose bytes are loaded already changes nothing. The
+/// same bytes installed again (a fixed build that produced the library of
+/// before) clear it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_build_is_cleared_only_by_a_file_installed_after_it() {
     let reload = ReloadHost::start(Variant::A);
     let plugins = reload.host.plugins.clone();
     let path = reload.path.clone();
+    let load_or_reload = || {
+        let (plugins, path) = (plugins.clone(), path.clone());
+        async move {
+            tokio::task::spawn_blocking(move || plugins.load_or_reload(&path))
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    // Build B installed; before the watcher acts on it, the next save's
+    // build fails.
+    reload.install(Variant::B);
     plugins.record_build_failure(&path, "error: expected item, found `this`");
     let error = |plugins: &offstage::PluginHost| plugins.get("reloadable").unwrap().error;
     assert!(error(&plugins).is_some_and(|e| e.contains("build failed")));
 
-    let late = {
-        let (plugins, path) = (plugins.clone(), path.clone());
-        tokio::task::spawn_blocking(move || plugins.load_or_reload(&path))
-            .await
-            .unwrap()
-            .unwrap()
-    };
-    assert_eq!(late.generation, 1, "unchanged bytes are not reloaded");
+    let late = load_or_reload().await;
+    assert_eq!(late.generation, 2, "build B loads");
+    assert_eq!(reload.whoami().await, stamp(Variant::B, 2));
     assert!(
         late.error.is_some() && error(&plugins).is_some(),
         "the file of before the failure leaves its error: {late:?}"
     );
+    let again = load_or_reload().await;
+    assert_eq!(again.generation, 2, "unchanged bytes are not reloaded");
+    assert!(again.error.is_some(), "{again:?}");
 
-    reload.install(Variant::A);
-    let fixed = tokio::task::spawn_blocking(move || plugins.load_or_reload(&path))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((fixed.generation, fixed.error), (1, None));
-    assert_eq!(reload.whoami().await, stamp(Variant::A, 1));
+    reload.install(Variant::B);
+    let fixed = load_or_reload().await;
+    assert_eq!((fixed.generation, fixed.error), (2, None));
+    assert_eq!(error(&plugins), None);
 }
 
 const DEV_PLUGIN: &str = r#"
