@@ -994,7 +994,8 @@ fn read_rules(conn: &Connection) -> Result<Vec<Rule>, StoreError> {
 }
 
 pub(crate) fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
-    conn.prepare_cached(
+    write_job_row(
+        conn,
         "INSERT INTO jobs (id, session_id, type, title, status, backgrounded, started_at,
                            completed_at, exit_code, output_path, child_session_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
@@ -1004,22 +1005,29 @@ pub(crate) fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError>
              started_at = excluded.started_at, completed_at = excluded.completed_at,
              exit_code = excluded.exit_code, output_path = excluded.output_path,
              child_session_id = excluded.child_session_id",
-    )?
-    .execute(params![
-        job.id,
-        job.session_id,
-        job.kind,
-        job.title,
-        word(&job.status),
-        job.backgrounded,
-        job.started_at,
-        job.completed_at,
-        job.exit_code,
-        job.output_path,
-        job.child_session_id,
-    ])
-    .map_err(|e| missing_parent(e, "session", &job.session_id))?;
+        job,
+    )?;
     Ok(())
+}
+
+/// Runs `sql`, an `INSERT` of a job row with its eleven columns as
+/// parameters `?1`…`?11`; returns the rows it changed.
+fn write_job_row(conn: &Connection, sql: &str, job: &Job) -> Result<usize, StoreError> {
+    conn.prepare_cached(sql)?
+        .execute(params![
+            job.id,
+            job.session_id,
+            job.kind,
+            job.title,
+            word(&job.status),
+            job.backgrounded,
+            job.started_at,
+            job.completed_at,
+            job.exit_code,
+            job.output_path,
+            job.child_session_id,
+        ])
+        .map_err(|e| missing_parent(e, "session", &job.session_id))
 }
 
 pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), StoreError> {
@@ -1313,16 +1321,6 @@ pub(crate) fn finish_job(
     }
 }
 
-/// Whether the stored job `id` was moved to the background (`None`: no
-/// such job, e.g. its session was removed).
-pub(crate) fn job_backgrounded(conn: &Connection, id: &str) -> Result<Option<bool>, StoreError> {
-    let backgrounded = conn
-        .prepare_cached("SELECT backgrounded FROM jobs WHERE id = ?1")?
-        .query_row([id], |row| row.get(0))
-        .optional()?;
-    Ok(backgrounded)
-}
-
 /// A move to the background: marks each of `job_ids` that is still
 /// running in the foreground as backgrounded and returns those, in the
 /// order given. One statement for all of them: the ids go in as one JSON
@@ -1371,37 +1369,45 @@ pub(crate) fn move_jobs<'a>(
 }
 
 /// Inserts a new job; an id already stored is [`StoreError::Duplicate`].
+/// One statement: a shell call makes this write every time it starts.
 pub(crate) fn insert_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
-    let exists: Option<i64> = conn
-        .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
-        .query_row([&job.id], |row| row.get(0))
-        .optional()?;
-    if exists.is_some() {
+    let inserted = write_job_row(
+        conn,
+        "INSERT INTO jobs (id, session_id, type, title, status, backgrounded, started_at,
+                           completed_at, exit_code, output_path, child_session_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+         ON CONFLICT (id) DO NOTHING",
+        job,
+    )?;
+    if inserted == 0 {
         return Err(StoreError::Duplicate {
             what: "job",
             id: job.id.clone(),
         });
     }
-    upsert_job(conn, job)
+    Ok(())
 }
 
 /// Records how a job ended (status, time, exit code), leaving the rest of
-/// its row as it is.
-pub(crate) fn end_job(conn: &Connection, job: &Job) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "UPDATE jobs SET status = ?2, completed_at = ?3, exit_code = ?4 WHERE id = ?1",
-    )?
-    .execute(params![
-        job.id,
-        word(&job.status),
-        job.completed_at,
-        job.exit_code
-    ])?;
-    if job.status.is_final() {
+/// its row as it is, and returns whether it had been moved to the
+/// background: `None` if no such job is stored (its session was removed
+/// with it). One statement for the two, since every shell call ends here.
+pub(crate) fn end_job(conn: &Connection, job: &Job) -> Result<Option<bool>, StoreError> {
+    let backgrounded: Option<bool> = conn
+        .prepare_cached(
+            "UPDATE jobs SET status = ?2, completed_at = ?3, exit_code = ?4 WHERE id = ?1
+             RETURNING backgrounded",
+        )?
+        .query_row(
+            params![job.id, word(&job.status), job.completed_at, job.exit_code],
+            |row| row.get(0),
+        )
+        .optional()?;
+    if backgrounded.is_some() && job.status.is_final() {
         conn.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?
             .execute([&job.id])?;
     }
-    Ok(())
+    Ok(backgrounded)
 }
 
 /// Sets the child session a subagent job drives.

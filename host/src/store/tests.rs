@@ -630,6 +630,58 @@ fn a_move_marks_only_running_foreground_jobs_in_the_order_given() {
 }
 
 #[test]
+fn a_job_is_inserted_once_and_its_end_says_whether_it_was_moved() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let started = Job {
+        backgrounded: false,
+        ..job("job_1", "ses_1", JobStatus::Running)
+    };
+    let first = started.clone();
+    store.write(move |conn| insert_job(conn, &first)).unwrap();
+    // The same id again: refused, and the stored row is the first one.
+    let again = Job {
+        title: "something else".into(),
+        ..started.clone()
+    };
+    let error = store
+        .write(move |conn| insert_job(conn, &again))
+        .unwrap_err();
+    assert!(
+        matches!(&error, StoreError::Duplicate { what: "job", id } if id == "job_1"),
+        "{error:?}"
+    );
+    assert_eq!(store.job("job_1").unwrap().unwrap(), started);
+    // A job of a session that is not stored: the missing parent is named.
+    let orphan = job("job_2", "ses_gone", JobStatus::Running);
+    let error = store
+        .write(move |conn| insert_job(conn, &orphan))
+        .unwrap_err();
+    assert!(!matches!(error, StoreError::Duplicate { .. }), "{error:?}");
+
+    let ended = |id: &str, store: &Store| {
+        let ended = Job {
+            status: JobStatus::Completed,
+            completed_at: Some("2026-01-01T00:00:09.000Z".into()),
+            exit_code: Some(0),
+            ..job(id, "ses_1", JobStatus::Completed)
+        };
+        store.write(move |conn| end_job(conn, &ended)).unwrap()
+    };
+    assert_eq!(ended("job_1", &store), Some(false));
+    let stored = store.job("job_1").unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.exit_code, stored.title.as_str()),
+        (JobStatus::Completed, Some(0), "sleep 5")
+    );
+    store
+        .put_job(&job("job_3", "ses_1", JobStatus::Running))
+        .unwrap();
+    assert_eq!(ended("job_3", &store), Some(true));
+    assert_eq!(ended("job_nope", &store), None);
+}
+
+#[test]
 fn a_move_of_one_job_marks_it_only_while_it_runs_in_the_foreground() {
     let store = Store::open_in_memory().unwrap();
     store.put_session(&session("ses_1", None)).unwrap();

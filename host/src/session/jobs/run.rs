@@ -212,11 +212,10 @@ impl SessionService {
         let tail = tail.to_string();
         self.submit(
             move |conn| {
-                let Some(backgrounded) = store::job_backgrounded(conn, &record.id)? else {
+                let Some(backgrounded) = store::end_job(conn, &record)? else {
                     // The session was removed (with its jobs) meanwhile.
                     return Ok(Ended::default());
                 };
-                store::end_job(conn, &record)?;
                 let mut end = Ended {
                     stored: true,
                     backgrounded,
