@@ -400,7 +400,14 @@ impl std::fmt::Debug for Store {
 const JOB_COLUMNS: &str = "id, session_id, type, title, status, backgrounded, started_at, \
                            completed_at, exit_code, output_path, child_session_id";
 const MESSAGE_COLUMNS: &str = "id, session_id, role, text, metadata, created_at";
-const SESSION_COLUMNS: &str = "id, title, parent_id, agent, status, created_at, updated_at";
+/// A session's `updated_at` is read as the later of its row's and its last
+/// message's time: a message does not rewrite its session's row (that
+/// was one more statement, and one more page in the log, for every
+/// message written).
+const SESSION_COLUMNS: &str = "id, title, parent_id, agent, status, created_at,
+    max(updated_at, coalesce((SELECT m.created_at FROM messages AS m
+                              WHERE m.session_id = sessions.id
+                              ORDER BY m.seq DESC LIMIT 1), updated_at))";
 
 impl Store {
     /// Opens (creating if needed) `<data_dir>/offstage.db` with the
@@ -605,8 +612,8 @@ impl Store {
 
     // ----- messages ------------------------------------------------------
 
-    /// Appends a message to its session and sets the session's
-    /// `updated_at` to the message's time, in one commit. A `user` or
+    /// Appends a message to its session, whose `updated_at` then reads as
+    /// the message's time (see [`SESSION_COLUMNS`]). A `user` or
     /// `notice` message starts in the session's inbox (undelivered), as in
     /// the service; see [`Store::mark_delivered`].
     pub fn append_message(&self, message: &Message) -> Result<(), StoreError> {
@@ -1030,31 +1037,21 @@ fn write_job_row(conn: &Connection, sql: &str, job: &Job) -> Result<usize, Store
         .map_err(|e| missing_parent(e, "session", &job.session_id))
 }
 
+/// Appends a message; its session's `updated_at` is its time from now on
+/// (see [`SESSION_COLUMNS`]).
 pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), StoreError> {
-    insert_message_row(tx, message)?;
-    touch_session(tx, &message.session_id, &message.created_at)
+    insert_message_row(tx, message)
 }
 
-/// Appends `messages` in order and sets each session's `updated_at` to the
-/// time of its last one: one update per session, and the rows
-/// [`MESSAGES_PER_INSERT`] to a statement (a move of a thousand jobs adds a
-/// thousand messages to one session).
+/// Appends `messages` in order, the rows [`MESSAGES_PER_INSERT`] to a
+/// statement (a move of a thousand jobs adds a thousand messages to one
+/// session).
 pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(), StoreError> {
     for chunk in messages.chunks(MESSAGES_PER_INSERT) {
         match chunk {
             [message] => insert_message_row(tx, message)?,
             rows => insert_message_rows(tx, rows)?,
         }
-    }
-    let mut latest: Vec<(&str, &str)> = Vec::new();
-    for message in messages {
-        match latest.iter_mut().find(|(id, _)| *id == message.session_id) {
-            Some(entry) => entry.1 = &message.created_at,
-            None => latest.push((&message.session_id, &message.created_at)),
-        }
-    }
-    for (session_id, at) in latest {
-        touch_session(tx, session_id, at)?;
     }
     Ok(())
 }
@@ -1141,7 +1138,7 @@ fn insert_message_rows(tx: &Connection, chunk: &[Message]) -> Result<(), StoreEr
     Ok(())
 }
 
-/// The message's row alone (its session's `updated_at` is the caller's).
+/// The message's row.
 fn insert_message_row(tx: &Connection, message: &Message) -> Result<(), StoreError> {
     let row = MessageRow::new(message);
     static SQL: LazyLock<String> =
@@ -1159,13 +1156,6 @@ fn insert_message_row(tx: &Connection, message: &Message) -> Result<(), StoreErr
             },
             _ => missing_parent(e, "session", &message.session_id),
         })?;
-    Ok(())
-}
-
-/// Sets a session's `updated_at`.
-fn touch_session(tx: &Connection, session_id: &str, at: &str) -> Result<(), StoreError> {
-    tx.prepare_cached("UPDATE sessions SET updated_at = ?2 WHERE id = ?1")?
-        .execute([session_id, at])?;
     Ok(())
 }
 
