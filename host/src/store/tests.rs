@@ -657,7 +657,10 @@ fn a_job_is_inserted_once_and_its_end_says_whether_it_was_moved() {
     let error = store
         .write(move |conn| insert_job(conn, &orphan))
         .unwrap_err();
-    assert!(!matches!(error, StoreError::Duplicate { .. }), "{error:?}");
+    assert!(
+        matches!(&error, StoreError::NotFound { what: "session", id } if id == "ses_gone"),
+        "{error:?}"
+    );
 
     let ended = |id: &str, store: &Store| {
         let ended = Job {
