@@ -274,8 +274,9 @@ impl PluginHost {
     /// A build of the plugin that would be installed at `path` failed
     /// (`offstage dev --watch-src`): shown like a failed reload. A
     /// generation loaded from `path` keeps serving and shows the error
-    /// until a later build is installed; with none, `path` is listed as failed. Either
-    /// way `plugin.failed` is published. `message` is cargo's first error.
+    /// until a later build is installed; with none, `path` is listed as
+    /// failed. Either way `plugin.failed` is published. `message` is
+    /// cargo's first error.
     pub fn record_build_failure(&self, path: &Path, message: &str) {
         let error = LoadError::Build {
             path: path.to_path_buf(),

@@ -18,9 +18,9 @@
 //!   file), which reloads them as above. On failure the errors are logged,
 //!   the old generation keeps serving, and the plugin shows the failure
 //!   like a failed reload: a `plugin.failed` event and the plugin's
-//!   `error` (cargo's first error), until a later build is installed. Either way a
-//!   `plugin.build` event says how it went: `{"dir", "status": "ok" |
-//!   "failed", "installed": [paths], "errors": text}`.
+//!   `error` (cargo's first error), until a later build is installed.
+//!   Either way a `plugin.build` event says how it went: `{"dir",
+//!   "status": "ok" | "failed", "installed": [paths], "errors": text}`.
 //!
 //! A failed load or reload is reported by the plugin host itself (log line,
 //! `plugin.failed` event, the plugin's `error`).
