@@ -176,6 +176,7 @@ impl PluginHost {
         mut info: PluginInfo,
         live: Generation,
     ) -> PluginInfo {
+        let installed = file::Stamp::of(path);
         let old = {
             let mut state = self.inner.state.lock_unpoisoned();
             let entry = state.entries.iter_mut().find(|e| {
@@ -189,7 +190,7 @@ impl PluginHost {
                     // installed is still the plugin's latest word: the file
                     // loads (it is a good build, only an older one), and
                     // the failure stays shown.
-                    if entry.failed_build_over.as_ref() == Some(&file::Stamp::of(path)) {
+                    if entry.failed_build_over.as_ref() == Some(&installed) {
                         info.error = entry.info.error.clone();
                     } else {
                         entry.failed_build_over = None;
