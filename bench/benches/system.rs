@@ -211,9 +211,10 @@ struct BackgroundSamples {
     round_trip: offstage_bench::Summary,
     /// `GET /api/health` sent right after the previous request's answer,
     /// while the host is still awake. Rounds before 2026-12-02 (evening)
-    /// used this as the baseline; on this VM it is ~1.6× faster than the
-    /// same request after a pause (an idle vCPU is slow to wake), so it is
-    /// printed beside the baseline, not used for the verdict.
+    /// used this as the baseline. On this VM it is faster than the same
+    /// request after a pause (an idle vCPU is slow to wake; 1.2–1.6× in
+    /// the runs of that day), so it is printed beside the baseline, not
+    /// used for the verdict.
     warm_round_trip: offstage_bench::Summary,
     /// `POST /background` sent → the held `POST /tool` answered.
     release: offstage_bench::Summary,
@@ -353,10 +354,10 @@ fn http_background(server: &Server, tmpfs: Option<&Server>) {
         println!();
         warm_note("data dir on disk", &disk);
         warm_note("data dir on tmpfs", &in_tmpfs);
-    } else {
-        println!();
-        warm_note("data dir on disk", &disk);
+        return;
     }
+    println!();
+    warm_note("data dir on disk", &disk);
 }
 
 /// Requests/s for `path`, `clients` keep-alive connections, for `time`.
