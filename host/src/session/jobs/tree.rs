@@ -84,6 +84,15 @@
 //! `/proc` five times a second. A job's first look is a tick after it
 //! registered (a look at once would come before its command started).
 //!
+//! A kill round reaps too, before it lists the host's children: the
+//! zombies that sightings found there and attributed to jobs (by the same
+//! rules the reaper uses; see `Registry::adopt_zombies`). When many jobs
+//! end at once (a cancel of all, a shutdown) every ended job's orphans die
+//! into that one list faster than the reaper's ticks empty it, and each
+//! kill round would read them all: a cancel of 1,000 jobs made about a
+//! million `/proc` reads. A kill round also builds its owners' maps from
+//! its own job only, not from every job running.
+//!
 //! The reaper is housekeeping, and a sighting of many running jobs is
 //! not cheap (a thousand jobs: ~40 ms of `/proc` reads). So its thread
 //! runs at a lower priority ([`REAPER_NICE`]), and its ticks are spaced
@@ -145,6 +154,12 @@ struct Registry {
     /// The main processes (so the process groups) of recent jobs, newest
     /// last: tokio's children, never reaped here.
     mains: VecDeque<i32>,
+    /// Zombies the host adopted from jobs, by pid, with their start time:
+    /// children only this module reaps (see [`Registry::adopt_zombies`]),
+    /// so each stays the host's child, under the same pid, until it is
+    /// reaped here — by the reaper's tick, or by the next kill round
+    /// ([`Registry::reap_adopted`]), whichever comes first.
+    adopted_zombies: HashMap<i32, u64>,
 }
 
 /// How many recent jobs' main pids are remembered.
@@ -173,20 +188,74 @@ impl Registry {
         !self.jobs.is_empty() || !self.to_reap.is_empty()
     }
 
-    /// Which job each known process belongs to: by main pid, and by
-    /// member seen before.
-    fn owners(&self) -> (HashMap<i32, String>, HashMap<ProcId, String>) {
-        let mains = self
-            .jobs
+    /// Which job each known process of the jobs in `scope` belongs to:
+    /// by main pid, and by member seen before. A kill round's scope is
+    /// its own job: it costs what that job has, not what every running
+    /// job has.
+    fn owners(&self, scope: Scope<'_>) -> (HashMap<i32, String>, HashMap<ProcId, String>) {
+        let jobs: Vec<(&String, &Tracked)> = match scope {
+            Scope::Every => self.jobs.iter().collect(),
+            Scope::Job(marker) => self.jobs.get_key_value(marker).into_iter().collect(),
+        };
+        let mains = jobs
             .iter()
-            .filter_map(|(m, t)| Some((t.main?, m.clone())))
+            .filter_map(|(m, t)| Some((t.main?, (*m).clone())))
             .collect();
-        let known = self
-            .jobs
+        let known = jobs
             .iter()
-            .flat_map(|(m, t)| t.members.iter().map(move |id| (*id, m.clone())))
+            .flat_map(|(m, t)| t.members.iter().map(move |id| (*id, (*m).clone())))
             .collect();
         (mains, known)
+    }
+
+    /// Remembers the `zombies` (children of the host's main thread, each
+    /// with whether the sighting found it a member of a job) that were
+    /// adopted from jobs: the ones [`reap`] takes, that is not a job's main
+    /// process (tokio waits for those), and a member of a job, in a job's
+    /// process group, or in a session other than the host's. Nobody else
+    /// waits for such a child, so until it is reaped here it stays in the
+    /// host's child list under the same pid, and it can be reaped by pid
+    /// without reading it again.
+    fn adopt_zombies(&mut self, zombies: &[(Proc, bool)]) {
+        let new: Vec<&(Proc, bool)> = zombies
+            .iter()
+            .filter(|(z, _)| self.adopted_zombies.get(&z.pid) != Some(&z.start))
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        // SAFETY: a plain syscall.
+        let host_session = unsafe { libc::getsid(0) };
+        let mut mains: HashSet<i32> = self.mains.iter().copied().collect();
+        mains.extend(self.jobs.values().filter_map(|t| t.main));
+        for (zombie, member) in new {
+            let ours = *member || mains.contains(&zombie.pgrp) || zombie.session != host_session;
+            if zombie.zombie && ours && !mains.contains(&zombie.pid) {
+                self.adopted_zombies.insert(zombie.pid, zombie.start);
+            }
+        }
+    }
+
+    /// Reaps every adopted zombie (see [`Registry::adopt_zombies`]).
+    ///
+    /// A kill round does this before it lists the host's children. When
+    /// many jobs end at once (a cancel of all, a shutdown), each ended
+    /// job's adopted processes die into that list, and the reaper, which
+    /// runs below the others and ticks at most every [`SCAN_EVERY`], is
+    /// far behind: every kill round then read every one of them (its
+    /// `stat`, and the kernel walks the list from its start for each entry
+    /// of the `children` file). 1,000 jobs cancelled made a million reads,
+    /// seconds of CPU. Reaped here, the list holds what died since the
+    /// last round.
+    fn reap_adopted(&mut self) {
+        for (pid, start) in std::mem::take(&mut self.adopted_zombies) {
+            let mut status = 0;
+            // SAFETY: waits for one specific child, without blocking. It is
+            // a zombie the host adopted and nobody else waits for, so the
+            // pid is still that process: only this lock's holders reap it.
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            self.to_reap.remove(&(pid, start));
+        }
     }
 }
 
@@ -662,15 +731,6 @@ enum Scope<'a> {
     Job(&'a str),
 }
 
-impl Scope<'_> {
-    fn covers(self, job: &str) -> bool {
-        match self {
-            Scope::Every => true,
-            Scope::Job(marker) => marker == job,
-        }
-    }
-}
-
 /// A sighting down from the host ([`Finder::Children`]) of the jobs in
 /// `scope`, recording the members it finds. `None` if a child list did
 /// not settle: the caller reads every process instead.
@@ -687,19 +747,23 @@ fn walk_down(scope: Scope<'_>) -> Option<Sighting> {
     let host = std::process::id() as i32;
     let (mains, known, registered) = {
         let registry = REGISTRY.lock_unpoisoned();
-        let (mut mains, mut known) = registry.owners();
-        mains.retain(|_, job| scope.covers(job));
-        known.retain(|_, job| scope.covers(job));
-        let registered: HashSet<String> = registry
-            .jobs
-            .keys()
-            .filter(|job| scope.covers(job))
-            .cloned()
-            .collect();
+        let (mains, known) = registry.owners(scope);
+        let registered: HashSet<String> = match scope {
+            Scope::Every => registry.jobs.keys().cloned().collect(),
+            Scope::Job(marker) => registry
+                .jobs
+                .get_key_value(marker)
+                .map(|(m, _)| m.clone())
+                .into_iter()
+                .collect(),
+        };
         (mains, known, registered)
     };
     let (mut buffer, mut pids) = (Vec::with_capacity(256), Vec::new());
     let mut sighting = Sighting::default();
+    // Zombies among the host's children, each with whether it is a
+    // job's member, to remember as adopted.
+    let mut zombies: Vec<(Proc, bool)> = Vec::new();
     // Processes to descend into, with their job.
     let mut below: Vec<(Proc, String)> = Vec::new();
     // Host children looked at, and processes descended into.
@@ -715,9 +779,8 @@ fn walk_down(scope: Scope<'_>) -> Option<Sighting> {
         if listing == HOST_LISTINGS {
             return None;
         }
-        // The main thread's list, where orphans arrive (`1`: that one
-        // thread's file).
-        let mut children = settled_children(host, 1, &mut buffer, &mut pids)?;
+        // The main thread's list, where orphans arrive.
+        let mut children = main_thread_children(scope, &mut buffer, &mut pids)?;
         children.append(&mut main_processes);
         let mut new = 0;
         for child in children {
@@ -730,12 +793,20 @@ fn walk_down(scope: Scope<'_>) -> Option<Sighting> {
                 continue;
             }
             new += 1;
-            // A main process, a member seen before, or the marker.
+            // A main process, a member seen before, or the marker (which a
+            // zombie no longer shows).
             let job = mains
                 .get(&child.pid)
                 .or_else(|| known.get(&id))
                 .cloned()
-                .or_else(|| marker_of(child.pid).filter(|m| registered.contains(m)));
+                .or_else(|| {
+                    (!child.zombie)
+                        .then(|| marker_of(child.pid).filter(|m| registered.contains(m)))
+                        .flatten()
+                });
+            if child.zombie {
+                zombies.push((child, job.is_some()));
+            }
             if let Some(job) = job {
                 below.push((child, job));
             }
@@ -764,7 +835,27 @@ fn walk_down(scope: Scope<'_>) -> Option<Sighting> {
                 .extend(procs.iter().map(|p| (p.pid, p.start)));
         }
     }
+    registry.adopt_zombies(&zombies);
     Some(sighting)
+}
+
+/// The children of the host's main thread, where orphans arrive (its one
+/// thread's list), read as [`settled_children`] does. A kill round
+/// ([`Scope::Job`]) first reaps the zombies adopted from jobs
+/// ([`Registry::reap_adopted`]), so that it does not read what earlier
+/// rounds left dead there. The reaper's sighting ([`Scope::Every`]) reaps
+/// after it looks, as it always has.
+fn main_thread_children(
+    scope: Scope<'_>,
+    buffer: &mut Vec<u8>,
+    pids: &mut Vec<i32>,
+) -> Option<Vec<Proc>> {
+    let host = std::process::id() as i32;
+    if matches!(scope, Scope::Every) {
+        return settled_children(host, 1, buffer, pids);
+    }
+    REGISTRY.lock_unpoisoned().reap_adopted();
+    settled_children(host, 1, buffer, pids)
 }
 
 /// Every process on the machine ([`Finder::EveryProcess`], and restart
@@ -801,7 +892,7 @@ fn attribute(procs: &[Proc]) -> HashMap<String, Vec<Proc>> {
     let host = std::process::id() as i32;
     let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
     let mut registry = REGISTRY.lock_unpoisoned();
-    let (mains, known) = registry.owners();
+    let (mains, known) = registry.owners(Scope::Every);
     let mut out: HashMap<String, Vec<Proc>> = HashMap::new();
     for proc in procs {
         // Walk up: a job's main process on the way, and the host at the end.
@@ -978,6 +1069,7 @@ fn reap(sighting: &Sighting) {
                     // SAFETY: waits for one specific child, without blocking.
                     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
                     registry.to_reap.remove(&(pid, start));
+                    registry.adopted_zombies.remove(&pid);
                 }
             }
             // Gone (reaped by its own parent), or the pid is another process now.
@@ -1101,6 +1193,62 @@ mod tests {
             mine == 19 || mine < nice,
             "this thread is at {mine}, the reaper at {nice}"
         );
+    }
+
+    /// A zombie adopted from a job is reaped by the next kill round of
+    /// any job, without waiting for the reaper's tick; a zombie that is
+    /// not a job's (a child this process started itself, in its own
+    /// session and group) is never adopted, and is left to its parent.
+    #[test]
+    fn adopted_zombies_are_reaped_and_others_left() {
+        let host = std::process::id() as i32;
+        let spawn_zombie = |command: &mut std::process::Command| {
+            let child = command.spawn().unwrap();
+            let pid = child.id() as i32;
+            // Not waited for: it stays this process's zombie.
+            std::mem::forget(child);
+            for _ in 0..1000 {
+                if let Some(proc) = read_stat(pid).filter(|p| p.zombie) {
+                    assert_eq!(proc.ppid, host);
+                    return proc;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            panic!("{pid} did not turn into a zombie");
+        };
+        use std::os::unix::process::CommandExt;
+        // A member of a job: the kind a job leaves behind.
+        let member = spawn_zombie(std::process::Command::new("true").process_group(0));
+        // This process's own child: same session and group as the host.
+        let own = spawn_zombie(&mut std::process::Command::new("true"));
+
+        REGISTRY
+            .lock_unpoisoned()
+            .adopt_zombies(&[(member, true), (own, false)]);
+        {
+            let registry = REGISTRY.lock_unpoisoned();
+            assert_eq!(
+                registry.adopted_zombies.get(&member.pid),
+                Some(&member.start)
+            );
+            assert!(!registry.adopted_zombies.contains_key(&own.pid));
+        }
+        REGISTRY.lock_unpoisoned().reap_adopted();
+        assert!(
+            read_stat(member.pid).is_none(),
+            "the adopted zombie was not reaped"
+        );
+        assert!(!REGISTRY
+            .lock_unpoisoned()
+            .adopted_zombies
+            .contains_key(&member.pid));
+        assert!(
+            read_stat(own.pid).is_some_and(|p| p.zombie),
+            "a zombie that is not a job's was reaped"
+        );
+        let mut status = 0;
+        // SAFETY: waits for this test's own child.
+        assert_eq!(unsafe { libc::waitpid(own.pid, &mut status, 0) }, own.pid);
     }
 
     #[test]
