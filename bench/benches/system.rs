@@ -60,7 +60,7 @@ use offstage_bench::{
     http::Conn,
     median, micros,
     proc::{processes_of, rss_bytes},
-    service, summarize, CpuTime,
+    service, summarize, CpuTime, ThreadCpu,
 };
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
 use serde_json::json;
@@ -1338,6 +1338,8 @@ async fn writer_throughput() {
     service_round(&service, &sessions, time / 4).await;
     let (mut bare_rates, mut service_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     let (mut calls, mut commits) = (0, 0);
+    // The host's CPU time per call by thread role, one value per round.
+    let mut threads: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     // CPU time per call, (this process's, its commands'), bare and service.
     let (mut bare_cpu, mut service_cpu) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     let per_call = |used: Duration, calls: u64| used.as_secs_f64() * 1e6 / calls.max(1) as f64;
@@ -1347,9 +1349,15 @@ async fn writer_throughput() {
         bare_cpu.1.push(per_call(used.children, bare_calls));
         let bare = bare_calls as f64 / time.as_secs_f64();
         let before = service.store().commits();
-        let cpu_before = CpuTime::now();
+        let (cpu_before, threads_before) = (CpuTime::now(), ThreadCpu::now());
         let made = service_round(&service, &sessions, time).await;
         let used = CpuTime::now().since(cpu_before);
+        for (thread, used) in by_role(&ThreadCpu::now().since(&threads_before)) {
+            threads
+                .entry(thread)
+                .or_default()
+                .push(per_call(used, made));
+        }
         service_cpu.0.push(per_call(used.own, made));
         service_cpu.1.push(per_call(used.children, made));
         commits += service.store().commits() - before;
@@ -1389,5 +1397,32 @@ async fn writer_throughput() {
         "\nCPU per call, median of the rounds: service {service_own:.0} µs in the host's threads + {service_children:.0} µs in `sh`; bare {bare_own:.0} µs in tokio's + {bare_children:.0} µs in `sh`. At 0.8× the host may use {:.0} µs.",
         (bare_own + bare_children) / 0.8 - service_children
     );
+    let split: Vec<String> = threads
+        .iter_mut()
+        .map(|(role, values)| format!("{role} {:.0} µs", median(values)))
+        .collect();
+    println!(
+        "\nThe host's CPU per call by thread (`/proc/self/task/*/schedstat`), median of the rounds: {}.",
+        split.join(", ")
+    );
     service.shutdown().await;
+}
+
+/// A round's CPU time by what the threads do: the store's writer, the
+/// runtime's workers (the jobs, their callers, the hooks they wake), the
+/// checkpointer, the job-tree reaper, and the rest (the bench's own
+/// thread, tokio's blocking pool).
+fn by_role(used: &ThreadCpu) -> BTreeMap<&'static str, Duration> {
+    let mut roles = BTreeMap::new();
+    for (name, time) in &used.0 {
+        let role = match name.as_str() {
+            "offstage-store" => "store writer",
+            "tokio-rt-worker" => "runtime workers",
+            "offstage-checkp" => "checkpointer",
+            "offstage-reaper" => "reaper",
+            _ => "other threads",
+        };
+        *roles.entry(role).or_insert(Duration::ZERO) += *time;
+    }
+    roles
 }

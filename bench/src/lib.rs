@@ -113,6 +113,61 @@ impl CpuTime {
     }
 }
 
+/// CPU time of this process's threads, summed by thread name (`comm`,
+/// which Linux cuts to 15 bytes: `offstage-store`, `tokio-rt-worker`,
+/// `offstage-checkp`, ...), from each thread's `/proc/self/task/TID/schedstat`
+/// (time on a CPU, in nanoseconds). [`CpuTime`] says how much the process
+/// used; this says which of its threads used it: the store's writer, the
+/// runtime's workers, the checkpointer or the reaper. A thread that ended
+/// between two readings is missing from the later one, so the split is
+/// read over windows in which the service starts no threads. Empty where
+/// the kernel keeps no schedstat.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadCpu(pub std::collections::BTreeMap<String, Duration>);
+
+impl ThreadCpu {
+    /// Every thread's time so far, by name.
+    pub fn now() -> ThreadCpu {
+        let mut by_name = std::collections::BTreeMap::new();
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return ThreadCpu(by_name);
+        };
+        for task in tasks.flatten() {
+            let path = task.path();
+            let (Ok(name), Ok(schedstat)) = (
+                std::fs::read_to_string(path.join("comm")),
+                std::fs::read_to_string(path.join("schedstat")),
+            ) else {
+                continue; // ended meanwhile, or no schedstat
+            };
+            let Some(nanos) = schedstat
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+            else {
+                continue;
+            };
+            *by_name
+                .entry(name.trim_end().to_string())
+                .or_insert(Duration::ZERO) += Duration::from_nanos(nanos);
+        }
+        ThreadCpu(by_name)
+    }
+
+    /// What each name's threads used since `earlier`.
+    pub fn since(&self, earlier: &ThreadCpu) -> ThreadCpu {
+        ThreadCpu(
+            self.0
+                .iter()
+                .map(|(name, now)| {
+                    let before = earlier.0.get(name).copied().unwrap_or_default();
+                    (name.clone(), now.saturating_sub(before))
+                })
+                .collect(),
+        )
+    }
+}
+
 /// A duration in microseconds with two decimals.
 pub fn micros(duration: Duration) -> String {
     format!("{:.2} µs", duration.as_secs_f64() * 1e6)
