@@ -213,9 +213,13 @@ impl Registry {
     /// adopted from jobs: the ones [`reap`] takes, that is not a job's main
     /// process (tokio waits for those), and a member of a job, in a job's
     /// process group, or in a session other than the host's. Nobody else
-    /// waits for such a child, so until it is reaped here it stays in the
-    /// host's child list under the same pid, and it can be reaped by pid
-    /// without reading it again.
+    /// waits for such a child, and everything here that reaps one holds
+    /// this lock, so from now until it is reaped under the lock it stays
+    /// the host's zombie under the same pid.
+    ///
+    /// Each is read again first, under the lock: the sighting read it
+    /// without the lock, and another thread may have reaped it since (then
+    /// its pid is free, and may already be another child's).
     fn adopt_zombies(&mut self, zombies: &[(Proc, bool)]) {
         let new: Vec<&(Proc, bool)> = zombies
             .iter()
@@ -230,7 +234,7 @@ impl Registry {
         mains.extend(self.jobs.values().filter_map(|t| t.main));
         for (zombie, member) in new {
             let ours = *member || mains.contains(&zombie.pgrp) || zombie.session != host_session;
-            if zombie.zombie && ours && !mains.contains(&zombie.pid) {
+            if zombie.zombie && ours && !mains.contains(&zombie.pid) && still_zombie(zombie) {
                 self.adopted_zombies.insert(zombie.pid, zombie.start);
             }
         }
@@ -249,14 +253,26 @@ impl Registry {
     /// last round.
     fn reap_adopted(&mut self) {
         for (pid, start) in std::mem::take(&mut self.adopted_zombies) {
-            let mut status = 0;
-            // SAFETY: waits for one specific child, without blocking. It is
-            // a zombie the host adopted and nobody else waits for, so the
-            // pid is still that process: only this lock's holders reap it.
-            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            // Checked when adopted, under this lock, and only this lock's
+            // holders reap it: still so. Read again all the same, since a
+            // wrong pid here would take another child's exit status.
+            if read_stat(pid).is_some_and(|p| p.start == start && p.zombie) {
+                let mut status = 0;
+                // SAFETY: waits for one specific child, without blocking.
+                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            }
             self.to_reap.remove(&(pid, start));
         }
     }
+}
+
+/// Whether `zombie` is, read now, still that zombie and the host's child.
+/// Called with the registry locked, this makes it safe to reap by pid:
+/// only the lock's holders reap the zombies this module attributes.
+fn still_zombie(zombie: &Proc) -> bool {
+    let host = std::process::id() as i32;
+    read_stat(zombie.pid)
+        .is_some_and(|now| now.start == zombie.start && now.zombie && now.ppid == host)
 }
 
 /// How a sighting finds the jobs' processes, decided once by [`init`].
@@ -1064,7 +1080,11 @@ fn reap(sighting: &Sighting) {
         });
         match now {
             Some(p) if p.start == start => {
-                if p.zombie && p.ppid == host && !mains.contains(&pid) {
+                // The sighting was taken without the lock, and a kill round
+                // may have reaped this zombie since (`reap_adopted`): then
+                // its pid is free. Read again, under the lock, before the
+                // wait.
+                if p.zombie && p.ppid == host && !mains.contains(&pid) && still_zombie(&p) {
                     let mut status = 0;
                     // SAFETY: waits for one specific child, without blocking.
                     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
@@ -1198,7 +1218,8 @@ mod tests {
     /// A zombie adopted from a job is reaped by the next kill round of
     /// any job, without waiting for the reaper's tick; a zombie that is
     /// not a job's (a child this process started itself, in its own
-    /// session and group) is never adopted, and is left to its parent.
+    /// session and group) is never adopted, and is left to its parent;
+    /// nor is one reaped since the sighting saw it.
     #[test]
     fn adopted_zombies_are_reaped_and_others_left() {
         let host = std::process::id() as i32;
@@ -1221,27 +1242,31 @@ mod tests {
         let member = spawn_zombie(std::process::Command::new("true").process_group(0));
         // This process's own child: same session and group as the host.
         let own = spawn_zombie(&mut std::process::Command::new("true"));
-
-        REGISTRY
-            .lock_unpoisoned()
-            .adopt_zombies(&[(member, true), (own, false)]);
+        // A zombie a sighting saw but that is gone by the time it would be
+        // adopted (another thread reaped it): its pid is free, and must not
+        // be remembered.
+        let gone = spawn_zombie(std::process::Command::new("true").process_group(0));
+        let mut status = 0;
+        // SAFETY: waits for this test's own child.
+        assert_eq!(unsafe { libc::waitpid(gone.pid, &mut status, 0) }, gone.pid);
         {
-            let registry = REGISTRY.lock_unpoisoned();
+            // One lock throughout: another test's kill round reaps what is
+            // adopted (that is the point), and must not do it in between.
+            let mut registry = REGISTRY.lock_unpoisoned();
+            registry.adopt_zombies(&[(member, true), (own, false), (gone, true)]);
             assert_eq!(
                 registry.adopted_zombies.get(&member.pid),
                 Some(&member.start)
             );
             assert!(!registry.adopted_zombies.contains_key(&own.pid));
+            assert!(!registry.adopted_zombies.contains_key(&gone.pid));
+            registry.reap_adopted();
+            assert!(!registry.adopted_zombies.contains_key(&member.pid));
         }
-        REGISTRY.lock_unpoisoned().reap_adopted();
         assert!(
             read_stat(member.pid).is_none(),
             "the adopted zombie was not reaped"
         );
-        assert!(!REGISTRY
-            .lock_unpoisoned()
-            .adopted_zombies
-            .contains_key(&member.pid));
         assert!(
             read_stat(own.pid).is_some_and(|p| p.zombie),
             "a zombie that is not a job's was reaped"
