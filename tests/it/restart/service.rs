@@ -171,7 +171,9 @@ fn everything_written_through_the_service_comes_back() {
         let mut request = ToolRequest::new(
             "shell",
             json!({
-                "command": format!("echo started; echo $$ > '{}'; exec sleep 30", pid_file.display()),
+                // The pid file first: once "started" shows, the file is
+                // whole (the other order raced the poll below).
+                "command": format!("echo $$ > '{}'; echo started; exec sleep 30", pid_file.display()),
                 "background": true,
             }),
         );
