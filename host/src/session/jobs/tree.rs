@@ -230,14 +230,21 @@ impl Registry {
         }
         // SAFETY: a plain syscall.
         let host_session = unsafe { libc::getsid(0) };
-        let mut mains: HashSet<i32> = self.mains.iter().copied().collect();
-        mains.extend(self.jobs.values().filter_map(|t| t.main));
+        let mains = self.main_pids();
         for (zombie, member) in new {
-            let ours = *member || mains.contains(&zombie.pgrp) || zombie.session != host_session;
-            if zombie.zombie && ours && !mains.contains(&zombie.pid) && still_zombie(zombie) {
+            let ours = *member || left_a_job(zombie, &mains, host_session);
+            if reapable(zombie, &mains) && ours && still_zombie(zombie) {
                 self.adopted_zombies.insert(zombie.pid, zombie.start);
             }
         }
+    }
+
+    /// The jobs' main processes, running and recent: tokio's children,
+    /// never reaped here (and their pids name the jobs' process groups).
+    fn main_pids(&self) -> HashSet<i32> {
+        let mut mains: HashSet<i32> = self.mains.iter().copied().collect();
+        mains.extend(self.jobs.values().filter_map(|t| t.main));
+        mains
     }
 
     /// Reaps every adopted zombie (see [`Registry::adopt_zombies`]).
@@ -264,6 +271,21 @@ impl Registry {
             self.to_reap.remove(&(pid, start));
         }
     }
+}
+
+/// Whether `proc`, as read, is a zombie this module may reap: the host's
+/// child and not a job's main process (see [`Registry::main_pids`]).
+fn reapable(proc: &Proc, mains: &HashSet<i32>) -> bool {
+    proc.zombie && proc.ppid == std::process::id() as i32 && !mains.contains(&proc.pid)
+}
+
+/// Whether `proc` is known by where it lived to have left a job: in a
+/// job's process group, or in a session other than the host's (it called
+/// `setsid`). A child the host itself started (a `cargo build` of
+/// `offstage dev`, a plugin's own process) lives in the host's session
+/// and in no job's group.
+fn left_a_job(proc: &Proc, mains: &HashSet<i32>, host_session: i32) -> bool {
+    mains.contains(&proc.pgrp) || proc.session != host_session
 }
 
 /// Whether `zombie` is, read now, still that zombie and the host's child.
@@ -1036,24 +1058,19 @@ fn reaper() {
 ///
 /// A zombie can no longer show its environment, so an orphan that died
 /// before any sighting saw it alive (the middle process of a double fork)
-/// is known by where it lived: in a job's process group, or in a session
-/// other than the host's (it called `setsid`). A child the host itself
-/// started (a `cargo build` of `offstage dev`, a plugin's own command)
-/// lives in the host's session and in no job's group, and is left to
-/// whoever waits for it.
+/// is known by where it lived ([`left_a_job`]); a child the host itself
+/// started is left to whoever waits for it.
 fn reap(sighting: &Sighting) {
-    let host = std::process::id() as i32;
     // SAFETY: a plain syscall.
     let host_session = unsafe { libc::getsid(0) };
     let procs = &sighting.procs;
     let mut registry = REGISTRY.lock_unpoisoned();
-    let recent_mains: HashSet<i32> = registry.mains.iter().copied().collect();
+    let mains = registry.main_pids();
     let mut candidates: HashSet<ProcId> = registry.to_reap.clone();
     candidates.extend(
         procs
             .values()
-            .filter(|p| p.zombie && p.ppid == host && !recent_mains.contains(&p.pid))
-            .filter(|p| recent_mains.contains(&p.pgrp) || p.session != host_session)
+            .filter(|p| reapable(p, &mains) && left_a_job(p, &mains, host_session))
             .map(|p| (p.pid, p.start)),
     );
     for (marker, members) in &sighting.jobs {
@@ -1067,8 +1084,6 @@ fn reap(sighting: &Sighting) {
                 .map(|p| (p.pid, p.start)),
         );
     }
-    let mut mains: HashSet<i32> = registry.jobs.values().filter_map(|t| t.main).collect();
-    mains.extend(recent_mains);
     for (pid, start) in candidates {
         // A walk down reads only the jobs' trees and the host's children:
         // a killed member elsewhere (still below a dying parent) is read
@@ -1084,7 +1099,7 @@ fn reap(sighting: &Sighting) {
                 // may have reaped this zombie since (`reap_adopted`): then
                 // its pid is free. Read again, under the lock, before the
                 // wait.
-                if p.zombie && p.ppid == host && !mains.contains(&pid) && still_zombie(&p) {
+                if reapable(&p, &mains) && still_zombie(&p) {
                     let mut status = 0;
                     // SAFETY: waits for one specific child, without blocking.
                     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
