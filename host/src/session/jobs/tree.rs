@@ -38,7 +38,7 @@
 //! scope (a main process, a member seen before, or the marker in its
 //! environment); and everything below those. A job end looks at its own
 //! job only. It reads what the jobs have — for a job of `true` that has
-//! ended, three small reads. It finds what the scan found, because:
+//! ended, two small reads. It finds what the scan found, because:
 //!
 //! - every process of a job is a descendant of the host (an orphan goes to
 //!   its nearest subreaper ancestor, the host), so it is below one of the
@@ -52,7 +52,9 @@
 //!   sighting falls back to the whole-machine scan;
 //! - a process re-parented to the host while the sighting walked (its
 //!   parent died meanwhile) is found by listing the host's children again
-//!   after the walk, until no new one shows. The kernel re-parents a dying
+//!   after the walk, until no new one shows (a sighting that found nothing
+//!   to walk into lists them once: only a process walked into can hand
+//!   children up meanwhile). The kernel re-parents a dying
 //!   process's children before the process shows as a zombie, so a kill
 //!   round that saw every member dead has seen, in its last listing,
 //!   everything they handed over.
@@ -849,7 +851,10 @@ fn walk_down(scope: Scope<'_>) -> Option<Sighting> {
                 below.push((child, job));
             }
         }
-        if listing > 0 && new == 0 {
+        // Only a process descended into can die meanwhile and hand its
+        // children up to the host: with none (a job whose command is
+        // gone, the common case at its end), one listing sees it all.
+        if (listing > 0 && new == 0) || (listing == 0 && below.is_empty()) {
             break;
         }
         while let Some((proc, job)) = below.pop() {
