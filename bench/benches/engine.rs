@@ -509,7 +509,7 @@ async fn fan_out_shared(readers: usize, events: usize) -> (Duration, Duration) {
     }
     let start = Instant::now();
     for n in 0..events {
-        bus.publish("job.finished", job_record(n));
+        bus.publish("job.finished", &job_record(n));
     }
     let published = start.elapsed();
     for task in tasks {

@@ -226,8 +226,10 @@ impl EventBus {
     /// Sends an event of `kind` to every reader: serialises it once, gives
     /// it the next id and adds it to the history, dropping the oldest
     /// events past the limits. Never waits for a reader.
-    pub fn publish(&self, kind: &str, properties: Value) {
-        self.publish_all([PreparedEvent::prepare(kind, &properties)]);
+    /// `properties` is serialised as it is: a record goes straight to its
+    /// JSON, with no `Value` built on the way.
+    pub fn publish<P: Serialize + ?Sized>(&self, kind: &str, properties: &P) {
+        self.publish_all([PreparedEvent::prepare(kind, properties)]);
     }
 
     /// Publishes events serialised ahead, in order, with consecutive ids:
@@ -417,8 +419,8 @@ mod tests {
     fn events_get_increasing_ids_and_their_json_carries_the_id() {
         let bus = EventBus::default();
         let mut reader = bus.subscribe();
-        bus.publish("a.one", json!({ "n": 1 }));
-        bus.publish("a.two", json!({ "text": "line\nbreak" }));
+        bus.publish("a.one", &json!({ "n": 1 }));
+        bus.publish("a.two", &json!({ "text": "line\nbreak" }));
         let Some(Delivery::Event(first)) = reader.try_next() else {
             panic!("no event")
         };
@@ -448,13 +450,13 @@ mod tests {
         });
         let big = "x".repeat(10 * 1024);
         for n in 0..100 {
-            bus.publish("test.big", json!({ "n": n, "big": big }));
+            bus.publish("test.big", &json!({ "n": n, "big": big }));
         }
         let (events, bytes) = bus.held();
         assert!(bytes <= 64 * 1024, "{bytes} bytes held");
         assert!((5..=6).contains(&events), "{events} events held");
         // One event larger than the whole limit is still kept (alone).
-        bus.publish("test.huge", json!({ "big": "y".repeat(100 * 1024) }));
+        bus.publish("test.huge", &json!({ "big": "y".repeat(100 * 1024) }));
         assert_eq!(bus.held().0, 1);
     }
 
@@ -466,7 +468,7 @@ mod tests {
         });
         let mut reader = bus.subscribe();
         for n in 0..25 {
-            bus.publish("test.tick", json!({ "n": n }));
+            bus.publish("test.tick", &json!({ "n": n }));
         }
         match reader.try_next() {
             Some(Delivery::Lagged { missed }) => assert_eq!(missed, Some(15)),
@@ -484,7 +486,7 @@ mod tests {
     fn replay_starts_after_the_last_seen_id_and_zero_means_everything_held() {
         let bus = EventBus::default();
         for n in 0..5 {
-            bus.publish("test.tick", json!({ "n": n }));
+            bus.publish("test.tick", &json!({ "n": n }));
         }
         let all = ids(&mut bus.subscribe_after(0));
         assert_eq!(all.len(), 5);
@@ -497,7 +499,7 @@ mod tests {
     #[test]
     fn an_id_of_another_run_gets_an_unknown_lag_then_everything_held() {
         let bus = EventBus::default();
-        bus.publish("test.tick", json!({}));
+        bus.publish("test.tick", &json!({}));
         let mut reader = bus.subscribe_after(17);
         assert!(matches!(
             reader.try_next(),
@@ -513,7 +515,7 @@ mod tests {
         let publisher = bus.clone();
         let task = tokio::spawn(async move { reader.recv().await.unwrap() });
         tokio::task::yield_now().await;
-        publisher.publish("test.later", json!({ "ok": true }));
+        publisher.publish("test.later", &json!({ "ok": true }));
         let event = task.await.unwrap();
         assert_eq!(event.kind, "test.later");
         assert_eq!(event.properties["ok"], true);
@@ -591,7 +593,7 @@ mod contract_table {
         }
     }
 
-    /// `publish("type", json!({ "a": .., "b": .. }))` (or
+    /// `publish("type", &json!({ "a": .., "b": .. }))` (or
     /// `PreparedEvent::prepare("type", ..)`) in the host's source:
     /// each type with the fields of its in-place payloads (`None` for a
     /// payload that is a variable, i.e. a record).

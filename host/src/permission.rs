@@ -21,7 +21,6 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::oneshot;
 
 use crate::{
@@ -233,7 +232,7 @@ impl Permissions {
                 reply,
             },
         );
-        self.events.publish("permission.asked", json!(request));
+        self.events.publish("permission.asked", &request);
         Question {
             permissions: self,
             id,
@@ -251,7 +250,7 @@ impl Permissions {
         let mut request = pending.request;
         request.status = "withdrawn".into();
         request.reason = Some(reason.to_string());
-        self.events.publish("permission.withdrawn", json!(request));
+        self.events.publish("permission.withdrawn", &request);
     }
 
     /// The error a refused call gets (a `deny` rule, a `reject` reply).
@@ -321,7 +320,7 @@ impl Permissions {
                 .insert((request.tool.clone(), request.pattern.clone()));
         }
         let _ = pending.reply.send(reply);
-        self.events.publish("permission.replied", json!(request));
+        self.events.publish("permission.replied", &request);
         Ok(request)
     }
 }

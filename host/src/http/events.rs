@@ -195,7 +195,7 @@ mod tests {
         // Far more than the bus holds.
         let sent = 10_000;
         for n in 0..sent {
-            bus.publish("test.tick", json!({ "n": n }));
+            bus.publish("test.tick", &json!({ "n": n }));
         }
         let lagged = data(&events.next().await.unwrap().unwrap());
         assert_eq!(lagged["type"], "stream.lagged");
@@ -218,7 +218,7 @@ mod tests {
         let (_stop, events) = stream_of(bus.subscribe());
         let mut events = Box::pin(events);
         events.next().await.unwrap().unwrap();
-        bus.publish("test.tick", json!({ "n": 1 }));
+        bus.publish("test.tick", &json!({ "n": 1 }));
         let frame = events.next().await.unwrap().unwrap();
         let mut again = bus.subscribe_after(0);
         let Some(Delivery::Event(held)) = again.try_next() else {

@@ -99,10 +99,7 @@ impl PluginHost {
                             path = %path.display(),
                             "plugin loaded"
                         );
-                        self.inner
-                            .service
-                            .events()
-                            .publish("plugin.loaded", json!(info));
+                        self.inner.service.events().publish("plugin.loaded", &info);
                     }
                 }
                 // A hook may have panicked between `init` and `record`.
@@ -115,10 +112,7 @@ impl PluginHost {
                 let info = failed_info(path, &failure);
                 tracing::warn!("{}", failure.error);
                 self.record(info.clone(), None);
-                self.inner
-                    .service
-                    .events()
-                    .publish("plugin.failed", json!(info));
+                self.inner.service.events().publish("plugin.failed", &info);
                 (info, Err(failure.error))
             }
         }

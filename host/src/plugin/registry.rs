@@ -8,8 +8,6 @@
 
 use std::{collections::HashMap, path::Path};
 
-use serde_json::json;
-
 use super::{error, file, generation::Generation, PluginHost, PluginInfo, PluginStatus};
 use crate::util::LockExt;
 
@@ -141,9 +139,6 @@ impl PluginHost {
             entry.info.clone()
         };
         // Logged once, where it was detected (`GenerationState::fail`).
-        self.inner
-            .service
-            .events()
-            .publish("plugin.failed", json!(info));
+        self.inner.service.events().publish("plugin.failed", &info);
     }
 }

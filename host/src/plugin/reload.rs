@@ -228,7 +228,7 @@ impl PluginHost {
         self.inner
             .service
             .events()
-            .publish("plugin.reloaded", json!(info));
+            .publish("plugin.reloaded", &info);
         self.get_generation(name, info.generation).unwrap_or(info)
     }
 
@@ -268,7 +268,7 @@ impl PluginHost {
             self.inner
                 .service
                 .events()
-                .publish("plugin.failed", properties);
+                .publish("plugin.failed", &properties);
         }
     }
 
@@ -323,10 +323,7 @@ impl PluginHost {
                 info
             }
         };
-        self.inner
-            .service
-            .events()
-            .publish("plugin.failed", json!(info));
+        self.inner.service.events().publish("plugin.failed", &info);
     }
 
     /// Loads `path` if no plugin came from it yet, else reloads the plugin

@@ -245,7 +245,7 @@ async fn build_sources(
                 let message = first_error(&errors);
                 host.inner.service.events().publish(
                     "plugin.build",
-                    json!({
+                    &json!({
                         "dir": source,
                         "status": "failed",
                         "errors": errors,
@@ -258,7 +258,7 @@ async fn build_sources(
                 continue;
             }
         };
-        host.inner.service.events().publish("plugin.build", event);
+        host.inner.service.events().publish("plugin.build", &event);
     }
 }
 

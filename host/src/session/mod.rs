@@ -516,10 +516,7 @@ impl SessionService {
                         status: watch::channel(SessionStatus::Idle).0,
                     },
                 );
-                service
-                    .inner
-                    .events
-                    .publish("session.created", json!(created));
+                service.inner.events.publish("session.created", &created);
             },
         )
         .wait()
@@ -559,10 +556,7 @@ impl SessionService {
                     session.title = record.title.clone();
                     session.updated_at = record.updated_at.clone();
                     let session = session.clone();
-                    service
-                        .inner
-                        .events
-                        .publish("session.updated", json!(session));
+                    service.inner.events.publish("session.updated", &session);
                     let _ = tx.send(session);
                 }
             },
@@ -619,7 +613,7 @@ impl SessionService {
             }
             self.inner
                 .events
-                .publish("session.deleted", json!({ "id": session_id }));
+                .publish("session.deleted", &json!({ "id": session_id }));
         }
         Ok(())
     }
@@ -785,7 +779,7 @@ impl SessionService {
             entry.status.send_replace(status);
             self.inner.events.publish(
                 "session.status",
-                json!({ "session_id": session_id, "status": status }),
+                &json!({ "session_id": session_id, "status": status }),
             );
         }
     }

@@ -209,7 +209,7 @@ impl SessionService {
             // can add anything, so readers see the wake before its reply.
             self.inner
                 .events
-                .publish("session.wake", json!({ "session_id": session_id }));
+                .publish("session.wake", &json!({ "session_id": session_id }));
         }
         let service = self.clone();
         let id = session_id.to_string();

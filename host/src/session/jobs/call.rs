@@ -16,7 +16,6 @@
 use std::{sync::Arc, time::Duration};
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolCall, ToolRequest, ToolResult, ToolStatus};
-use serde_json::json;
 use tokio::sync::{oneshot, watch};
 
 use super::{
@@ -281,7 +280,7 @@ impl SessionService {
                     service.refresh_status(&mut state, &job.session_id);
                 }
                 drop(state);
-                service.inner.events.publish("job.started", json!(job));
+                service.inner.events.publish("job.started", &job);
             },
         )
     }

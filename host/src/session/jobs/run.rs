@@ -251,7 +251,7 @@ impl SessionService {
                     if !end.stored || !state.sessions.contains_key(&ended.session_id) {
                         state.remove_job(&ended.id);
                     }
-                    service.inner.events.publish("job.finished", json!(ended));
+                    service.inner.events.publish("job.finished", &ended);
                     let mut notified = false;
                     if let Some(entry) = state.sessions.get_mut(&ended.session_id) {
                         if let Some(notice) = end.notice.clone() {
