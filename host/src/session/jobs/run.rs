@@ -181,11 +181,10 @@ impl SessionService {
         cancel_reason: Option<CancelReason>,
         quiet: bool,
     ) -> crate::store::Ticket<Ended> {
-        let notice = (cancel_reason != Some(CancelReason::SessionRemoved)).then(|| {
-            let mut moved = job.clone();
-            moved.backgrounded = true;
-            notice_message(&moved, tail, false)
-        });
+        // Made only by a write that finds the job moved: most jobs end in
+        // the foreground and need none.
+        let wants_notice = cancel_reason != Some(CancelReason::SessionRemoved);
+        let notice_tail = wants_notice.then(|| tail.to_string());
         // An interrupted or removed caller is gone for that reason and
         // records nothing.
         let reply = (!matches!(
@@ -222,7 +221,10 @@ impl SessionService {
                     ..Ended::default()
                 };
                 if backgrounded {
-                    if let Some(notice) = notice {
+                    if let Some(tail) = notice_tail {
+                        let mut moved = record.clone();
+                        moved.backgrounded = true;
+                        let notice = notice_message(&moved, &tail, false);
                         if store::insert_notice(conn, &record.id, &notice)? {
                             end.notice = Some(notice);
                         }
