@@ -241,6 +241,9 @@ struct SessionEntry {
     /// them (their turn takes the whole inbox).
     prompting: usize,
     status: watch::Sender<SessionStatus>,
+    /// The session's output directory was made (by its first job); its
+    /// jobs' sinks clear it if they find it gone.
+    output_dir_made: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SessionEntry {
@@ -514,6 +517,7 @@ impl SessionService {
                         blocking_calls: 0,
                         prompting: 0,
                         status: watch::channel(SessionStatus::Idle).0,
+                        output_dir_made: Default::default(),
                     },
                 );
                 service.inner.events.publish("session.created", &created);

@@ -87,6 +87,7 @@ impl SessionService {
                     blocking_calls: 0,
                     prompting: 0,
                     status: watch::channel(SessionStatus::Idle).0,
+                    output_dir_made: Default::default(),
                 },
             );
         }

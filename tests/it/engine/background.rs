@@ -695,3 +695,40 @@ async fn a_job_that_writes_nothing_has_no_file_and_an_empty_page() {
     let page = service.job_output(&loud.job_id, 0, 100).await.unwrap();
     assert_eq!(page.data, "hi\n");
 }
+
+/// A session's output directory is made by its first job, not by every
+/// job. Deleted by hand while the host runs, it is made again: the job
+/// that found it gone still returns its output (the tail), and the next
+/// job has its file again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_output_dir_deleted_by_hand_is_made_again_by_the_next_job() {
+    let engine = Engine::new();
+    let service = &engine.service;
+    let session = engine.session().await;
+    let first = service
+        .call_tool(&session, ToolRequest::new("shell", shell("echo one")))
+        .await
+        .unwrap();
+    let first_file = std::path::PathBuf::from(first.output_path.unwrap());
+    let dir = first_file.parent().unwrap().to_path_buf();
+    assert_eq!(std::fs::read_to_string(&first_file).unwrap(), "one\n");
+
+    std::fs::remove_dir_all(&dir).unwrap();
+    let lost = service
+        .call_tool(&session, ToolRequest::new("shell", shell("echo two")))
+        .await
+        .unwrap();
+    assert_eq!(lost.status, ToolStatus::Completed);
+    assert_eq!(
+        lost.output, "two\n",
+        "the tail keeps what the file could not"
+    );
+    assert!(!dir.exists(), "a job does not make the directory mid-run");
+
+    let next = service
+        .call_tool(&session, ToolRequest::new("shell", shell("echo three")))
+        .await
+        .unwrap();
+    let next_file = next.output_path.unwrap();
+    assert_eq!(std::fs::read_to_string(&next_file).unwrap(), "three\n");
+}

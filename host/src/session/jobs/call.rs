@@ -13,7 +13,10 @@
 //! 4. [`record_result`](SessionService::record_result): the tool message
 //!    in the session.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolCall, ToolRequest, ToolResult, ToolStatus};
 use tokio::sync::{oneshot, watch};
@@ -163,11 +166,7 @@ impl SessionService {
         }
         // A job that ended in the foreground recorded its result in the
         // commit of its end; a released caller records what it got.
-        if !started
-            .runtime
-            .recorded
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
+        if !started.runtime.recorded.load(Ordering::SeqCst) {
             self.record_result(&started.job, &result).await;
         }
         Ok(result)
@@ -247,13 +246,29 @@ impl SessionService {
         })
     }
 
-    /// The job's output file, `<session's output dir>/<file_id>.log`.
+    /// The job's output file, `<session's output dir>/<file_id>.log`
+    /// (created with the job's first byte). The directory is made by the
+    /// session's first job, so that a directory that cannot be made fails
+    /// that call, not a later write, and again by the first job after a
+    /// sink found it gone; the calls in between cost no filesystem work
+    /// until their command writes.
     fn create_output(&self, call: &ToolCall, file_id: &str) -> Result<Arc<OutputSink>> {
-        Ok(Arc::new(OutputSink::create(
-            self.output_dir(&call.session_id)?
-                .join(format!("{file_id}.log")),
+        let dir = self.output_dir(&call.session_id)?;
+        let made = self
+            .state()
+            .sessions
+            .get(&call.session_id)
+            .map(|entry| entry.output_dir_made.clone())
+            .unwrap_or_default();
+        if !made.load(Ordering::Relaxed) {
+            std::fs::create_dir_all(&dir)?;
+            made.store(true, Ordering::Relaxed);
+        }
+        Ok(Arc::new(OutputSink::new(
+            dir.join(format!("{file_id}.log")),
             self.max_output(),
-        )?))
+            made,
+        )))
     }
 
     /// Submits the job's record. Its commit's hook puts the job in the

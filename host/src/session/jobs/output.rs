@@ -22,10 +22,11 @@ use std::{
     fs::File,
     io::{Read, Seek, SeekFrom, Write},
     path::{Path, PathBuf},
-    sync::Mutex,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
 };
-
-use crate::error::Result;
 
 /// Bytes of output kept in memory per job.
 pub const TAIL_BYTES: usize = 16 * 1024;
@@ -39,6 +40,8 @@ pub struct OutputSink {
     path: PathBuf,
     /// Bytes the file may hold.
     max: u64,
+    /// Whether the file's directory is made (see [`OutputSink::new`]).
+    dir_made: Arc<AtomicBool>,
     inner: Mutex<Inner>,
 }
 
@@ -73,23 +76,24 @@ pub(crate) const DEFAULT_OUTPUT_LIMIT: u64 = 1024 * 1024;
 impl OutputSink {
     /// The output of a job, kept in a file at `path` that is created with
     /// the first byte written and must not exist then: an existing file
-    /// (or symlink) is never truncated, followed or reused. Its directory
-    /// is made now, so that it exists from the job's start. The file
-    /// keeps the first `max` bytes of the output.
-    pub fn create(path: PathBuf, max: u64) -> Result<Self> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        Ok(OutputSink {
+    /// (or symlink) is never truncated, followed or reused. Nothing is
+    /// made on disk now: the caller has made the directory, and marked it
+    /// in `dir_made`, which the sink clears if it finds the directory gone
+    /// (so that the next job makes it again; this one's output reaches
+    /// its tail only, as the log says). The file keeps the first `max`
+    /// bytes of the output.
+    pub fn new(path: PathBuf, max: u64, dir_made: Arc<AtomicBool>) -> Self {
+        OutputSink {
             path,
             max,
+            dir_made,
             inner: Mutex::new(Inner {
                 file: FileState::NotYet,
                 tail: Vec::new(),
                 total: 0,
                 saved: 0,
             }),
-        })
+        }
     }
 
     /// Whether the file was created: something was written to it (or its
@@ -118,6 +122,11 @@ impl OutputSink {
                 .open(&self.path)
             {
                 Ok(file) => FileState::Open(file),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    self.dir_made.store(false, Ordering::Relaxed);
+                    tracing::error!(path = %self.path.display(), %error, "cannot create the job's output file: its directory is gone");
+                    FileState::Closed
+                }
                 Err(error) => {
                     tracing::error!(path = %self.path.display(), %error, "cannot create the job's output file");
                     FileState::Closed
@@ -282,8 +291,17 @@ mod tests {
     fn the_file_is_created_with_the_first_byte_and_never_over_one() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("session").join("out.log");
-        let sink = OutputSink::create(path.clone(), 1024).unwrap();
-        assert!(path.parent().unwrap().is_dir());
+        let made = Arc::new(AtomicBool::new(true));
+        // The directory is gone: the first byte finds it so and says so
+        // (the next job makes it again), and the output reaches the tail.
+        let sink = OutputSink::new(path.clone(), 1024, made.clone());
+        sink.write(b"lost\n");
+        assert!(!made.load(Ordering::Relaxed) && !path.exists());
+        assert_eq!(sink.tail_text(), "lost\n");
+
+        std::fs::create_dir(path.parent().unwrap()).unwrap();
+        made.store(true, Ordering::Relaxed);
+        let sink = OutputSink::new(path.clone(), 1024, made.clone());
         assert!(!path.exists() && !sink.created());
         sink.write(b"");
         assert!(!path.exists(), "an empty write creates nothing");
@@ -293,7 +311,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "hello\n");
 
         // Nothing written: still no file after the end.
-        let quiet = OutputSink::create(dir.path().join("quiet.log"), 1024).unwrap();
+        let quiet = OutputSink::new(dir.path().join("quiet.log"), 1024, made.clone());
         quiet.finish();
         assert!(!quiet.created() && !dir.path().join("quiet.log").exists());
 
@@ -301,11 +319,12 @@ mod tests {
         // output reaches the tail only.
         let planted = dir.path().join("planted.log");
         std::fs::write(&planted, "keep").unwrap();
-        let sink = OutputSink::create(planted.clone(), 1024).unwrap();
+        let sink = OutputSink::new(planted.clone(), 1024, made.clone());
         sink.write(b"mine");
         sink.finish();
         assert_eq!(std::fs::read_to_string(&planted).unwrap(), "keep");
         assert_eq!(sink.tail_text(), "mine");
+        assert!(made.load(Ordering::Relaxed), "the directory is there");
     }
 
     #[test]
