@@ -11,7 +11,9 @@
 //! [`RECORD_GROUP_AFTER`] is recorded in the store, so that the next
 //! start-up ends them (`session::jobs::process`, `tree`).
 
-use std::{os::fd::OwnedFd, path::PathBuf, process::Stdio, time::Duration};
+use std::{
+    fs::File, os::fd::OwnedFd, path::PathBuf, process::Stdio, sync::OnceLock, time::Duration,
+};
 
 use offstage_plugin_api::types::JobStatus;
 use serde::Deserialize;
@@ -134,7 +136,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     command
         .arg("-c")
         .arg(&input.command)
-        .stdin(Stdio::null())
+        .stdin(null_stdin()?)
         .stdout(writer.try_clone()?)
         .stderr(writer)
         .process_group(0)
@@ -184,6 +186,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
             wait.await?
         }
     };
+    tree.main_reaped();
     // Give output still in flight a moment; then whatever still holds the
     // pipe (in the group or detached from it) is killed, so the job ends
     // now with its command's status.
@@ -219,6 +222,21 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
         },
         exit_code,
     })
+}
+
+/// `/dev/null` for a command's stdin: a duplicate of one descriptor
+/// opened once, where `Stdio::null()` opens the file again for every
+/// command.
+fn null_stdin() -> std::io::Result<Stdio> {
+    static DEV_NULL: OnceLock<File> = OnceLock::new();
+    let file = match DEV_NULL.get() {
+        Some(file) => file,
+        None => {
+            let opened = File::open("/dev/null")?;
+            DEV_NULL.get_or_init(|| opened)
+        }
+    };
+    Ok(Stdio::from(file.try_clone()?))
 }
 
 async fn pump(reader: OwnedFd, output: std::sync::Arc<crate::session::jobs::output::OutputSink>) {

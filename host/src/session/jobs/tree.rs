@@ -169,7 +169,8 @@ const RECENT_MAINS: usize = 4096;
 
 #[derive(Default)]
 struct Tracked {
-    /// The job's main process (tokio's child); `None` until spawned.
+    /// The job's main process (tokio's child); `None` until spawned, and
+    /// again once tokio has waited for it ([`JobTree::main_reaped`]).
     main: Option<i32>,
     /// Every process seen belonging to the job.
     members: HashSet<ProcId>,
@@ -441,6 +442,17 @@ impl JobTree {
         registry.mains.push_back(pid);
         if registry.mains.len() > RECENT_MAINS {
             registry.mains.pop_front();
+        }
+    }
+
+    /// Says that tokio has waited for the main process: its pid may name
+    /// another process from now on, and nothing can be its child any
+    /// more, so the tree's looks stop reading it (one `/proc` read fewer
+    /// in each kill round at the job's end). It stays among the recent
+    /// main pids that the zombie rules leave to tokio.
+    pub(crate) fn main_reaped(&self) {
+        if let Some(tracked) = REGISTRY.lock_unpoisoned().jobs.get_mut(&*self.marker) {
+            tracked.main = None;
         }
     }
 
