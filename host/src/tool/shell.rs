@@ -57,7 +57,7 @@ struct ShellInput {
 }
 
 fn parse(input: &Value) -> Result<ShellInput> {
-    let parsed: ShellInput = serde_json::from_value(input.clone())
+    let parsed = ShellInput::deserialize(input)
         .map_err(|e| ServiceError::InvalidInput(format!("shell input: {e}")))?;
     if parsed.command.trim().is_empty() {
         return Err(ServiceError::InvalidInput(

@@ -176,7 +176,7 @@ impl SessionService {
     /// session, the tool and its input, the job id, a `deny` rule. (An
     /// `ask` is asked by the job's task.)
     async fn check_call(&self, session_id: &str, request: ToolRequest) -> Result<CheckedCall> {
-        self.get(session_id).await?;
+        self.shared_session(session_id)?;
         let (tool, wrappers) = self.inner.tools.chain_for_call(&request.tool)?;
         let policy = tool.policy(&request.input)?;
         // A caller's id is checked here, in the service, so HTTP and
