@@ -38,7 +38,8 @@
 //! scope (a main process, a member seen before, or the marker in its
 //! environment); and everything below those. A job end looks at its own
 //! job only. It reads what the jobs have — for a job of `true` that has
-//! ended, two small reads. It finds what the scan found, because:
+//! ended, one small read (the host's child list). It finds what the scan
+//! found, because:
 //!
 //! - every process of a job is a descendant of the host (an orphan goes to
 //!   its nearest subreaper ancestor, the host), so it is below one of the
