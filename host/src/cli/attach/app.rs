@@ -193,6 +193,19 @@ impl App {
         }
     }
 
+    /// A job as a refresh read it: kept unless the stream already said
+    /// something later about it. A job's record only moves forward
+    /// (running, then moved, then ended), and never leaves its session's
+    /// list while the session lives.
+    fn merge_job(&mut self, job: Job) {
+        let progress = |job: &Job| (job.status != JobStatus::Running, job.backgrounded);
+        match self.jobs.iter_mut().find(|j| j.id == job.id) {
+            Some(existing) if progress(&job) > progress(existing) => *existing = job,
+            Some(_) => {}
+            None => self.jobs.push(job),
+        }
+    }
+
     fn moved_note(&mut self, job: &Job) {
         if self.moved.insert(job.id.clone()) {
             self.note(
@@ -247,16 +260,26 @@ impl App {
                 self.status = Some(format!("session: {error}"));
                 Vec::new()
             }
+            // A refresh's answers are read on their own connection and may
+            // be older than events applied meanwhile (a job started just
+            // after the list was read): they are merged, never written
+            // over what the stream already said.
             Msg::Messages(session, messages) => {
                 if self.is_current(&session) {
-                    self.messages = messages;
+                    let newer: Vec<Message> = std::mem::replace(&mut self.messages, messages);
+                    for message in newer {
+                        self.add_message(message);
+                    }
                 }
                 Vec::new()
             }
             Msg::Jobs(session, jobs) => {
                 if self.is_current(&session) {
-                    self.tails.retain(|id, _| jobs.iter().any(|j| &j.id == id));
-                    self.jobs = jobs;
+                    for job in jobs {
+                        self.merge_job(job);
+                    }
+                    self.jobs
+                        .sort_by(|a, b| (&a.started_at, &a.id).cmp(&(&b.started_at, &b.id)));
                 }
                 Vec::new()
             }

@@ -2,7 +2,7 @@
 //! `TestBackend` screen out.
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use offstage_plugin_api::types::{Job, Message, Session};
+use offstage_plugin_api::types::{Job, JobStatus, Message, Session};
 use ratatui::{backend::TestBackend, style::Color, Terminal};
 use serde_json::{json, Value};
 
@@ -411,4 +411,44 @@ fn the_resume_point_is_the_last_event_id_or_the_hosts_newest_at_connect() {
     assert_eq!(last_seen(&connected), Some(9));
     let lagged = json!({ "type": "stream.lagged", "properties": { "missed": 3 } });
     assert_eq!(last_seen(&lagged), None);
+}
+
+/// A refresh's answers may be older than the events applied while they
+/// were read (a `!` call sent right after attaching: its `job.started`
+/// arrives before the job list read without it). They are merged: a job
+/// or message the stream showed stays, and a job's state never goes back.
+#[test]
+fn a_stale_refresh_never_undoes_what_the_stream_showed() {
+    let mut app = attached(false);
+    app.apply(Msg::Event(
+        json!({"type": "job.started", "properties": job_json("job_2", "running", false)}),
+    ));
+    app.apply(Msg::Event(json!({
+        "type": "message.added",
+        "properties": serde_json::to_value(message("msg_5", "user", "!sleep 3")).unwrap(),
+    })));
+    // Read before either: neither the job nor the message.
+    app.apply(Msg::Jobs(SES.into(), vec![job("job_1", "completed", true)]));
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![message("msg_1", "user", "hi")],
+    ));
+    let jobs: Vec<&str> = app.jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(jobs, ["job_1", "job_2"]);
+    let messages: Vec<&str> = app.messages.iter().map(|m| m.id.as_str()).collect();
+    assert_eq!(messages, ["msg_1", "msg_5"]);
+
+    // The job ends; a list read before that says it runs: it stays ended.
+    app.apply(Msg::Event(
+        json!({"type": "job.finished", "properties": job_json("job_2", "completed", false)}),
+    ));
+    app.apply(Msg::Jobs(SES.into(), vec![job("job_2", "running", false)]));
+    assert_eq!(app.jobs[1].status, JobStatus::Completed);
+    // A list that knows more than the stream (the move's event was
+    // missed) moves it forward.
+    app.apply(Msg::Event(
+        json!({"type": "job.started", "properties": job_json("job_3", "running", false)}),
+    ));
+    app.apply(Msg::Jobs(SES.into(), vec![job("job_3", "running", true)]));
+    assert!(app.jobs.iter().any(|j| j.id == "job_3" && j.backgrounded));
 }
