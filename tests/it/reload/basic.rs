@@ -413,8 +413,24 @@ pub(crate) async fn events_published_during_reloads_are_handled_once_each(mode: 
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 sessions.push(host.host.session().await);
                 // Paced, so the handler never falls behind by more than
-                // the event bus keeps (a lag loses events by design).
+                // the event bus keeps (a lag loses events by design): on
+                // a loaded machine reloads take longer and the queue grows
+                // while they run, so the pace also waits for the handler
+                // whenever it is a quarter of the bus's history behind.
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                if sessions.len() % 64 == 0 {
+                    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        let handled = host
+                            .log_lines()
+                            .iter()
+                            .filter(|l| l.starts_with("event"))
+                            .count();
+                        if sessions.len().saturating_sub(handled) < 1024 {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
+                }
             }
             sessions
         })
