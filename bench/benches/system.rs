@@ -1342,6 +1342,7 @@ async fn writer_throughput() {
     let mut threads: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     // CPU time per call, (this process's, its commands'), bare and service.
     let (mut bare_cpu, mut service_cpu) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+    let mut own_ratios = Vec::new();
     let per_call = |used: Duration, calls: u64| used.as_secs_f64() * 1e6 / calls.max(1) as f64;
     for _ in 0..ROUNDS {
         let (bare_calls, used) = bare_round_in_child(time);
@@ -1359,6 +1360,9 @@ async fn writer_throughput() {
                 .push(per_call(used, made));
         }
         service_cpu.0.push(per_call(used.own, made));
+        // The host's CPU against bare tokio's own, in the same minute: it
+        // moves far less with the machine's speed than either does.
+        own_ratios.push(per_call(used.own, made) / bare_cpu.0.last().copied().unwrap_or(1.0));
         service_cpu.1.push(per_call(used.children, made));
         commits += service.store().commits() - before;
         calls += made;
@@ -1396,6 +1400,10 @@ async fn writer_throughput() {
     println!(
         "\nCPU per call, median of the rounds: service {service_own:.0} µs in the host's threads + {service_children:.0} µs in `sh`; bare {bare_own:.0} µs in tokio's + {bare_children:.0} µs in `sh`. At 0.8× the host may use {:.0} µs.",
         (bare_own + bare_children) / 0.8 - service_children
+    );
+    println!(
+        "\nThe host's CPU per call over bare tokio's own, round by round (the steadier figure for comparing builds on a noisy machine), median: {:.2}×.",
+        median(&mut own_ratios)
     );
     let split: Vec<String> = threads
         .iter_mut()
