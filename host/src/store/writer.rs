@@ -79,23 +79,40 @@ pub struct Ticket<R> {
 }
 
 pub(super) struct Slot<R> {
-    value: Mutex<Option<Result<R, StoreError>>>,
+    state: Mutex<SlotState<R>>,
     filled: Condvar,
     notify: Notify,
+}
+
+struct SlotState<R> {
+    value: Option<Result<R, StoreError>>,
+    /// A thread waits in [`Ticket::wait_blocking`]: only then does a fill
+    /// wake the condvar (a futex call even when nobody waits; most
+    /// tickets are awaited on the runtime).
+    blocked: bool,
 }
 
 impl<R> Slot<R> {
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Slot {
-            value: Mutex::new(None),
+            state: Mutex::new(SlotState {
+                value: None,
+                blocked: false,
+            }),
             filled: Condvar::new(),
             notify: Notify::new(),
         })
     }
 
     pub(super) fn fill(&self, value: Result<R, StoreError>) {
-        *self.value.lock_unpoisoned() = Some(value);
-        self.filled.notify_all();
+        let blocked = {
+            let mut state = self.state.lock_unpoisoned();
+            state.value = Some(value);
+            state.blocked
+        };
+        if blocked {
+            self.filled.notify_all();
+        }
         // Stores a permit if nobody waits yet: no wake-up is lost.
         self.notify.notify_one();
     }
@@ -109,7 +126,7 @@ impl<R> Ticket<R> {
     /// Waits for the commit of the group holding this write.
     pub async fn wait(self) -> Result<R, StoreError> {
         loop {
-            if let Some(value) = self.slot.value.lock_unpoisoned().take() {
+            if let Some(value) = self.slot.state.lock_unpoisoned().value.take() {
                 return value;
             }
             self.slot.notify.notified().await;
@@ -120,15 +137,17 @@ impl<R> Ticket<R> {
     /// write's hook (the writer's own thread) or while holding a lock a
     /// hook takes.
     pub fn wait_blocking(self) -> Result<R, StoreError> {
-        let mut value = self.slot.value.lock_unpoisoned();
+        let mut state = self.slot.state.lock_unpoisoned();
         loop {
-            if let Some(value) = value.take() {
+            if let Some(value) = state.value.take() {
                 return value;
             }
-            value = self
+            // Set under the lock the fill takes: a fill after this sees it.
+            state.blocked = true;
+            state = self
                 .slot
                 .filled
-                .wait(value)
+                .wait(state)
                 .unwrap_or_else(|e| e.into_inner());
         }
     }
