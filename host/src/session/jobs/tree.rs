@@ -711,10 +711,52 @@ fn read_proc_file(file: File, buffer: &mut Vec<u8>) -> std::io::Result<usize> {
     file.take(u64::MAX).read_to_end(buffer)
 }
 
+/// Reads the host main thread's child list into `buffer` through one
+/// descriptor opened once: every kill round reads this list, and opening
+/// a `/proc` file (five path components, two pid lookups) cost more than
+/// reading it. A read from offset 0 starts the kernel's listing afresh
+/// (`seq_file`), so each read is a new look; one reader at a time, so a
+/// list longer than one read is read in one pass, as through a descriptor
+/// of its own. `false` if it cannot be read.
+fn read_host_children(buffer: &mut Vec<u8>) -> bool {
+    use std::os::unix::fs::FileExt;
+    static FILE: OnceLock<Option<Mutex<File>>> = OnceLock::new();
+    let Some(file) = FILE
+        .get_or_init(|| {
+            let host = std::process::id();
+            File::open(format!("/proc/{host}/task/{host}/children"))
+                .ok()
+                .map(Mutex::new)
+        })
+        .as_ref()
+    else {
+        return false;
+    };
+    let file = file.lock_unpoisoned();
+    buffer.clear();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match file.read_at(&mut chunk, buffer.len() as u64) {
+            Ok(0) => return true,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
 /// Lists a process's children, from each of its threads, into `pids`.
 /// A process that is gone has none. Reuses `buffer` for the reads.
 fn list_children(pid: i32, threads: u32, buffer: &mut Vec<u8>, pids: &mut Vec<i32>) {
     pids.clear();
+    if pid == std::process::id() as i32 && threads == 1 && read_host_children(buffer) {
+        pids.extend(
+            buffer
+                .split(|b| *b == b' ' || *b == b'\n')
+                .filter_map(number::<i32>),
+        );
+        return;
+    }
     let mut path = ProcPath::default();
     let mut read_thread = |tid: i32, pids: &mut Vec<i32>| {
         let Some(path) = path.set(format_args!("/proc/{pid}/task/{tid}/children")) else {
