@@ -254,12 +254,14 @@ impl SessionService {
     /// until their command writes.
     fn create_output(&self, call: &ToolCall, file_id: &str) -> Result<Arc<OutputSink>> {
         let dir = self.output_dir(&call.session_id)?;
+        // A session removed since the call's check makes no directory: its
+        // removal has deleted it, and the job's record would be refused.
         let made = self
             .state()
             .sessions
             .get(&call.session_id)
             .map(|entry| entry.output_dir_made.clone())
-            .unwrap_or_default();
+            .ok_or_else(|| ServiceError::not_found("session", &call.session_id))?;
         if !made.load(Ordering::Relaxed) {
             std::fs::create_dir_all(&dir)?;
             made.store(true, Ordering::Relaxed);
