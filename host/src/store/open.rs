@@ -13,9 +13,10 @@
 //!    store; deleting the lock file does not let a second host in: two hosts on one data dir would each "recover" the
 //!    other's running jobs as crashed. The kernel lets go of it when the
 //!    process dies, however it dies. (Unix only; elsewhere there is no lock.)
-//! 4. only then the read-write connection: WAL mode, synchronous, foreign
-//!    keys, and the migrations in one `IMMEDIATE` transaction that checks
-//!    the version again under the write lock.
+//! 4. only then the read-write connection: WAL mode, synchronous, the
+//!    migrations in one `IMMEDIATE` transaction that checks the version
+//!    again under the write lock (and the foreign keys, which are turned
+//!    on only after it).
 
 use std::{
     fs::File,
@@ -255,8 +256,6 @@ pub(super) fn connect(
     }
     conn.pragma_update(None, "synchronous", durability.pragma())
         .map_err(|e| classify(&shown, e))?;
-    conn.pragma_update(None, "foreign_keys", true)
-        .map_err(|e| classify(&shown, e))?;
     // A statement inside a transaction keeps a journal of the pages it
     // changes, so that it alone can be undone; past 64 KiB SQLite spills
     // that journal to a temporary file, and a 1,000-job move paid a
@@ -267,7 +266,37 @@ pub(super) fn connect(
     // default of 16 the store's ~30 statements evicted each other, and a
     // small write paid for parsing and planning its statements again.
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-    migrate(conn, &shown)
+    // Foreign keys are off while migrating (the bundled SQLite turns them
+    // on by default): a migration that copies a table into a new one drops
+    // the old, and with them on that drop would delete the rows that refer
+    // to it. `migrate` checks them itself before it commits.
+    conn.pragma_update(None, "foreign_keys", false)
+        .map_err(|e| classify(&shown, e))?;
+    let conn = migrate(conn, &shown)?;
+    conn.pragma_update(None, "foreign_keys", true)
+        .map_err(|e| classify(&shown, e))?;
+    Ok(conn)
+}
+
+/// Fails if a row refers to a row that is not there: what a migration
+/// that copies tables must not leave behind, since foreign keys are not
+/// enforced while it runs.
+fn check_foreign_keys(conn: &Connection) -> rusqlite::Result<()> {
+    let mut check = conn.prepare("PRAGMA foreign_key_check")?;
+    let mut rows = check.query([])?;
+    match rows.next()? {
+        None => Ok(()),
+        Some(row) => {
+            let table: String = row.get(0)?;
+            let parent: String = row.get(2)?;
+            Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+                Some(format!(
+                    "a row of {table} refers to a missing row of {parent}"
+                )),
+            ))
+        }
+    }
 }
 
 fn migrate(mut conn: Connection, path: &Path) -> Result<Connection, StoreError> {
@@ -285,6 +314,7 @@ fn migrate(mut conn: Connection, path: &Path) -> Result<Connection, StoreError> 
         if from < MIGRATIONS.len() {
             for (index, sql) in MIGRATIONS.iter().enumerate().skip(from) {
                 tx.execute_batch(sql)
+                    .and_then(|()| check_foreign_keys(&tx))
                     .map_err(|source| StoreError::Migration {
                         path: path.to_path_buf(),
                         version: index as i64 + 1,

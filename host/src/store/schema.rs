@@ -101,4 +101,70 @@ pub(crate) const MIGRATIONS: &[&str] = &[
         boot_id      TEXT NOT NULL
     );
     "#,
+    // 3: fewer B-trees written by the writes every call makes (a job's
+    // start and end, its caller's answer, a move's messages), so fewer WAL
+    // pages per commit:
+    // - `jobs` is keyed by its id itself (`WITHOUT ROWID`): a job's row is
+    //   found and written in one B-tree, not an id index and then a table;
+    // - `jobs_running` goes: only restart recovery looks for running jobs,
+    //   and it reads every job anyway;
+    // - `messages` numbers its rows without `AUTOINCREMENT`, which wrote
+    //   `sqlite_sequence` with every insert. A number is now one more than
+    //   the largest stored, so it can come again only after the newest
+    //   messages were removed with their session — and still sorts after
+    //   every message kept, which is all the numbers are for (order).
+    // SQLite cannot change a table's key in place: each table is copied
+    // into a new one that takes its name (SQLite's documented way, run
+    // with foreign keys off so that dropping `jobs` does not cascade into
+    // the tables that refer to it; the store checks them before commit).
+    r#"
+    CREATE TABLE jobs_v3 (
+        id                TEXT PRIMARY KEY NOT NULL,
+        session_id        TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        type              TEXT NOT NULL,
+        title             TEXT NOT NULL,
+        status            TEXT NOT NULL
+                          CHECK (status IN ('running', 'completed', 'error', 'cancelled')),
+        backgrounded      INTEGER NOT NULL CHECK (backgrounded IN (0, 1)),
+        started_at        TEXT NOT NULL,
+        completed_at      TEXT,
+        exit_code         INTEGER,
+        output_path       TEXT,
+        child_session_id  TEXT,
+        -- The id of the one notice written for this job, once written. Set
+        -- in the same transaction as the notice's insert: the guard that
+        -- makes a job's notice exactly-once across crashes and restarts.
+        notice_message_id TEXT
+    ) WITHOUT ROWID;
+    INSERT INTO jobs_v3 (id, session_id, type, title, status, backgrounded, started_at,
+                         completed_at, exit_code, output_path, child_session_id,
+                         notice_message_id)
+        SELECT id, session_id, type, title, status, backgrounded, started_at,
+               completed_at, exit_code, output_path, child_session_id, notice_message_id
+        FROM jobs;
+    DROP TABLE jobs;
+    ALTER TABLE jobs_v3 RENAME TO jobs;
+    CREATE INDEX jobs_by_session ON jobs(session_id);
+
+    CREATE TABLE messages_v3 (
+        -- Insertion order: one more than the largest number stored.
+        seq         INTEGER PRIMARY KEY,
+        id          TEXT NOT NULL UNIQUE,
+        session_id  TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
+        role        TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool', 'notice')),
+        text        TEXT NOT NULL,
+        metadata    TEXT NOT NULL,   -- JSON
+        created_at  TEXT NOT NULL,
+        -- 0 while the message waits in the session's inbox (a prompt or a
+        -- notice no agent turn has been handed yet), 1 once handed over.
+        delivered   INTEGER NOT NULL CHECK (delivered IN (0, 1))
+    );
+    INSERT INTO messages_v3 (seq, id, session_id, role, text, metadata, created_at, delivered)
+        SELECT seq, id, session_id, role, text, metadata, created_at, delivered FROM messages;
+    DROP TABLE messages;
+    ALTER TABLE messages_v3 RENAME TO messages;
+    CREATE INDEX messages_by_session ON messages(session_id, seq);
+    CREATE INDEX messages_undelivered ON messages(session_id, seq) WHERE delivered = 0;
+    DELETE FROM sqlite_sequence WHERE name = 'messages';
+    "#,
 ];
