@@ -112,7 +112,11 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     //   `sqlite_sequence` with every insert. A number is now one more than
     //   the largest stored, so it can come again only after the newest
     //   messages were removed with their session — and still sorts after
-    //   every message kept, which is all the numbers are for (order).
+    //   every message kept, which is all the numbers are for (order);
+    // - `messages_undelivered` goes: every notice and prompt wrote it and
+    //   every hand-over to a turn wrote it again, for a query nothing runs
+    //   while the host serves (restart recovery reads every message and
+    //   sorts out the inbox itself).
     // SQLite cannot change a table's key in place: each table is copied
     // into a new one that takes its name (SQLite's documented way, run
     // with foreign keys off so that dropping `jobs` does not cascade into
@@ -164,7 +168,6 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP TABLE messages;
     ALTER TABLE messages_v3 RENAME TO messages;
     CREATE INDEX messages_by_session ON messages(session_id, seq);
-    CREATE INDEX messages_undelivered ON messages(session_id, seq) WHERE delivered = 0;
     DELETE FROM sqlite_sequence WHERE name = 'messages';
     "#,
 ];

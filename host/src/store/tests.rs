@@ -624,8 +624,9 @@ fn a_version_2_file_is_migrated_to_version_3_keeping_every_row_and_reference() {
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(user_version(&store), SCHEMA_VERSION);
     assert_eq!(SCHEMA_VERSION, 3);
-    // The new shape: no row id on jobs, no index of running jobs, no
-    // sequence kept for messages, and foreign keys enforced again.
+    // The new shape: no row id on jobs, no index of running jobs or of
+    // undelivered messages, no sequence kept for messages, and foreign
+    // keys enforced again.
     let sql_of = |name: &str| -> String {
         store
             .conn()
@@ -642,7 +643,7 @@ fn a_version_2_file_is_migrated_to_version_3_keeping_every_row_and_reference() {
         .conn()
         .query_row(
             "SELECT (SELECT count(*) FROM sqlite_master
-                     WHERE name IN ('jobs_running', 'jobs_v3', 'messages_v3'))
+                     WHERE name IN ('jobs_running', 'messages_undelivered', 'jobs_v3', 'messages_v3'))
                   + (SELECT count(*) FROM sqlite_sequence WHERE name = 'messages')",
             [],
             |row| row.get(0),
