@@ -1162,3 +1162,62 @@ fn a_failing_write_fails_alone_in_a_group_of_one_and_of_several() {
     );
     assert_eq!(ids(&store), ["ses_1", "ses_2", "ses_3", "ses_4"]);
 }
+
+/// Under a load that never lets the writer rest, the log still starts
+/// over after each checkpoint instead of growing for as long as the load
+/// lasts (see `checkpoint`'s module doc).
+#[test]
+fn the_log_starts_over_under_a_load_that_never_pauses() {
+    const WRITERS: usize = 4;
+    /// Commits made before the first checkpoint is due (256), to learn
+    /// how much log a commit writes.
+    const FIRST: u64 = 150;
+    /// Commits in all: several checkpoints' worth.
+    const ALL: u64 = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let wal_file = dir.path().join(format!("{DB_FILE}-wal"));
+    let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
+    store.put_session(&session("ses_1", None)).unwrap();
+    let load = |until: u64| {
+        let threads: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    // Each thread keeps a few writes queued, so the writer
+                    // always has a next group.
+                    let mut waiting = std::collections::VecDeque::new();
+                    let mut i = 0;
+                    while store.commits() < until {
+                        let id = format!("msg_{w}_{until}_{i:06}");
+                        let message = message(&id, "ses_1", Role::Tool);
+                        waiting.push_back(
+                            store.submit(move |conn| insert_message(conn, &message), |_| {}),
+                        );
+                        if waiting.len() > 4 {
+                            waiting.pop_front().unwrap().wait_blocking().unwrap();
+                        }
+                        i += 1;
+                    }
+                    for ticket in waiting {
+                        ticket.wait_blocking().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+    };
+    load(FIRST);
+    let per_commit = std::fs::metadata(&wal_file).unwrap().len() / store.commits();
+    load(ALL);
+    let commits = store.commits();
+    let wal = std::fs::metadata(&wal_file).unwrap().len();
+    // Had the log never started over, it would hold every commit's pages.
+    let never_restarted = per_commit * commits;
+    assert!(
+        wal < never_restarted / 2,
+        "the log is {wal} bytes after {commits} commits of about {per_commit} bytes each: \
+         it did not start over"
+    );
+}

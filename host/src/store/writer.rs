@@ -284,11 +284,28 @@ fn run(shared: &Shared) {
             queue.ops.drain(..take).collect()
         };
         shared.commit(group);
+        shared.catch_up();
         shared.queue.lock_unpoisoned().busy = false;
     }
 }
 
 impl Shared {
+    /// Checkpoints what the last checkpoint could not get to, if it asked
+    /// (see [`checkpoint`](super::checkpoint)): between two groups of the
+    /// writer thread, after the first one's hooks.
+    fn catch_up(&self) {
+        let Some(checkpointer) = &self.checkpointer else {
+            return;
+        };
+        if !checkpointer.take_catch_up() {
+            return;
+        }
+        let conn = self.conn.lock_unpoisoned();
+        if let Err(error) = super::checkpoint::checkpoint(&conn) {
+            tracing::warn!(%error, "the writer's catch-up checkpoint failed");
+        }
+    }
+
     /// Commits `group` as one transaction, then runs each write's hook in
     /// order with the connection let go.
     fn commit(&self, group: Vec<Op>) {
