@@ -193,16 +193,44 @@ impl App {
         }
     }
 
-    /// A job as a refresh read it: kept unless the stream already said
-    /// something later about it. A job's record only moves forward
-    /// (running, then moved, then ended), and never leaves its session's
-    /// list while the session lives.
-    fn merge_job(&mut self, job: Job) {
+    /// The jobs as a refresh read them: each kept unless the stream
+    /// already said something later about it. A job's record only moves
+    /// forward (running, then moved, then ended), and never leaves its
+    /// session's list while the session lives. Found by id through a map:
+    /// a session may hold thousands of jobs.
+    fn merge_jobs(&mut self, jobs: Vec<Job>) {
         let progress = |job: &Job| (job.status != JobStatus::Running, job.backgrounded);
-        match self.jobs.iter_mut().find(|j| j.id == job.id) {
-            Some(existing) if progress(&job) > progress(existing) => *existing = job,
-            Some(_) => {}
-            None => self.jobs.push(job),
+        let mut known: HashMap<String, usize> = self
+            .jobs
+            .iter()
+            .enumerate()
+            .map(|(i, job)| (job.id.clone(), i))
+            .collect();
+        for job in jobs {
+            match known.get(&job.id) {
+                Some(&i) if progress(&job) > progress(&self.jobs[i]) => self.jobs[i] = job,
+                Some(_) => {}
+                None => {
+                    known.insert(job.id.clone(), self.jobs.len());
+                    self.jobs.push(job);
+                }
+            }
+        }
+        self.jobs
+            .sort_by(|a, b| (&a.started_at, &a.id).cmp(&(&b.started_at, &b.id)));
+    }
+
+    /// The messages as a refresh read them, then each message the stream
+    /// added that the refresh did not have yet.
+    fn merge_messages(&mut self, messages: Vec<Message>) {
+        let streamed = std::mem::replace(&mut self.messages, messages);
+        let known: HashSet<&str> = self.messages.iter().map(|m| m.id.as_str()).collect();
+        let missing: Vec<Message> = streamed
+            .into_iter()
+            .filter(|m| !known.contains(m.id.as_str()))
+            .collect();
+        for message in missing {
+            self.add_message(message);
         }
     }
 
@@ -266,20 +294,13 @@ impl App {
             // over what the stream already said.
             Msg::Messages(session, messages) => {
                 if self.is_current(&session) {
-                    let newer: Vec<Message> = std::mem::replace(&mut self.messages, messages);
-                    for message in newer {
-                        self.add_message(message);
-                    }
+                    self.merge_messages(messages);
                 }
                 Vec::new()
             }
             Msg::Jobs(session, jobs) => {
                 if self.is_current(&session) {
-                    for job in jobs {
-                        self.merge_job(job);
-                    }
-                    self.jobs
-                        .sort_by(|a, b| (&a.started_at, &a.id).cmp(&(&b.started_at, &b.id)));
+                    self.merge_jobs(jobs);
                 }
                 Vec::new()
             }
