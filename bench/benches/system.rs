@@ -60,7 +60,7 @@ use offstage_bench::{
     http::Conn,
     median, micros,
     proc::{processes_of, rss_bytes},
-    service, summarize, CpuTime, ThreadCpu,
+    service, summarize, CpuTime, MachineCpu, ThreadCpu,
 };
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
 use serde_json::json;
@@ -930,13 +930,17 @@ fn main() {
     if let Some(ms) = std::env::var_os(BARE_ROUND_VAR) {
         let time = Duration::from_millis(ms.to_str().and_then(|m| m.parse().ok()).unwrap());
         let runtime = offstage_bench::runtime();
-        let before = CpuTime::now();
+        let (before, machine_before) = (CpuTime::now(), MachineCpu::now());
         let calls = runtime.block_on(bare_round(time));
         let used = CpuTime::now().since(before);
+        let machine = MachineCpu::now().since(machine_before);
         println!(
-            "{calls} {} {}",
+            "{calls} {} {} {} {} {}",
             used.own.as_micros(),
-            used.children.as_micros()
+            used.children.as_micros(),
+            machine.idle,
+            machine.steal,
+            machine.total
         );
         return;
     }
@@ -1261,8 +1265,9 @@ async fn bare_round(time: Duration) -> u64 {
 /// session service, so that the baseline pays nothing of the host's (its
 /// job-tree reaper wakes on every child's exit), and can still alternate
 /// with the host's rounds. Start-up is outside the timed window. Returns
-/// the calls made and the CPU time the round used.
-fn bare_round_in_child(time: Duration) -> (u64, CpuTime) {
+/// the calls made, the CPU time the round used and the machine's CPU
+/// meanwhile.
+fn bare_round_in_child(time: Duration) -> (u64, CpuTime, MachineCpu) {
     let output = Command::new(std::env::current_exe().unwrap())
         .env(BARE_ROUND_VAR, time.as_millis().to_string())
         .stderr(Stdio::inherit())
@@ -1274,14 +1279,14 @@ fn bare_round_in_child(time: Duration) -> (u64, CpuTime) {
         .split_whitespace()
         .map(|n| n.parse().expect("the bare round prints numbers"))
         .collect();
-    let [calls, own, children] = numbers[..] else {
+    let [calls, own, children, idle, steal, total] = numbers[..] else {
         panic!("the bare round printed {printed:?}");
     };
     let cpu = CpuTime {
         own: Duration::from_micros(own),
         children: Duration::from_micros(children),
     };
-    (calls, cpu)
+    (calls, cpu, MachineCpu { idle, steal, total })
 }
 
 /// The shell tool through the session service, one session per call in
@@ -1343,16 +1348,24 @@ async fn writer_throughput() {
     // CPU time per call, (this process's, its commands'), bare and service.
     let (mut bare_cpu, mut service_cpu) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     let mut own_ratios = Vec::new();
+    // The machine's idle and stolen shares, (service, bare), per round.
+    let (mut idle, mut steal) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     let per_call = |used: Duration, calls: u64| used.as_secs_f64() * 1e6 / calls.max(1) as f64;
     for _ in 0..ROUNDS {
-        let (bare_calls, used) = bare_round_in_child(time);
+        let (bare_calls, used, machine) = bare_round_in_child(time);
+        idle.1.push(machine.idle_percent());
+        steal.1.push(machine.steal_percent());
         bare_cpu.0.push(per_call(used.own, bare_calls));
         bare_cpu.1.push(per_call(used.children, bare_calls));
         let bare = bare_calls as f64 / time.as_secs_f64();
         let before = service.store().commits();
         let (cpu_before, threads_before) = (CpuTime::now(), ThreadCpu::now());
+        let machine_before = MachineCpu::now();
         let made = service_round(&service, &sessions, time).await;
         let used = CpuTime::now().since(cpu_before);
+        let machine = MachineCpu::now().since(machine_before);
+        idle.0.push(machine.idle_percent());
+        steal.0.push(machine.steal_percent());
         for (thread, used) in by_role(&ThreadCpu::now().since(&threads_before)) {
             threads
                 .entry(thread)
@@ -1404,6 +1417,13 @@ async fn writer_throughput() {
     println!(
         "\nThe host's CPU per call over bare tokio's own, round by round (the steadier figure for comparing builds on a noisy machine), median: {:.2}×.",
         median(&mut own_ratios)
+    );
+    println!(
+        "\nThe machine's CPU (all cores, `/proc/stat`) during the rounds, median: left idle {:.1}% in the service's rounds against {:.1}% in bare tokio's (the cost of calls waiting on each other: commits, wake-ups, a worker blocked in `posix_spawn` until its child execs); taken by the hypervisor {:.1}% against {:.1}%.",
+        median(&mut idle.0),
+        median(&mut idle.1),
+        median(&mut steal.0),
+        median(&mut steal.1)
     );
     let split: Vec<String> = threads
         .iter_mut()

@@ -113,6 +113,63 @@ impl CpuTime {
     }
 }
 
+/// The whole machine's CPU time by state, from the first line of
+/// `/proc/stat` (clock ticks, all cores): what a throughput round left
+/// idle, and what the hypervisor took from this VM (steal). A host whose
+/// calls wait on each other leaves cores idle that bare tokio keeps busy,
+/// and that loss shows in its rate without showing in its CPU per call.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MachineCpu {
+    /// Ticks with nothing to run (idle and waiting for I/O).
+    pub idle: u64,
+    /// Ticks the hypervisor ran something else on this VM's CPUs.
+    pub steal: u64,
+    /// All ticks.
+    pub total: u64,
+}
+
+impl MachineCpu {
+    /// The totals now; zero where `/proc/stat` cannot be read.
+    pub fn now() -> MachineCpu {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is
+        // already counted in user).
+        let at = |i: usize| ticks.get(i).copied().unwrap_or(0);
+        MachineCpu {
+            idle: at(3) + at(4),
+            steal: at(7),
+            total: ticks.iter().take(8).sum(),
+        }
+    }
+
+    /// What passed since `earlier`.
+    pub fn since(self, earlier: MachineCpu) -> MachineCpu {
+        MachineCpu {
+            idle: self.idle.saturating_sub(earlier.idle),
+            steal: self.steal.saturating_sub(earlier.steal),
+            total: self.total.saturating_sub(earlier.total),
+        }
+    }
+
+    /// The idle share of the ticks, in percent.
+    pub fn idle_percent(&self) -> f64 {
+        100.0 * self.idle as f64 / self.total.max(1) as f64
+    }
+
+    /// The stolen share of the ticks, in percent.
+    pub fn steal_percent(&self) -> f64 {
+        100.0 * self.steal as f64 / self.total.max(1) as f64
+    }
+}
+
 /// CPU time of this process's threads, summed by thread name (`comm`,
 /// which Linux cuts to 15 bytes: `offstage-store`, `tokio-rt-worker`,
 /// `offstage-checkp`, ...), from each thread's `/proc/self/task/TID/schedstat`
@@ -186,6 +243,23 @@ mod tests {
         assert_eq!(summary.median, Duration::from_micros(50));
         assert_eq!(summary.p99, Duration::from_micros(99));
         assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn machine_cpu_shares() {
+        let earlier = MachineCpu::now();
+        assert!(earlier.total > 0, "/proc/stat gives the machine's ticks");
+        std::thread::sleep(Duration::from_millis(100));
+        let passed = MachineCpu::now().since(earlier);
+        assert!(passed.total > 0 && passed.idle <= passed.total);
+        let round = MachineCpu {
+            idle: 15,
+            steal: 2,
+            total: 200,
+        };
+        assert_eq!(round.idle_percent(), 7.5);
+        assert_eq!(round.steal_percent(), 1.0);
+        assert_eq!(MachineCpu::default().idle_percent(), 0.0);
     }
 }
 
