@@ -1,22 +1,24 @@
 //! Messages appended per second, and what durability costs.
 //!
 //! `cargo bench -p offstage --bench store` runs the same workload — one
-//! session, N `append_message` calls, each its own committed transaction,
-//! as the session service makes them — against:
+//! session, N `append_message` calls one after another, so each is a
+//! commit of its own — against:
 //!
-//! - the file store with `synchronous = FULL` (the default: every commit
-//!   syncs the write-ahead log, so it survives a power cut),
-//! - the file store with `synchronous = NORMAL` (survives a process crash
-//!   only; the log is synced at checkpoints),
+//! - the file store with `synchronous = FULL` (`durability = "full"`:
+//!   every commit syncs the write-ahead log, so it survives a power cut),
+//! - the file store with `synchronous = NORMAL` (the default: survives a
+//!   process crash or kill -9; the log is synced at checkpoints),
 //! - the in-memory store (the same SQL, no file at all),
 //!
 //! and times a start-up `recover` over what was written. Then the same
 //! comparison one level up, where a user feels it: sequential tool calls
 //! (`call_tool(shell, "true")`, each a real process) through a
 //! `SessionService` on the in-memory store (`SessionService::new`) and on
-//! the file store (`SessionService::open`, FULL), in interleaved rounds.
-//! Each call commits four times (the job, its process group, its end, the
-//! caller's tool message). The file store
+//! the file store (`SessionService::open`, default durability), in
+//! interleaved rounds. Each call writes twice: the job's record before
+//! its command runs, then its end with the caller's tool message (a
+//! command still running after 100 ms also records its process group).
+//! The file store
 //! lives under cargo's target tmp dir (a real disk, not a tmpfs /tmp) unless
 //! `OFFSTAGE_BENCH_DIR` names another place. `OFFSTAGE_BENCH_MESSAGES`
 //! changes N (default 5000). Plain `harness = false`: no extra crates, and
@@ -137,7 +139,10 @@ fn service_runs(base: &std::path::Path, quick: bool) {
     println!("|---|---:|---:|---:|");
     for (label, rate) in [
         ("SessionService::new (in-memory store)", memory),
-        ("SessionService::open (file store, FULL)", file),
+        (
+            "SessionService::open (file store, default durability)",
+            file,
+        ),
     ] {
         println!(
             "| {label} | {rate:.0} | {:.2} ms | {:.2} |",
@@ -163,12 +168,12 @@ fn main() {
     let normal_dir = tempfile::tempdir_in(&base).unwrap();
     let runs = [
         run(
-            "file, synchronous=FULL (default)",
+            "file, synchronous=FULL",
             Store::open_with(full_dir.path(), Durability::Full).unwrap(),
             count,
         ),
         run(
-            "file, synchronous=NORMAL",
+            "file, synchronous=NORMAL (default)",
             Store::open_with(normal_dir.path(), Durability::Normal).unwrap(),
             count,
         ),
