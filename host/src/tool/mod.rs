@@ -7,6 +7,7 @@
 //! backgrounding: its `next` simply finishes when the work does.
 
 pub(crate) mod shell;
+mod spawn;
 pub(crate) mod subagent;
 
 use crate::util::RwLockExt;

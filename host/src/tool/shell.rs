@@ -12,15 +12,16 @@
 //! start-up ends them (`session::jobs::process`, `tree`).
 
 use std::{
-    fs::File, os::fd::OwnedFd, path::PathBuf, process::Stdio, sync::OnceLock, time::Duration,
+    fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration,
 };
 
 use offstage_plugin_api::types::JobStatus;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::process::Command;
-
-use super::{BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome};
+use super::{
+    spawn::{self, Launch},
+    BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome,
+};
 use crate::{
     error::Result,
     session::jobs::tree::{JobTree, MARKER_VAR},
@@ -132,31 +133,23 @@ impl Drop for GroupGuard {
 
 async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> {
     let (reader, writer) = std::io::pipe()?;
-    let mut command = Command::new("/bin/sh");
-    command
-        .arg("-c")
-        .arg(&input.command)
-        .stdin(null_stdin()?)
-        .stdout(writer.try_clone()?)
-        .stderr(writer)
-        .process_group(0)
-        .kill_on_drop(true);
-    if let Some(dir) = &input.workdir {
-        command.current_dir(dir);
-    }
     // Registered before the spawn, so no process of the job is ever
     // unknown; every descendant inherits the marker.
     let tree = JobTree::new(ctx.service.job_marker(&ctx.job_id));
-    command.env(MARKER_VAR, tree.marker());
-    let mut child = command
-        .spawn()
-        .map_err(|e| ServiceError::InvalidInput(format!("cannot start shell: {e}")))?;
+    let mut child = spawn::spawn(Launch {
+        program: "/bin/sh",
+        args: &["-c", &input.command],
+        env: (MARKER_VAR, tree.marker()),
+        cwd: input.workdir.as_deref(),
+        // The command's copies of the write end; ours must be gone for
+        // EOF to arrive, and are (the launch takes them).
+        stdio: [null_stdin()?, writer.try_clone()?.into(), writer.into()],
+    })
+    .await
+    .map_err(|e| ServiceError::InvalidInput(format!("cannot start shell: {e}")))?;
     if let Some(pid) = child.id() {
         tree.set_main(pid as i32);
     }
-    // The command's copies of the write end live in the child now; ours
-    // were moved into `command` and must be gone for EOF to arrive.
-    drop(command);
     let mut group = GroupGuard {
         pgid: child.id().map(|pid| pid as i32),
     };
@@ -227,7 +220,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
 /// `/dev/null` for a command's stdin: a duplicate of one descriptor
 /// opened once, where `Stdio::null()` opens the file again for every
 /// command.
-fn null_stdin() -> std::io::Result<Stdio> {
+fn null_stdin() -> std::io::Result<OwnedFd> {
     static DEV_NULL: OnceLock<File> = OnceLock::new();
     let file = match DEV_NULL.get() {
         Some(file) => file,
@@ -236,7 +229,7 @@ fn null_stdin() -> std::io::Result<Stdio> {
             DEV_NULL.get_or_init(|| opened)
         }
     };
-    Ok(Stdio::from(file.try_clone()?))
+    Ok(file.try_clone()?.into())
 }
 
 /// Bytes the pump reads from a command's pipe at once.
