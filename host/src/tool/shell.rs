@@ -11,13 +11,8 @@
 //! [`RECORD_GROUP_AFTER`] is recorded in the store, so that the next
 //! start-up ends them (`session::jobs::process`, `tree`).
 
-use std::{
-    fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration,
-};
+use std::{fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration};
 
-use offstage_plugin_api::types::JobStatus;
-use serde::Deserialize;
-use serde_json::Value;
 use super::{
     spawn::{self, Launch},
     BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome,
@@ -27,6 +22,9 @@ use crate::{
     session::jobs::tree::{JobTree, MARKER_VAR},
     ServiceError,
 };
+use offstage_plugin_api::types::JobStatus;
+use serde::Deserialize;
+use serde_json::Value;
 
 /// Foreground timeout when the input names none.
 pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 120_000;

@@ -36,7 +36,7 @@
 //! through `tokio::process` as before.
 
 use std::{
-    ffi::{CString, OsStr},
+    ffi::{c_char, CString},
     io,
     os::{
         fd::OwnedFd,
@@ -44,6 +44,7 @@ use std::{
     },
     path::Path,
     process::{ExitStatus, Stdio},
+    sync::LazyLock,
 };
 
 /// A command to start: a program with its arguments, the host's
@@ -93,9 +94,15 @@ impl Child {
 pub(crate) async fn spawn(launch: Launch<'_>) -> io::Result<Child> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[cfg(target_os = "linux")]
-    if direct::supported() {
-        return direct::spawn(launch).await.map(Child::Direct);
-    }
+    let launch = if direct::supported() {
+        match direct::spawn(launch).await {
+            Ok(spawned) => return spawned.map(Child::Direct),
+            // This kernel (or a sandbox around it) refuses the clone.
+            Err(launch) => launch,
+        }
+    } else {
+        launch
+    };
     spawn_with_tokio(launch)
 }
 
@@ -126,28 +133,40 @@ fn c_string(bytes: &[u8]) -> io::Result<CString> {
     })
 }
 
-/// The host's environment with `name` set to `value`, as `NAME=value`
-/// strings.
-fn environment(name: &str, value: &str) -> io::Result<Vec<CString>> {
-    let mut env = Vec::new();
-    for (key, val) in std::env::vars_os() {
-        if key == OsStr::new(name) {
-            continue;
-        }
-        let mut entry = Vec::with_capacity(key.len() + val.len() + 1);
-        entry.extend_from_slice(key.as_bytes());
-        entry.push(b'=');
-        entry.extend_from_slice(val.as_bytes());
-        // A variable that cannot be passed is left out, as std does not:
-        // it fails the spawn. Such a variable is not ours to judge, but
-        // the host's environment never holds one (the kernel separates
-        // entries with NUL).
-        if let Ok(entry) = CString::new(entry) {
-            env.push(entry);
-        }
-    }
-    env.push(c_string(format!("{name}={value}").as_bytes())?);
-    Ok(env)
+/// The host's environment as `NAME=value` strings, read at the first
+/// command: the host never changes its environment once it runs (in a
+/// process with threads `set_var` is unsound, and nothing calls it), and
+/// reading and copying it again for every command was a measurable part
+/// of a short call (std's `Command::env` does that).
+static HOST_ENV: LazyLock<Vec<CString>> = LazyLock::new(|| {
+    std::env::vars_os()
+        .filter_map(|(key, value)| {
+            let mut entry = Vec::with_capacity(key.len() + value.len() + 1);
+            entry.extend_from_slice(key.as_bytes());
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_bytes());
+            // Never fails: the kernel separates entries with NUL.
+            CString::new(entry).ok()
+        })
+        .collect()
+});
+
+/// The host's environment with `name` set to `value`: the pointers for
+/// `execve`, the last one before the terminating null pointing into the
+/// returned string.
+fn environment(name: &str, value: &str) -> io::Result<(CString, Vec<*const c_char>)> {
+    let added = c_string(format!("{name}={value}").as_bytes())?;
+    let mut envp: Vec<*const c_char> = HOST_ENV
+        .iter()
+        .filter(|entry| {
+            let entry = entry.as_bytes();
+            !(entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
+        })
+        .map(|entry| entry.as_ptr())
+        .collect();
+    envp.push(added.as_ptr());
+    envp.push(std::ptr::null());
+    Ok((added, envp))
 }
 
 /// Converts an exit status from `waitpid`.
@@ -163,7 +182,10 @@ mod direct {
         io,
         os::fd::{AsRawFd, FromRawFd, OwnedFd},
         process::ExitStatus,
-        sync::{LazyLock, Mutex},
+        sync::{
+            atomic::{AtomicBool, Ordering},
+            LazyLock, Mutex,
+        },
     };
 
     use tokio::io::unix::AsyncFd;
@@ -171,8 +193,17 @@ mod direct {
     use super::{c_string, environment, exit_status, Launch};
     use crate::util::LockExt;
 
-    /// Whether this kernel has pidfds that can be polled (5.3 and later).
+    /// Set once a clone was refused (a sandbox's filter, an emulated
+    /// kernel): every command starts through `tokio::process` from then on.
+    static REFUSED: AtomicBool = AtomicBool::new(false);
+
+    /// Whether commands start here: the kernel has pidfds that can be
+    /// polled (5.3 and later, which also have `CLONE_PIDFD`), and no clone
+    /// was refused.
     pub(super) fn supported() -> bool {
+        if REFUSED.load(Ordering::Relaxed) {
+            return false;
+        }
         static SUPPORTED: LazyLock<bool> = LazyLock::new(|| {
             // SAFETY: a plain syscall; the descriptor is closed at once.
             let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getpid(), 0) };
@@ -231,7 +262,9 @@ mod direct {
     struct Prepared {
         _program: CString,
         _args: Vec<CString>,
-        _env: Vec<CString>,
+        /// The variable added to the host's environment (the rest of
+        /// `envp` points into the static `HOST_ENV`).
+        _env: CString,
         _cwd: Option<CString>,
         _argv: Vec<*const c_char>,
         _envp: Vec<*const c_char>,
@@ -316,36 +349,36 @@ mod direct {
         }
     }
 
+    /// Children killed on drop and not reaped yet (they had not died
+    /// yet). A task reaps them as each dies; whatever it could not (the
+    /// runtime was shutting down) the next spawn reaps.
+    static UNREAPED: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+    /// Reaps each of [`UNREAPED`] that has died.
+    fn reap_unreaped() {
+        let mut unreaped = UNREAPED.lock_unpoisoned();
+        if !unreaped.is_empty() {
+            unreaped.retain(|&pid| matches!(try_reap(pid), Ok(None)));
+        }
+    }
+
     impl Drop for Child {
         fn drop(&mut self) {
             let Some(pidfd) = self.pidfd.take() else {
                 return;
             };
             send_kill(pidfd.get_ref());
-            let pid = self.pid;
-            if let Ok(Some(_)) = try_reap(pid) {
+            if let Ok(Some(_)) = try_reap(self.pid) {
                 return;
             }
-            // Reaped when it has died, without blocking this thread.
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        loop {
-                            let Ok(mut ready) = pidfd.readable().await else {
-                                break;
-                            };
-                            if !matches!(try_reap(pid), Ok(None)) {
-                                break;
-                            }
-                            ready.clear_ready();
-                        }
-                    });
-                }
-                Err(_) => {
-                    let mut status = 0;
-                    // SAFETY: our own child, killed above.
-                    unsafe { libc::waitpid(pid, &mut status, 0) };
-                }
+            UNREAPED.lock_unpoisoned().push(self.pid);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    // Readable once it has died (or never, if registering
+                    // failed: the next spawn reaps it then).
+                    let _ = pidfd.readable().await;
+                    reap_unreaped();
+                });
             }
         }
     }
@@ -371,8 +404,29 @@ mod direct {
         }
     }
 
-    pub(super) async fn spawn(launch: Launch<'_>) -> io::Result<Child> {
-        let (mut launching, pidfd, report) = clone_child(launch)?;
+    /// Starts `launch`, or gives it back if the kernel refuses the clone.
+    pub(super) async fn spawn(launch: Launch<'_>) -> Result<io::Result<Child>, Launch<'_>> {
+        reap_unreaped();
+        let (launching, pidfd, report) = match clone_child(&launch) {
+            Ok(cloned) => cloned,
+            Err(Cloned::Refused) => {
+                REFUSED.store(true, Ordering::Relaxed);
+                tracing::warn!("commands start through posix_spawn: this kernel refuses a CLONE_VM | CLONE_PIDFD clone");
+                return Err(launch);
+            }
+            Err(Cloned::Failed(error)) => return Ok(Err(error)),
+        };
+        // The child has its own copies of the command's descriptors.
+        drop(launch);
+        Ok(await_exec(launching, pidfd, report).await)
+    }
+
+    /// Waits for the child's report: exec'd, or why not.
+    async fn await_exec(
+        mut launching: Launching,
+        pidfd: OwnedFd,
+        report: std::io::PipeReader,
+    ) -> io::Result<Child> {
         let report = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(report))?;
         let mut failed = [0u8; 4];
         let mut read = 0;
@@ -401,8 +455,9 @@ mod direct {
         // End of file with nothing written: it exec'd (or was killed from
         // outside first; its exit status will say).
         // SAFETY: the pidfd is owned by the AsyncFd from here on.
-        let pidfd = unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
-            .map_err(|error| error.into_parts().1)?;
+        let pidfd =
+            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+                .map_err(|error| error.into_parts().1)?;
         // Its memory is its own now.
         let mut prepared = launching.prepared.take().expect("set by clone_child");
         if let Some(stack) = prepared.stack.take() {
@@ -414,14 +469,48 @@ mod direct {
         })
     }
 
+    /// Why [`clone_child`] did not start a child.
+    enum Cloned {
+        /// The kernel refused this kind of clone; another way may work.
+        Refused,
+        Failed(io::Error),
+    }
+
+    impl From<io::Error> for Cloned {
+        fn from(error: io::Error) -> Self {
+            Cloned::Failed(error)
+        }
+    }
+
+    /// `fd`, or a close-on-exec duplicate of it numbered 3 or above if it
+    /// is 0, 1 or 2 (the host may have closed its own stdio): the child
+    /// puts its stdio on 0, 1 and 2, and a descriptor it still needs
+    /// there would be replaced under it — the report pipe's write end
+    /// closed early would tell the host it exec'd before it did.
+    fn above_stdio(fd: &OwnedFd, kept: &mut Vec<OwnedFd>) -> io::Result<c_int> {
+        if fd.as_raw_fd() > 2 {
+            return Ok(fd.as_raw_fd());
+        }
+        // SAFETY: a plain fcntl; the new descriptor is owned by `kept`.
+        let raised = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+        if raised < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fcntl just returned this descriptor to us.
+        kept.push(unsafe { OwnedFd::from_raw_fd(raised) });
+        Ok(raised)
+    }
+
     /// Prepares the child's memory and clones it.
-    fn clone_child(launch: Launch<'_>) -> io::Result<(Launching, OwnedFd, std::io::PipeReader)> {
+    fn clone_child(
+        launch: &Launch<'_>,
+    ) -> Result<(Launching, OwnedFd, std::io::PipeReader), Cloned> {
         let program = c_string(launch.program.as_bytes())?;
         let mut args = vec![program.clone()];
         for arg in launch.args {
             args.push(c_string(arg.as_bytes())?);
         }
-        let env = environment(launch.env.0, launch.env.1)?;
+        let (env, envp) = environment(launch.env.0, launch.env.1)?;
         let cwd = match launch.cwd {
             Some(dir) => Some(c_string(std::os::unix::ffi::OsStrExt::as_bytes(
                 dir.as_os_str(),
@@ -433,20 +522,25 @@ mod direct {
             .map(|a| a.as_ptr())
             .chain(std::iter::once(std::ptr::null()))
             .collect();
-        let envp: Vec<*const c_char> = env
-            .iter()
-            .map(|e| e.as_ptr())
-            .chain(std::iter::once(std::ptr::null()))
-            .collect();
         let (report_read, report_write) = std::io::pipe()?;
+        let report_write = OwnedFd::from(report_write);
+        // Dropped after the clone, as `report_write` and the launch's
+        // descriptors are: the child has its own copies then.
+        let mut kept = Vec::new();
+        let report = above_stdio(&report_write, &mut kept)?;
         let [stdin, stdout, stderr] = &launch.stdio;
+        let stdio = [
+            above_stdio(stdin, &mut kept)?,
+            above_stdio(stdout, &mut kept)?,
+            above_stdio(stderr, &mut kept)?,
+        ];
         let child = ChildArgs {
             program: program.as_ptr(),
             argv: argv.as_ptr(),
             envp: envp.as_ptr(),
             cwd: cwd.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
-            stdio: [stdin.as_raw_fd(), stdout.as_raw_fd(), stderr.as_raw_fd()],
-            report: report_write.as_raw_fd(),
+            stdio,
+            report,
         };
         let mut prepared = Box::new(Prepared {
             _program: program,
@@ -462,39 +556,60 @@ mod direct {
         // SAFETY: one past the end of the stack's allocation, 16-byte
         // aligned (it is made of u128); the stack grows down from there.
         let stack_top = unsafe { stack.as_mut_ptr().add(stack.len()) }.cast::<c_void>();
-        let args_ptr = std::ptr::from_ref(&prepared.child).cast_mut().cast::<c_void>();
+        let args_ptr = std::ptr::from_ref(&prepared.child)
+            .cast_mut()
+            .cast::<c_void>();
         let mut pidfd: c_int = -1;
-        // SAFETY: every signal is blocked in this thread across the clone,
-        // so that no handler of the host runs in the child before it reset
-        // the handlers; the previous mask is put back right after. The
-        // child runs `child_main` on its own stack with pointers into
-        // `prepared`, which outlives its use (`Launching`).
-        let pid = unsafe {
-            let mut all: libc::sigset_t = std::mem::zeroed();
-            let mut previous: libc::sigset_t = std::mem::zeroed();
-            libc::sigfillset(&mut all);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut previous);
+        // SAFETY: every signal is blocked in this thread across the clone
+        // (by the system call: libc's wrappers leave out the two it uses
+        // itself), so that no handler of the host runs in the child before
+        // it reset the handlers; the previous mask is put back right
+        // after. The child runs `child_main` on its own stack with
+        // pointers into `prepared`, which outlives its use (`Launching`).
+        let (pid, error) = unsafe {
+            let all: u64 = !0;
+            let mut previous: u64 = 0;
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &raw const all,
+                &raw mut previous,
+                8,
+            );
             let pid = libc::clone(
                 child_main,
                 stack_top,
                 libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD,
                 args_ptr,
-                &mut pidfd as *mut c_int,
+                &raw mut pidfd,
             );
             let error = io::Error::last_os_error();
-            libc::pthread_sigmask(libc::SIG_SETMASK, &previous, std::ptr::null_mut());
-            if pid < 0 {
-                return Err(error);
-            }
-            pid
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &raw const previous,
+                std::ptr::null_mut::<u64>(),
+                8,
+            );
+            (pid, error)
         };
-        // The child has its own copies of these now.
+        drop(kept);
         drop(report_write);
-        drop(launch.stdio);
+        if pid < 0 {
+            return Err(match error.raw_os_error() {
+                Some(libc::EINVAL | libc::ENOSYS | libc::EPERM) => Cloned::Refused,
+                _ => Cloned::Failed(error),
+            });
+        }
         let launching = Launching {
             prepared: Some(prepared),
             pid,
         };
+        if pidfd < 0 {
+            // A kernel that ignored the flag: `launching` kills and reaps
+            // the child as it goes.
+            return Err(Cloned::Refused);
+        }
         // SAFETY: CLONE_PIDFD stored a new descriptor here.
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
         Ok((launching, pidfd, report_read))
@@ -524,7 +639,12 @@ mod direct {
         unsafe {
             sys::call(
                 libc::SYS_write,
-                [args.report as usize, bytes.as_ptr() as usize, bytes.len(), 0],
+                [
+                    args.report as usize,
+                    bytes.as_ptr() as usize,
+                    bytes.len(),
+                    0,
+                ],
             );
             sys::call(libc::SYS_exit, [127, 0, 0, 0]);
         }
@@ -532,13 +652,12 @@ mod direct {
     }
 
     /// Sets the child up and execs; returns the `errno` of what failed.
-    unsafe fn set_up_and_exec(args: &ChildArgs) -> i32 {
-        // SAFETY: the caller's: this is the child, before it execs.
-        unsafe { set_up_and_exec_unchecked(args) }
-    }
-
+    ///
+    /// Every statement is a raw system call on the child's own descriptors
+    /// and signal state, reading memory the host keeps alive: one safety
+    /// argument (the caller's) covers them all.
     #[allow(unsafe_op_in_unsafe_fn)]
-    unsafe fn set_up_and_exec_unchecked(args: &ChildArgs) -> i32 {
+    unsafe fn set_up_and_exec(args: &ChildArgs) -> i32 {
         macro_rules! check {
             ($call:expr) => {
                 let result = $call;
@@ -653,6 +772,238 @@ mod direct {
                 );
             }
             result
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{future::Future, io::Read, os::fd::OwnedFd, path::Path, task::Poll, time::Duration};
+
+    use super::{spawn, Launch};
+
+    /// Runs `script` under `/bin/sh -c` in `cwd`, with `OFFSTAGE_SPAWN_TEST`
+    /// set: its exit status and what it wrote to stdout and stderr.
+    async fn run(script: &str, cwd: Option<&Path>) -> std::io::Result<(i32, String)> {
+        let (mut reader, writer) = std::io::pipe()?;
+        let mut child = spawn(Launch {
+            program: "/bin/sh",
+            args: &["-c", script],
+            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            cwd,
+            stdio: [
+                OwnedFd::from(std::fs::File::open("/dev/null")?),
+                writer.try_clone()?.into(),
+                writer.into(),
+            ],
+        })
+        .await?;
+        let status = child.wait().await?;
+        let mut output = String::new();
+        reader.read_to_string(&mut output)?;
+        Ok((status.code().unwrap_or(-1), output))
+    }
+
+    /// A `/proc/self/status` line's hexadecimal mask.
+    fn mask(status: &str, field: &str) -> u64 {
+        let line = status
+            .lines()
+            .find(|line| line.starts_with(field))
+            .unwrap_or_else(|| panic!("no {field} in {status}"));
+        u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_command_gets_its_stdio_environment_directory_and_exit_code() {
+        let dir = tempfile::tempdir().unwrap();
+        let (code, output) = run(
+            "echo out; echo err >&2; echo \"$OFFSTAGE_SPAWN_TEST\"; pwd; exit 7",
+            Some(dir.path()),
+        )
+        .await
+        .unwrap();
+        assert_eq!(code, 7);
+        let cwd = dir.path().canonicalize().unwrap();
+        assert_eq!(output, format!("out\nerr\nmarked\n{}\n", cwd.display()));
+    }
+
+    #[tokio::test]
+    async fn the_variable_replaces_one_of_the_same_name() {
+        // `PATH` is in every environment: it is replaced, not doubled.
+        let (mut reader, writer) = std::io::pipe().unwrap();
+        let mut child = spawn(Launch {
+            program: "/bin/sh",
+            args: &["-c", "env | grep '^PATH='"],
+            env: ("PATH", "/usr/bin:/bin:/offstage-test"),
+            cwd: None,
+            stdio: [
+                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
+                writer.try_clone().unwrap().into(),
+                writer.into(),
+            ],
+        })
+        .await
+        .unwrap();
+        assert!(child.wait().await.unwrap().success());
+        let mut output = String::new();
+        reader.read_to_string(&mut output).unwrap();
+        assert_eq!(output, "PATH=/usr/bin:/bin:/offstage-test\n");
+    }
+
+    #[tokio::test]
+    async fn a_command_leads_its_own_group_with_no_signal_blocked_and_sigpipe_default() {
+        // `exec`: the status read is `cat`'s, which sets no handler itself.
+        let (code, status) = run("exec cat /proc/self/status", None).await.unwrap();
+        assert_eq!(code, 0);
+        assert_eq!(mask(&status, "SigBlk:"), 0, "{status}");
+        // Rust's runtime ignores SIGPIPE; its children get the default.
+        assert_eq!(mask(&status, "SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0);
+        let (_, ids) = run("exec cut -d' ' -f1,5 /proc/self/stat", None)
+            .await
+            .unwrap();
+        let ids: Vec<&str> = ids.split_whitespace().collect();
+        assert_eq!(ids[0], ids[1], "pid and process group: {ids:?}");
+    }
+
+    #[tokio::test]
+    async fn what_cannot_start_fails_the_spawn_with_the_reason() {
+        let gone = Path::new("/nonexistent/offstage-spawn-test");
+        let error = run("true", Some(gone)).await.unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
+        let error = spawn(Launch {
+            program: "/nonexistent/offstage-program",
+            args: &[],
+            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            cwd: None,
+            stdio: [
+                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
+                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
+                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
+            ],
+        })
+        .await
+        .err()
+        .expect("a missing program cannot start");
+        assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
+        let error = run("true", Some(Path::new("a\0b"))).await.unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
+    }
+
+    /// Set in a child run of this test binary, which closes its stdin and
+    /// stdout first.
+    const LOW_FDS_VAR: &str = "OFFSTAGE_SPAWN_TEST_LOW_FDS";
+
+    #[tokio::test]
+    async fn a_host_without_stdin_and_stdout_still_hears_why_a_command_failed() {
+        if std::env::var_os(LOW_FDS_VAR).is_some() {
+            let stdio = null_stdio();
+            // The next descriptors opened are 0 and 1: the report pipe's
+            // among them, where the command's stdio goes.
+            // SAFETY: nothing in this process uses them any more (std
+            // ignores writes to a closed stdout).
+            unsafe {
+                libc::close(0);
+                libc::close(1);
+            }
+            let error = spawn(Launch {
+                program: "/nonexistent/offstage-program",
+                args: &[],
+                env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+                cwd: None,
+                stdio,
+            })
+            .await
+            .err()
+            .expect("a missing program cannot start");
+            assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
+            let (code, output) = run("echo still here", None).await.unwrap();
+            assert_eq!((code, output.as_str()), (0, "still here\n"));
+            return;
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tool::spawn::tests::a_host_without_stdin_and_stdout_still_hears_why_a_command_failed",
+            ])
+            .env(LOW_FDS_VAR, "1")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "the run with stdio closed failed");
+    }
+
+    /// Whether `pid` names a process (a zombie included).
+    fn exists(pid: u32) -> bool {
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    async fn gone(pid: u32) -> bool {
+        for _ in 0..200 {
+            if !exists(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    fn null_stdio() -> [OwnedFd; 3] {
+        std::array::from_fn(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
+    }
+
+    #[tokio::test]
+    async fn a_dropped_command_is_killed_and_reaped() {
+        let child = spawn(Launch {
+            program: "/bin/sleep",
+            args: &["30"],
+            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            cwd: None,
+            stdio: null_stdio(),
+        })
+        .await
+        .unwrap();
+        let pid = child.id().unwrap();
+        assert!(exists(pid));
+        drop(child);
+        assert!(gone(pid).await, "process {pid} outlived its handle");
+    }
+
+    #[tokio::test]
+    async fn a_spawn_dropped_before_the_exec_kills_its_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let late = dir.path().join("late");
+        let script = format!("sleep 0.3; touch {}", late.display());
+        let args = ["-c", script.as_str()];
+        for _ in 0..20 {
+            let mut spawning = Box::pin(spawn(Launch {
+                program: "/bin/sh",
+                args: &args,
+                env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+                cwd: None,
+                stdio: null_stdio(),
+            }));
+            // One poll clones the child; dropping the future then must
+            // not leave it running (nor free what it still reads).
+            let first =
+                std::future::poll_fn(|cx| Poll::Ready(spawning.as_mut().poll(cx).is_pending()))
+                    .await;
+            drop(spawning);
+            assert!(first || !late.exists());
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(!late.exists(), "a cancelled spawn's command ran on");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_commands_start_at_once() {
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            tasks.push(tokio::spawn(async move {
+                run(&format!("echo {i}"), None).await.unwrap()
+            }));
+        }
+        for (i, task) in tasks.into_iter().enumerate() {
+            assert_eq!(task.await.unwrap(), (0, format!("{i}\n")));
         }
     }
 }
