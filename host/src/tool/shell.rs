@@ -14,7 +14,7 @@
 use std::{fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration};
 
 use super::{
-    spawn::{self, Launch},
+    spawn::{self, Launch, WaitError},
     BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome,
 };
 use crate::{
@@ -143,8 +143,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
         // EOF to arrive, and are (the launch takes them).
         stdio: [null_stdin()?, writer.try_clone()?.into(), writer.into()],
     })
-    .await
-    .map_err(|e| ServiceError::InvalidInput(format!("cannot start shell: {e}")))?;
+    .map_err(cannot_start)?;
     if let Some(pid) = child.id() {
         tree.set_main(pid as i32);
     }
@@ -168,14 +167,19 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     let pid = child.id();
     let wait = child.wait();
     tokio::pin!(wait);
-    let status = tokio::select! {
-        status = &mut wait => status?,
+    let waited = tokio::select! {
+        waited = &mut wait => waited,
         () = tokio::time::sleep(RECORD_GROUP_AFTER) => {
             if let Some(pid) = pid {
                 ctx.service.record_job_process(&ctx.job_id, pid);
             }
-            wait.await?
+            wait.await
         }
+    };
+    let status = match waited {
+        Ok(status) => status,
+        Err(WaitError::Start(error)) => return Err(cannot_start(error)),
+        Err(WaitError::Wait(error)) => return Err(error.into()),
     };
     tree.main_reaped();
     // Give output still in flight a moment; then whatever still holds the
@@ -213,6 +217,12 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
         },
         exit_code,
     })
+}
+
+/// A command that never ran: its working directory or `/bin/sh` could not
+/// be used.
+fn cannot_start(error: std::io::Error) -> ServiceError {
+    ServiceError::InvalidInput(format!("cannot start shell: {error}"))
 }
 
 /// `/dev/null` for a command's stdin: a duplicate of one descriptor

@@ -12,28 +12,36 @@
 //! `block_in_place`) costs a hand-off per call and measured worse.
 //!
 //! So on Linux (x86_64 and aarch64) the child is cloned with `CLONE_VM`
-//! but without `CLONE_VFORK`: the clone returns at once, and the task
-//! awaits the outcome on a close-on-exec pipe — end of file: the child
-//! exec'd; four bytes: the `errno` of the step that failed — while the
-//! worker runs other tasks. The exit is awaited on a pidfd
-//! (`CLONE_PIDFD`), registered with the runtime's reactor like a socket,
-//! and reaped by pid (the job tree's reaper never reaps a job's main
-//! process).
+//! but without `CLONE_VFORK`, and [`spawn`] returns at once: the child
+//! sets itself up and execs while the worker runs other tasks. Its exit is
+//! awaited on a pidfd (`CLONE_PIDFD`), registered with the runtime's
+//! reactor like a socket, and reaped by pid (the job tree's reaper never
+//! reaps a job's main process). A step before the `exec` that fails (the
+//! working directory, the program) is written by the child into memory it
+//! shares with the host, and [`Child::wait`] reports it once the child is
+//! reaped. A close-on-exec pipe that the host awaits — std's way, and this
+//! module's first — cost a pipe, two reactor registrations and a wake-up
+//! per call; memory the child writes needs none of them.
 //!
 //! Until it execs, the child runs in the host's memory, concurrently with
-//! it. What it runs ([`child_main`]) therefore touches nothing but its own
-//! stack and the arguments prepared for it: raw system calls (libc's
-//! wrappers set `errno`, and the child runs with the spawning thread's
-//! thread pointer, so its `errno` is that thread's), no allocation, no
-//! lock. The host keeps that memory alive until the pipe says the child
-//! exec'd or died ([`Launching`]). Signal handlers are the host's code:
-//! every signal is blocked in the spawning thread across the clone (the
-//! child starts with that mask), and the child sets each caught signal
-//! back to its default before it unblocks them, as glibc's `posix_spawn`
-//! does.
+//! it. What it runs (`child_main`) therefore touches nothing but its own
+//! stack and what was prepared for it: raw system calls (libc's wrappers
+//! set `errno`, and the child runs with the spawning thread's thread
+//! pointer, so its `errno` is that thread's), no allocation, no lock. The
+//! host keeps that memory until the kernel says the child let go of it
+//! (`CLONE_CHILD_CLEARTID`: a word cleared at its `exec` or exit) or the
+//! child is reaped; a child dropped before is killed, and its memory kept
+//! until it is gone. Signal handlers are the host's code: every signal is
+//! blocked in the spawning thread across the clone (the child starts with
+//! that mask), and the child sets each caught signal back to its default
+//! before it unblocks them, as glibc's `posix_spawn` does. The child puts
+//! the command's stdio on 0, 1 and 2; a descriptor of the host's that is
+//! itself 0, 1 or 2 (a host started with its stdio closed) is duplicated
+//! above them first, so that none is replaced before it is used.
 //!
-//! Elsewhere, or on a kernel without pidfds (before 5.3), commands start
-//! through `tokio::process` as before.
+//! Elsewhere, on a kernel without pidfds (before 5.3), or where the clone
+//! is refused (a sandbox's filter), commands start through
+//! `tokio::process`.
 
 use std::{
     ffi::{c_char, CString},
@@ -68,6 +76,16 @@ pub(crate) enum Child {
     Tokio(tokio::process::Child),
 }
 
+/// Why [`Child::wait`] has no exit status.
+#[derive(Debug)]
+pub(crate) enum WaitError {
+    /// The command never ran: a step before its `exec` failed (its
+    /// working directory, its program).
+    Start(io::Error),
+    /// Waiting failed.
+    Wait(io::Error),
+}
+
 impl Child {
     pub(crate) fn id(&self) -> Option<u32> {
         match self {
@@ -79,30 +97,35 @@ impl Child {
     }
 
     /// Waits for the command to exit and reaps it.
-    pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
+    pub(crate) async fn wait(&mut self) -> Result<ExitStatus, WaitError> {
         match self {
             #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
             #[cfg(target_os = "linux")]
             Child::Direct(child) => child.wait().await,
-            Child::Tokio(child) => child.wait().await,
+            Child::Tokio(child) => child.wait().await.map_err(WaitError::Wait),
         }
     }
 }
 
-/// Starts `launch` in a process group of its own; returns once it has
-/// exec'd (or failed to).
-pub(crate) async fn spawn(launch: Launch<'_>) -> io::Result<Child> {
+/// Starts `launch` in a process group of its own. Returns at once: a step
+/// before the command's `exec` that fails (its working directory, its
+/// program) may be reported here or by [`Child::wait`].
+pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[cfg(target_os = "linux")]
-    let launch = if direct::supported() {
-        match direct::spawn(launch).await {
-            Ok(spawned) => return spawned.map(Child::Direct),
+    if direct::supported() {
+        match direct::spawn(&launch) {
+            Ok(child) => return Ok(Child::Direct(child)),
+            Err(direct::Refused::Failed(error)) => return Err(error),
             // This kernel (or a sandbox around it) refuses the clone.
-            Err(launch) => launch,
+            Err(direct::Refused::Clone) => {
+                tracing::warn!(
+                    "commands start through posix_spawn: this kernel refuses a CLONE_VM | CLONE_PIDFD clone"
+                );
+                direct::refuse();
+            }
         }
-    } else {
-        launch
-    };
+    }
     spawn_with_tokio(launch)
 }
 
@@ -183,19 +206,23 @@ mod direct {
         os::fd::{AsRawFd, FromRawFd, OwnedFd},
         process::ExitStatus,
         sync::{
-            atomic::{AtomicBool, Ordering},
+            atomic::{AtomicBool, AtomicI32, Ordering},
             LazyLock, Mutex,
         },
     };
 
     use tokio::io::unix::AsyncFd;
 
-    use super::{c_string, environment, exit_status, Launch};
+    use super::{c_string, environment, exit_status, Launch, WaitError};
     use crate::util::LockExt;
 
     /// Set once a clone was refused (a sandbox's filter, an emulated
     /// kernel): every command starts through `tokio::process` from then on.
     static REFUSED: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn refuse() {
+        REFUSED.store(true, Ordering::Relaxed);
+    }
 
     /// Whether commands start here: the kernel has pidfds that can be
     /// polled (5.3 and later, which also have `CLONE_PIDFD`), and no clone
@@ -217,13 +244,14 @@ mod direct {
         *SUPPORTED
     }
 
-    /// Bytes of stack the child gets before it execs: it runs one small
-    /// function of raw system calls, so a few hundred bytes would do.
-    const STACK_SIZE: usize = 64 * 1024;
+    /// Bytes of stack the child gets before it execs. It runs one small
+    /// function of raw system calls (under a kilobyte of frames even in a
+    /// debug build); a stack is held until its child has exec'd and the
+    /// host has looked, so it is kept small.
+    const STACK_SIZE: usize = 16 * 1024;
 
-    /// Stacks of children that have exec'd, kept for the next spawns: a
-    /// fresh 64 KiB allocation per call and its free cost more than the
-    /// clone's own bookkeeping.
+    /// Stacks given back, kept for the next spawns: an allocation and its
+    /// free per call cost more than the clone's own bookkeeping.
     static STACKS: Mutex<Vec<Box<[u128]>>> = Mutex::new(Vec::new());
 
     /// Stacks kept at most (the calls starting at once, in practice).
@@ -236,13 +264,6 @@ mod direct {
             .unwrap_or_else(|| vec![0u128; STACK_SIZE / 16].into_boxed_slice())
     }
 
-    fn give_back_stack(stack: Box<[u128]>) {
-        let mut stacks = STACKS.lock_unpoisoned();
-        if stacks.len() < STACKS_KEPT {
-            stacks.push(stack);
-        }
-    }
-
     /// What the child reads before it execs: pointers into [`Prepared`].
     #[repr(C)]
     struct ChildArgs {
@@ -252,13 +273,13 @@ mod direct {
         /// Null: stay in the host's directory.
         cwd: *const c_char,
         stdio: [c_int; 3],
-        /// The write end of the report pipe.
-        report: c_int,
+        /// Where the child writes the `errno` of the step that failed.
+        failed: *const AtomicI32,
     }
 
     /// Everything the child's pointers point into. Boxed, so that it stays
-    /// where it is while the spawning future moves, and freed only once
-    /// the child can no longer read it.
+    /// where it is while the [`Child`] moves, and let go only once the
+    /// child can no longer read it.
     struct Prepared {
         _program: CString,
         _args: Vec<CString>,
@@ -272,54 +293,29 @@ mod direct {
         child: ChildArgs,
     }
 
-    // SAFETY: the raw pointers point into the CStrings owned alongside,
-    // which are never changed; nothing is shared with another thread of
-    // the host.
+    // SAFETY: the raw pointers point into the CStrings owned alongside and
+    // into the `Outcome` of the same `Child`, neither ever moved or changed
+    // by the host while the child may read them.
     unsafe impl Send for Prepared {}
 
-    /// A child that has been cloned and may not have exec'd yet: until the
-    /// report pipe says it did (or it died), it may read [`Prepared`].
-    /// Dropped early (the spawning task was cancelled, or the child
-    /// reported a failure), it kills the child and reaps it, blocking for
-    /// the moment a killed process takes to die, before the memory goes.
-    struct Launching {
-        prepared: Option<Box<Prepared>>,
-        pid: i32,
-    }
-
-    impl Drop for Launching {
+    impl Drop for Prepared {
         fn drop(&mut self) {
-            let Some(mut prepared) = self.prepared.take() else {
-                return;
-            };
-            // SAFETY: a plain syscall; the child is not reaped yet, so its
-            // pid names it and nothing else.
-            unsafe { libc::kill(self.pid, libc::SIGKILL) };
-            let mut status = 0;
-            // SAFETY: our own child, never reaped elsewhere; killed above,
-            // so this returns once it is gone and reads nothing more.
-            while unsafe { libc::waitpid(self.pid, &mut status, 0) } < 0
-                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-            {}
-            if let Some(stack) = prepared.stack.take() {
-                give_back_stack(stack);
+            if let Some(stack) = self.stack.take() {
+                let mut stacks = STACKS.lock_unpoisoned();
+                if stacks.len() < STACKS_KEPT {
+                    stacks.push(stack);
+                }
             }
         }
     }
 
-    fn send_kill(pidfd: &OwnedFd) {
-        // SAFETY: a plain syscall on a pidfd we own; a child that already
-        // exited makes it fail harmlessly (the pidfd never names another
-        // process).
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            );
-        }
+    /// What the kernel and the child write for the host.
+    struct Outcome {
+        /// `CLONE_CHILD_CLEARTID`'s word: the kernel sets it to 0 once the
+        /// child has let go of the host's memory (it exec'd or exited).
+        attached: AtomicI32,
+        /// The `errno` of the step that failed, or 0: it exec'd.
+        failed: AtomicI32,
     }
 
     /// A started command, see [`super::Child`].
@@ -327,6 +323,9 @@ mod direct {
         pid: i32,
         /// `None` once reaped.
         pidfd: Option<AsyncFd<OwnedFd>>,
+        /// `None` once the child let go of it.
+        prepared: Option<Box<Prepared>>,
+        outcome: Box<Outcome>,
     }
 
     impl Child {
@@ -334,31 +333,56 @@ mod direct {
             self.pidfd.as_ref().map(|_| self.pid as u32)
         }
 
-        pub(super) async fn wait(&mut self) -> io::Result<ExitStatus> {
+        /// Lets go of the child's arguments and stack once it no longer
+        /// uses them.
+        fn release_if_detached(&mut self) {
+            if self.prepared.is_some() && self.outcome.attached.load(Ordering::Acquire) == 0 {
+                self.prepared = None;
+            }
+        }
+
+        pub(super) async fn wait(&mut self) -> Result<ExitStatus, WaitError> {
+            self.release_if_detached();
             let Some(pidfd) = &self.pidfd else {
-                return Err(io::Error::other("the command was already waited for"));
+                return Err(WaitError::Wait(io::Error::other(
+                    "the command was already waited for",
+                )));
             };
-            loop {
-                let mut ready = pidfd.readable().await?;
-                if let Some(status) = try_reap(self.pid)? {
-                    self.pidfd = None;
-                    return Ok(status);
+            let status = loop {
+                let mut ready = pidfd.readable().await.map_err(WaitError::Wait)?;
+                if let Some(status) = try_reap(self.pid).map_err(WaitError::Wait)? {
+                    break status;
                 }
                 ready.clear_ready();
+            };
+            self.pidfd = None;
+            // Reaped: it reads and writes nothing any more.
+            self.prepared = None;
+            match self.outcome.failed.load(Ordering::Acquire) {
+                0 => Ok(status),
+                errno => Err(WaitError::Start(io::Error::from_raw_os_error(errno))),
             }
         }
     }
 
-    /// Children killed on drop and not reaped yet (they had not died
-    /// yet). A task reaps them as each dies; whatever it could not (the
-    /// runtime was shutting down) the next spawn reaps.
-    static UNREAPED: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+    /// A child killed on drop that had not died yet, with the memory it
+    /// may still use until it has.
+    struct Unreaped {
+        pid: i32,
+        _prepared: Option<Box<Prepared>>,
+        _outcome: Box<Outcome>,
+    }
 
-    /// Reaps each of [`UNREAPED`] that has died.
+    /// Children killed on drop and not reaped yet. A task reaps them as
+    /// each dies; whatever it could not (the runtime was shutting down)
+    /// the next spawn reaps.
+    static UNREAPED: Mutex<Vec<Unreaped>> = Mutex::new(Vec::new());
+
+    /// Reaps each of [`UNREAPED`] that has died, and lets go of its memory.
     fn reap_unreaped() {
         let mut unreaped = UNREAPED.lock_unpoisoned();
         if !unreaped.is_empty() {
-            unreaped.retain(|&pid| matches!(try_reap(pid), Ok(None)));
+            unreaped.retain(|child| matches!(try_reap(child.pid), Ok(None)));
         }
     }
 
@@ -367,11 +391,31 @@ mod direct {
             let Some(pidfd) = self.pidfd.take() else {
                 return;
             };
-            send_kill(pidfd.get_ref());
+            // SAFETY: a plain syscall on a pidfd we own, of a child not
+            // reaped yet.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
             if let Ok(Some(_)) = try_reap(self.pid) {
                 return;
             }
-            UNREAPED.lock_unpoisoned().push(self.pid);
+            UNREAPED.lock_unpoisoned().push(Unreaped {
+                pid: self.pid,
+                _prepared: self.prepared.take(),
+                _outcome: std::mem::replace(
+                    &mut self.outcome,
+                    Box::new(Outcome {
+                        attached: AtomicI32::new(0),
+                        failed: AtomicI32::new(0),
+                    }),
+                ),
+            });
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     // Readable once it has died (or never, if registering
@@ -404,89 +448,23 @@ mod direct {
         }
     }
 
-    /// Starts `launch`, or gives it back if the kernel refuses the clone.
-    pub(super) async fn spawn(launch: Launch<'_>) -> Result<io::Result<Child>, Launch<'_>> {
-        reap_unreaped();
-        let (launching, pidfd, report) = match clone_child(&launch) {
-            Ok(cloned) => cloned,
-            Err(Cloned::Refused) => {
-                REFUSED.store(true, Ordering::Relaxed);
-                tracing::warn!("commands start through posix_spawn: this kernel refuses a CLONE_VM | CLONE_PIDFD clone");
-                return Err(launch);
-            }
-            Err(Cloned::Failed(error)) => return Ok(Err(error)),
-        };
-        // The child has its own copies of the command's descriptors.
-        drop(launch);
-        Ok(await_exec(launching, pidfd, report).await)
-    }
-
-    /// Waits for the child's report: exec'd, or why not.
-    async fn await_exec(
-        mut launching: Launching,
-        pidfd: OwnedFd,
-        report: std::io::PipeReader,
-    ) -> io::Result<Child> {
-        let report = tokio::net::unix::pipe::Receiver::from_owned_fd(OwnedFd::from(report))?;
-        let mut failed = [0u8; 4];
-        let mut read = 0;
-        loop {
-            report.readable().await?;
-            match report.try_read(&mut failed[read..]) {
-                Ok(0) => break,
-                Ok(n) => {
-                    read += n;
-                    if read == failed.len() {
-                        break;
-                    }
-                }
-                Err(error)
-                    if matches!(
-                        error.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-                    ) => {}
-                Err(error) => return Err(error),
-            }
-        }
-        if read == failed.len() {
-            // It wrote its error and exits: `launching` reaps it.
-            return Err(io::Error::from_raw_os_error(i32::from_ne_bytes(failed)));
-        }
-        // End of file with nothing written: it exec'd (or was killed from
-        // outside first; its exit status will say).
-        // SAFETY: the pidfd is owned by the AsyncFd from here on.
-        let pidfd =
-            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
-                .map_err(|error| error.into_parts().1)?;
-        // Its memory is its own now.
-        let mut prepared = launching.prepared.take().expect("set by clone_child");
-        if let Some(stack) = prepared.stack.take() {
-            give_back_stack(stack);
-        }
-        Ok(Child {
-            pid: launching.pid,
-            pidfd: Some(pidfd),
-        })
-    }
-
-    /// Why [`clone_child`] did not start a child.
-    enum Cloned {
+    /// Why [`spawn`] did not start a child.
+    pub(super) enum Refused {
         /// The kernel refused this kind of clone; another way may work.
-        Refused,
+        Clone,
         Failed(io::Error),
     }
 
-    impl From<io::Error> for Cloned {
+    impl From<io::Error> for Refused {
         fn from(error: io::Error) -> Self {
-            Cloned::Failed(error)
+            Refused::Failed(error)
         }
     }
 
     /// `fd`, or a close-on-exec duplicate of it numbered 3 or above if it
     /// is 0, 1 or 2 (the host may have closed its own stdio): the child
-    /// puts its stdio on 0, 1 and 2, and a descriptor it still needs
-    /// there would be replaced under it — the report pipe's write end
-    /// closed early would tell the host it exec'd before it did.
+    /// puts the command's stdio on 0, 1 and 2, and a descriptor it still
+    /// needs there would be replaced under it.
     fn above_stdio(fd: &OwnedFd, kept: &mut Vec<OwnedFd>) -> io::Result<c_int> {
         if fd.as_raw_fd() > 2 {
             return Ok(fd.as_raw_fd());
@@ -501,10 +479,10 @@ mod direct {
         Ok(raised)
     }
 
-    /// Prepares the child's memory and clones it.
-    fn clone_child(
-        launch: &Launch<'_>,
-    ) -> Result<(Launching, OwnedFd, std::io::PipeReader), Cloned> {
+    /// Prepares the child's memory and clones it; returns at once (the
+    /// child may not have exec'd yet).
+    pub(super) fn spawn(launch: &Launch<'_>) -> Result<Child, Refused> {
+        reap_unreaped();
         let program = c_string(launch.program.as_bytes())?;
         let mut args = vec![program.clone()];
         for arg in launch.args {
@@ -522,25 +500,26 @@ mod direct {
             .map(|a| a.as_ptr())
             .chain(std::iter::once(std::ptr::null()))
             .collect();
-        let (report_read, report_write) = std::io::pipe()?;
-        let report_write = OwnedFd::from(report_write);
-        // Dropped after the clone, as `report_write` and the launch's
-        // descriptors are: the child has its own copies then.
+        // Dropped after the clone, as the launch's descriptors are: the
+        // child has its own copies then.
         let mut kept = Vec::new();
-        let report = above_stdio(&report_write, &mut kept)?;
         let [stdin, stdout, stderr] = &launch.stdio;
         let stdio = [
             above_stdio(stdin, &mut kept)?,
             above_stdio(stdout, &mut kept)?,
             above_stdio(stderr, &mut kept)?,
         ];
+        let outcome = Box::new(Outcome {
+            attached: AtomicI32::new(-1),
+            failed: AtomicI32::new(0),
+        });
         let child = ChildArgs {
             program: program.as_ptr(),
             argv: argv.as_ptr(),
             envp: envp.as_ptr(),
             cwd: cwd.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
             stdio,
-            report,
+            failed: &raw const outcome.failed,
         };
         let mut prepared = Box::new(Prepared {
             _program: program,
@@ -565,7 +544,8 @@ mod direct {
         // itself), so that no handler of the host runs in the child before
         // it reset the handlers; the previous mask is put back right
         // after. The child runs `child_main` on its own stack with
-        // pointers into `prepared`, which outlives its use (`Launching`).
+        // pointers into `prepared` and `outcome`, which the `Child` keeps
+        // until the kernel clears `attached` or the child is reaped.
         let (pid, error) = unsafe {
             let all: u64 = !0;
             let mut previous: u64 = 0;
@@ -579,9 +559,11 @@ mod direct {
             let pid = libc::clone(
                 child_main,
                 stack_top,
-                libc::CLONE_VM | libc::CLONE_PIDFD | libc::SIGCHLD,
+                libc::CLONE_VM | libc::CLONE_PIDFD | libc::CLONE_CHILD_CLEARTID | libc::SIGCHLD,
                 args_ptr,
                 &raw mut pidfd,
+                std::ptr::null_mut::<c_void>(),
+                outcome.attached.as_ptr(),
             );
             let error = io::Error::last_os_error();
             libc::syscall(
@@ -594,25 +576,50 @@ mod direct {
             (pid, error)
         };
         drop(kept);
-        drop(report_write);
         if pid < 0 {
             return Err(match error.raw_os_error() {
-                Some(libc::EINVAL | libc::ENOSYS | libc::EPERM) => Cloned::Refused,
-                _ => Cloned::Failed(error),
+                Some(libc::EINVAL | libc::ENOSYS | libc::EPERM) => Refused::Clone,
+                _ => Refused::Failed(error),
             });
         }
-        let launching = Launching {
-            prepared: Some(prepared),
-            pid,
-        };
         if pidfd < 0 {
-            // A kernel that ignored the flag: `launching` kills and reaps
-            // the child as it goes.
-            return Err(Cloned::Refused);
+            // A kernel that ignored the flag: kill the child, and wait for
+            // it to be gone before its memory goes.
+            // SAFETY: our child, not reaped: its pid names it.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let mut status = 0;
+            // SAFETY: as above; blocks the moment a killed process takes.
+            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+            {}
+            return Err(Refused::Clone);
         }
         // SAFETY: CLONE_PIDFD stored a new descriptor here.
         let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-        Ok((launching, pidfd, report_read))
+        let mut child = Child {
+            pid,
+            pidfd: None,
+            prepared: Some(prepared),
+            outcome,
+        };
+        // SAFETY: the pidfd is owned by the AsyncFd from here on. If it
+        // cannot be registered, the child is killed by pid as `child`
+        // drops (with no pidfd, `Drop` does not run its kill).
+        match unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) } {
+            Ok(registered) => child.pidfd = Some(registered),
+            Err(error) => {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let mut status = 0;
+                // SAFETY: as above.
+                while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+                    && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+                {
+                }
+                return Err(Refused::Failed(error.into_parts().1));
+            }
+        }
+        Ok(child)
     }
 
     /// The kernel's `struct sigaction` (x86_64 and aarch64 alike).
@@ -633,19 +640,12 @@ mod direct {
         // SAFETY: system calls on the child's own descriptors, signal
         // table and memory it only reads.
         let errno = unsafe { set_up_and_exec(args) };
-        let bytes = errno.to_ne_bytes();
-        // SAFETY: as above; `exit` ends this process only (no
-        // CLONE_THREAD).
+        // SAFETY: `failed` points into the host's `Outcome`, kept as long
+        // as `args`; an atomic store is a plain instruction. `exit` ends
+        // this process only (no CLONE_THREAD), and the kernel then clears
+        // `attached`, which the host reads after this store.
         unsafe {
-            sys::call(
-                libc::SYS_write,
-                [
-                    args.report as usize,
-                    bytes.as_ptr() as usize,
-                    bytes.len(),
-                    0,
-                ],
-            );
+            (*args.failed).store(errno.max(1), Ordering::Release);
             sys::call(libc::SYS_exit, [127, 0, 0, 0]);
         }
         127
@@ -778,30 +778,38 @@ mod direct {
 
 #[cfg(test)]
 mod tests {
-    use std::{future::Future, io::Read, os::fd::OwnedFd, path::Path, task::Poll, time::Duration};
+    use std::{io::Read, os::fd::OwnedFd, path::Path, time::Duration};
 
-    use super::{spawn, Launch};
+    use super::{spawn, Launch, WaitError};
+
+    fn dev_null() -> OwnedFd {
+        OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
+    }
+
+    /// The command's exit code, or why it did not run.
+    async fn exit_code(launch: Launch<'_>) -> std::io::Result<i32> {
+        let mut child = spawn(launch)?;
+        match child.wait().await {
+            Ok(status) => Ok(status.code().unwrap_or(-1)),
+            Err(WaitError::Start(error) | WaitError::Wait(error)) => Err(error),
+        }
+    }
 
     /// Runs `script` under `/bin/sh -c` in `cwd`, with `OFFSTAGE_SPAWN_TEST`
-    /// set: its exit status and what it wrote to stdout and stderr.
+    /// set: its exit code and what it wrote to stdout and stderr.
     async fn run(script: &str, cwd: Option<&Path>) -> std::io::Result<(i32, String)> {
         let (mut reader, writer) = std::io::pipe()?;
-        let mut child = spawn(Launch {
+        let code = exit_code(Launch {
             program: "/bin/sh",
             args: &["-c", script],
             env: ("OFFSTAGE_SPAWN_TEST", "marked"),
             cwd,
-            stdio: [
-                OwnedFd::from(std::fs::File::open("/dev/null")?),
-                writer.try_clone()?.into(),
-                writer.into(),
-            ],
+            stdio: [dev_null(), writer.try_clone()?.into(), writer.into()],
         })
         .await?;
-        let status = child.wait().await?;
         let mut output = String::new();
         reader.read_to_string(&mut output)?;
-        Ok((status.code().unwrap_or(-1), output))
+        Ok((code, output))
     }
 
     /// A `/proc/self/status` line's hexadecimal mask.
@@ -831,20 +839,20 @@ mod tests {
     async fn the_variable_replaces_one_of_the_same_name() {
         // `PATH` is in every environment: it is replaced, not doubled.
         let (mut reader, writer) = std::io::pipe().unwrap();
-        let mut child = spawn(Launch {
+        let code = exit_code(Launch {
             program: "/bin/sh",
             args: &["-c", "env | grep '^PATH='"],
             env: ("PATH", "/usr/bin:/bin:/offstage-test"),
             cwd: None,
             stdio: [
-                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
+                dev_null(),
                 writer.try_clone().unwrap().into(),
                 writer.into(),
             ],
         })
         .await
         .unwrap();
-        assert!(child.wait().await.unwrap().success());
+        assert_eq!(code, 0);
         let mut output = String::new();
         reader.read_to_string(&mut output).unwrap();
         assert_eq!(output, "PATH=/usr/bin:/bin:/offstage-test\n");
@@ -866,25 +874,24 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn what_cannot_start_fails_the_spawn_with_the_reason() {
+    async fn what_cannot_start_fails_with_the_reason() {
         let gone = Path::new("/nonexistent/offstage-spawn-test");
         let error = run("true", Some(gone)).await.unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
-        let error = spawn(Launch {
+        let mut child = spawn(Launch {
             program: "/nonexistent/offstage-program",
             args: &[],
             env: ("OFFSTAGE_SPAWN_TEST", "marked"),
             cwd: None,
-            stdio: [
-                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
-                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
-                OwnedFd::from(std::fs::File::open("/dev/null").unwrap()),
-            ],
+            stdio: [dev_null(), dev_null(), dev_null()],
         })
-        .await
-        .err()
-        .expect("a missing program cannot start");
-        assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
+        .unwrap();
+        match child.wait().await {
+            Err(WaitError::Start(error)) => {
+                assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}")
+            }
+            other => panic!("a missing program ran: {other:?}"),
+        }
         let error = run("true", Some(Path::new("a\0b"))).await.unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
     }
@@ -894,36 +901,38 @@ mod tests {
     const LOW_FDS_VAR: &str = "OFFSTAGE_SPAWN_TEST_LOW_FDS";
 
     #[tokio::test]
-    async fn a_host_without_stdin_and_stdout_still_hears_why_a_command_failed() {
+    async fn descriptors_on_0_1_2_reach_the_right_stdio() {
         if std::env::var_os(LOW_FDS_VAR).is_some() {
-            let stdio = null_stdio();
-            // The next descriptors opened are 0 and 1: the report pipe's
-            // among them, where the command's stdio goes.
             // SAFETY: nothing in this process uses them any more (std
             // ignores writes to a closed stdout).
             unsafe {
                 libc::close(0);
                 libc::close(1);
             }
-            let error = spawn(Launch {
-                program: "/nonexistent/offstage-program",
-                args: &[],
+            // Opened on 0 and 1: stderr's pipe sits where the child puts
+            // its stdout, and would be replaced before it is used.
+            let (mut err_read, err_write) = std::io::pipe().unwrap();
+            let (mut out_read, out_write) = std::io::pipe().unwrap();
+            let code = exit_code(Launch {
+                program: "/bin/sh",
+                args: &["-c", "echo out; echo err >&2"],
                 env: ("OFFSTAGE_SPAWN_TEST", "marked"),
                 cwd: None,
-                stdio,
+                stdio: [dev_null(), out_write.into(), err_write.into()],
             })
             .await
-            .err()
-            .expect("a missing program cannot start");
-            assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
-            let (code, output) = run("echo still here", None).await.unwrap();
-            assert_eq!((code, output.as_str()), (0, "still here\n"));
+            .unwrap();
+            assert_eq!(code, 0);
+            let (mut out, mut err) = (String::new(), String::new());
+            out_read.read_to_string(&mut out).unwrap();
+            err_read.read_to_string(&mut err).unwrap();
+            assert_eq!((out.as_str(), err.as_str()), ("out\n", "err\n"));
             return;
         }
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "tool::spawn::tests::a_host_without_stdin_and_stdout_still_hears_why_a_command_failed",
+                "tool::spawn::tests::descriptors_on_0_1_2_reach_the_right_stdio",
             ])
             .env(LOW_FDS_VAR, "1")
             .stdout(std::process::Stdio::null())
@@ -947,10 +956,6 @@ mod tests {
         false
     }
 
-    fn null_stdio() -> [OwnedFd; 3] {
-        std::array::from_fn(|_| OwnedFd::from(std::fs::File::open("/dev/null").unwrap()))
-    }
-
     #[tokio::test]
     async fn a_dropped_command_is_killed_and_reaped() {
         let child = spawn(Launch {
@@ -958,40 +963,43 @@ mod tests {
             args: &["30"],
             env: ("OFFSTAGE_SPAWN_TEST", "marked"),
             cwd: None,
-            stdio: null_stdio(),
+            stdio: [dev_null(), dev_null(), dev_null()],
         })
-        .await
         .unwrap();
         let pid = child.id().unwrap();
-        assert!(exists(pid));
+        // Exec'd: the command is `sleep` now, not a copy of this process.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(name.trim(), "sleep");
         drop(child);
         assert!(gone(pid).await, "process {pid} outlived its handle");
     }
 
     #[tokio::test]
-    async fn a_spawn_dropped_before_the_exec_kills_its_command() {
+    async fn a_command_dropped_before_its_exec_never_runs() {
         let dir = tempfile::tempdir().unwrap();
         let late = dir.path().join("late");
         let script = format!("sleep 0.3; touch {}", late.display());
-        let args = ["-c", script.as_str()];
+        let mut pids = Vec::new();
         for _ in 0..20 {
-            let mut spawning = Box::pin(spawn(Launch {
+            let child = spawn(Launch {
                 program: "/bin/sh",
-                args: &args,
+                args: &["-c", &script],
                 env: ("OFFSTAGE_SPAWN_TEST", "marked"),
                 cwd: None,
-                stdio: null_stdio(),
-            }));
-            // One poll clones the child; dropping the future then must
-            // not leave it running (nor free what it still reads).
-            let first =
-                std::future::poll_fn(|cx| Poll::Ready(spawning.as_mut().poll(cx).is_pending()))
-                    .await;
-            drop(spawning);
-            assert!(first || !late.exists());
+                stdio: [dev_null(), dev_null(), dev_null()],
+            })
+            .unwrap();
+            pids.push(child.id().unwrap());
+            // At once: usually before the child has exec'd, while it still
+            // runs in this process's memory (which must outlive it).
+            drop(child);
         }
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        assert!(!late.exists(), "a cancelled spawn's command ran on");
+        for pid in pids {
+            assert!(gone(pid).await, "process {pid} outlived its handle");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!late.exists(), "a dropped command ran on");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
