@@ -18,13 +18,18 @@
 //! If the commit fails (disk full, an I/O error), no hook runs and every
 //! ticket of the group gets the error.
 //!
-//! A write whose caller waits for it on a latency-bound path (a
-//! `background` request: its caller and the callers it releases wait for
-//! its commit) may skip the queue when the writer is idle: the calling
-//! thread takes the writer's turn, commits it as a group of one and runs
-//! its hook ([`Store::submit_now`]). Handing a write to a sleeping thread
+//! A write whose caller waits for it (a `background` request: its caller
+//! and the callers it releases wait for its commit; a job's record, which
+//! its tool waits for; a job's end, which its caller waits for) may skip
+//! the queue when the writer is idle: the calling thread takes the
+//! writer's turn, commits it as a group of one and runs its hook
+//! ([`Store::submit_now`]). Handing a write to a sleeping thread
 //! and its answer back costs two wake-ups, which on a busy machine cost
-//! more than the commit itself. Only one group is ever committing (the
+//! more than the commit itself. Under a steady load the writer thread
+//! still gets the writes that queue while one commits, in groups: with
+//! eight sessions running shell calls, 1.8 commits a call against 1.2
+//! through the thread alone, for 20 µs less CPU a call. Only one group is
+//! ever committing (the
 //! queue's `busy` mark), so commit and hook order are the same either
 //! way; with `durability = "full"` nothing is committed on a caller's
 //! thread, which would then wait for a sync.

@@ -172,7 +172,9 @@ impl SessionService {
         }
     }
 
-    /// The write of [`finish_job`](Self::finish_job).
+    /// The write of [`finish_job`](Self::finish_job). Its caller waits
+    /// for it, so it commits on this thread when the writer is idle, as
+    /// the job's record does (see `record_job`).
     fn submit_end(
         &self,
         job: &Job,
@@ -209,7 +211,7 @@ impl SessionService {
         let mut ended = job.clone();
         let runtime = runtime.clone();
         let tail = tail.to_string();
-        self.submit(
+        self.submit_with(
             move |conn| {
                 let Some(backgrounded) = store::end_job(conn, &record)? else {
                     // The session was removed (with its jobs) meanwhile.
@@ -283,6 +285,7 @@ impl SessionService {
                 // notice included — is complete.
                 runtime.finished.send_replace(Some(result));
             },
+            true,
         )
     }
 }
