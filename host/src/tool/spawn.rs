@@ -44,15 +44,10 @@
 //! `tokio::process`.
 
 use std::{
-    ffi::{c_char, CString},
     io,
-    os::{
-        fd::OwnedFd,
-        unix::{ffi::OsStrExt, process::ExitStatusExt},
-    },
+    os::fd::OwnedFd,
     path::Path,
     process::{ExitStatus, Stdio},
-    sync::LazyLock,
 };
 
 /// A command to start: a program with its arguments, the host's
@@ -146,64 +141,16 @@ fn spawn_with_tokio(launch: Launch<'_>) -> io::Result<Child> {
     command.spawn().map(Child::Tokio)
 }
 
-/// `bytes` as a C string; a NUL inside is an invalid argument.
-fn c_string(bytes: &[u8]) -> io::Result<CString> {
-    CString::new(bytes).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "an argument, path or variable contains a NUL byte",
-        )
-    })
-}
-
-/// The host's environment as `NAME=value` strings, read at the first
-/// command: the host never changes its environment once it runs (in a
-/// process with threads `set_var` is unsound, and nothing calls it), and
-/// reading and copying it again for every command was a measurable part
-/// of a short call (std's `Command::env` does that).
-static HOST_ENV: LazyLock<Vec<CString>> = LazyLock::new(|| {
-    std::env::vars_os()
-        .filter_map(|(key, value)| {
-            let mut entry = Vec::with_capacity(key.len() + value.len() + 1);
-            entry.extend_from_slice(key.as_bytes());
-            entry.push(b'=');
-            entry.extend_from_slice(value.as_bytes());
-            // Never fails: the kernel separates entries with NUL.
-            CString::new(entry).ok()
-        })
-        .collect()
-});
-
-/// The host's environment with `name` set to `value`: the pointers for
-/// `execve`, the last one before the terminating null pointing into the
-/// returned string.
-fn environment(name: &str, value: &str) -> io::Result<(CString, Vec<*const c_char>)> {
-    let added = c_string(format!("{name}={value}").as_bytes())?;
-    let mut envp: Vec<*const c_char> = HOST_ENV
-        .iter()
-        .filter(|entry| {
-            let entry = entry.as_bytes();
-            !(entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
-        })
-        .map(|entry| entry.as_ptr())
-        .collect();
-    envp.push(added.as_ptr());
-    envp.push(std::ptr::null());
-    Ok((added, envp))
-}
-
-/// Converts an exit status from `waitpid`.
-fn exit_status(raw: i32) -> ExitStatus {
-    ExitStatus::from_raw(raw)
-}
-
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[cfg(target_os = "linux")]
 mod direct {
     use std::{
         ffi::{c_char, c_int, c_void, CString},
         io,
-        os::fd::{AsRawFd, FromRawFd, OwnedFd},
+        os::{
+            fd::{AsRawFd, FromRawFd, OwnedFd},
+            unix::{ffi::OsStrExt, process::ExitStatusExt},
+        },
         process::ExitStatus,
         sync::{
             atomic::{AtomicBool, AtomicI32, Ordering},
@@ -213,8 +160,54 @@ mod direct {
 
     use tokio::io::unix::AsyncFd;
 
-    use super::{c_string, environment, exit_status, Launch, WaitError};
+    use super::{Launch, WaitError};
     use crate::util::LockExt;
+
+    /// `bytes` as a C string; a NUL inside is an invalid argument.
+    fn c_string(bytes: &[u8]) -> io::Result<CString> {
+        CString::new(bytes).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "an argument, path or variable contains a NUL byte",
+            )
+        })
+    }
+
+    /// The host's environment as `NAME=value` strings, read at the first
+    /// command: the host never changes its environment once it runs (in a
+    /// process with threads `set_var` is unsound, and nothing calls it), and
+    /// reading and copying it again for every command was a measurable part
+    /// of a short call (std's `Command::env` does that).
+    static HOST_ENV: LazyLock<Vec<CString>> = LazyLock::new(|| {
+        std::env::vars_os()
+            .filter_map(|(key, value)| {
+                let mut entry = Vec::with_capacity(key.len() + value.len() + 1);
+                entry.extend_from_slice(key.as_bytes());
+                entry.push(b'=');
+                entry.extend_from_slice(value.as_bytes());
+                // Never fails: the kernel separates entries with NUL.
+                CString::new(entry).ok()
+            })
+            .collect()
+    });
+
+    /// The host's environment with `name` set to `value`: the pointers for
+    /// `execve`, the last one before the terminating null pointing into the
+    /// returned string.
+    fn environment(name: &str, value: &str) -> io::Result<(CString, Vec<*const c_char>)> {
+        let added = c_string(format!("{name}={value}").as_bytes())?;
+        let mut envp: Vec<*const c_char> = HOST_ENV
+            .iter()
+            .filter(|entry| {
+                let entry = entry.as_bytes();
+                !(entry.starts_with(name.as_bytes()) && entry.get(name.len()) == Some(&b'='))
+            })
+            .map(|entry| entry.as_ptr())
+            .collect();
+        envp.push(added.as_ptr());
+        envp.push(std::ptr::null());
+        Ok((added, envp))
+    }
 
     /// Set once a clone was refused (a sandbox's filter, an emulated
     /// kernel): every command starts through `tokio::process` from then on.
@@ -443,7 +436,7 @@ mod direct {
                     }
                     return Err(error);
                 }
-                _ => return Ok(Some(exit_status(status))),
+                _ => return Ok(Some(ExitStatus::from_raw(status))),
             }
         }
     }
@@ -490,9 +483,7 @@ mod direct {
         }
         let (env, envp) = environment(launch.env.0, launch.env.1)?;
         let cwd = match launch.cwd {
-            Some(dir) => Some(c_string(std::os::unix::ffi::OsStrExt::as_bytes(
-                dir.as_os_str(),
-            ))?),
+            Some(dir) => Some(c_string(dir.as_os_str().as_bytes())?),
             None => None,
         };
         let argv: Vec<*const c_char> = args
