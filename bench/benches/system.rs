@@ -1419,7 +1419,7 @@ async fn writer_throughput() {
         median(&mut own_ratios)
     );
     println!(
-        "\nThe machine's CPU (all cores, `/proc/stat`) during the rounds, median: left idle {:.1}% in the service's rounds against {:.1}% in bare tokio's (the cost of calls waiting on each other: commits, wake-ups, a worker blocked in `posix_spawn` until its child execs); taken by the hypervisor {:.1}% against {:.1}%.",
+        "\nThe machine's CPU (all cores, `/proc/stat`) during the rounds, median: left idle {:.1}% in the service's rounds against {:.1}% in bare tokio's (the cost of calls waiting on each other: commits and wake-ups; bare tokio's workers also wait in `posix_spawn` until each child execs); taken by the hypervisor {:.1}% against {:.1}%.",
         median(&mut idle.0),
         median(&mut idle.1),
         median(&mut steal.0),
