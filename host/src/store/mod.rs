@@ -1314,9 +1314,16 @@ pub(crate) fn finish_job(
 /// A move to the background: marks each of `job_ids` that is still
 /// running in the foreground as backgrounded and returns those, in the
 /// order given. One statement for all of them: the ids go in as one JSON
-/// array, and the rows changed come back (`RETURNING`). One job (a
-/// `background` naming it, the common case) takes the primary key
-/// directly, without the JSON round.
+/// array. One job (a `background` naming it, the common case) takes the
+/// primary key directly, without the JSON round.
+///
+/// Usually every job asked for moves, and the count of rows changed says
+/// so. `RETURNING` would name them, but it doubled the statement's cost
+/// (SQLite keeps the rows it returns in a table of their own: 3.4 against
+/// 1.8 ms for 1,000 jobs, measured with Python's `sqlite3` on the same
+/// schema). So the statement runs without it, in a savepoint; only when
+/// some job did not move (its end, or another move, committed first) is
+/// it undone and run again with `RETURNING`.
 ///
 /// The rows are found by primary key (`+status` keeps SQLite from
 /// scanning the running jobs' index instead), so a move costs the jobs it
@@ -1342,6 +1349,28 @@ pub(crate) fn move_jobs<'a>(
         return Ok(Vec::new());
     }
     let list = serde_json::to_string(job_ids).expect("strings serialize");
+    conn.prepare_cached("SAVEPOINT move_jobs")?.execute([])?;
+    let all_moved = conn
+        .prepare_cached(
+            "UPDATE jobs SET backgrounded = 1
+             WHERE id IN (SELECT value FROM json_each(?1))
+               AND +status = 'running' AND backgrounded = 0",
+        )
+        .and_then(|mut update| update.execute([&list]))
+        .map(|changed| changed == job_ids.len());
+    match all_moved {
+        Ok(true) => {
+            conn.prepare_cached("RELEASE move_jobs")?.execute([])?;
+            return Ok(job_ids.to_vec());
+        }
+        // SQLite undid the whole transaction itself (a full disk, an I/O
+        // error): the savepoint went with it.
+        Err(error) if conn.is_autocommit() => return Err(error.into()),
+        _ => {}
+    }
+    // Some did not move, or the statement failed: nothing of it stays.
+    conn.execute_batch("ROLLBACK TO move_jobs; RELEASE move_jobs")?;
+    all_moved?;
     let changed: std::collections::HashSet<String> = conn
         .prepare_cached(
             "UPDATE jobs SET backgrounded = 1

@@ -829,6 +829,34 @@ fn a_move_marks_only_running_foreground_jobs_in_the_order_given() {
 }
 
 #[test]
+fn a_move_where_every_job_moves_returns_them_all_in_the_order_given() {
+    let store = Store::open_in_memory().unwrap();
+    store.put_session(&session("ses_1", None)).unwrap();
+    let ids = ["job_b", "job_c", "job_a"];
+    store
+        .put_jobs(
+            ids.iter()
+                .map(|id| Job {
+                    backgrounded: false,
+                    ..job(id, "ses_1", JobStatus::Running)
+                })
+                .collect(),
+        )
+        .unwrap();
+    let moved = store.write(move |conn| move_jobs(conn, &ids)).unwrap();
+    assert_eq!(moved, ids);
+    assert!(ids
+        .iter()
+        .all(|id| store.job(id).unwrap().unwrap().backgrounded));
+    // The savepoint of the count's path is gone: the same move again takes
+    // the other path and moves nothing.
+    assert!(store
+        .write(move |conn| move_jobs(conn, &ids))
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
 fn a_job_is_inserted_once_and_its_end_says_whether_it_was_moved() {
     let store = Store::open_in_memory().unwrap();
     store.put_session(&session("ses_1", None)).unwrap();
