@@ -732,3 +732,73 @@ async fn an_output_dir_deleted_by_hand_is_made_again_by_the_next_job() {
     let next_file = next.output_path.unwrap();
     assert_eq!(std::fs::read_to_string(&next_file).unwrap(), "three\n");
 }
+
+/// A move of many jobs serialises its events on a second thread while it
+/// inserts its messages (`EVENTS_BESIDE` in the host, 32 jobs): they come
+/// out as a small move's do, one per job moved and one per message added,
+/// in that order, each saying what was committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_move_of_many_jobs_publishes_each_event_once_in_order() {
+    const JOBS: usize = 40;
+    let engine = Engine::new();
+    let service = &engine.service;
+    let session = engine.session().await;
+    let ids: Vec<String> = (0..JOBS).map(|i| format!("job_many_{i:02}")).collect();
+    let calls: Vec<_> = ids
+        .iter()
+        .map(|id| engine.spawn_shell(&session, id, shell("echo up; sleep 60")))
+        .collect();
+    for id in &ids {
+        engine.wait_output(id, "up").await;
+    }
+    let mut events = service.events().subscribe();
+    let moved = service
+        .background(BackgroundRequest::all(&session))
+        .await
+        .unwrap();
+    assert_eq!(
+        moved.iter().map(|j| &j.id).collect::<Vec<_>>(),
+        ids.iter().collect::<Vec<_>>()
+    );
+    for call in calls {
+        let result = within("a caller", call).await.unwrap().unwrap();
+        assert_eq!(result.status, ToolStatus::Backgrounded);
+    }
+
+    let seen: Vec<_> = drain(&mut events)
+        .into_iter()
+        .filter(|e| e.kind == "job.backgrounded" || e.kind == "message.added")
+        .collect();
+    let (jobs, messages) = seen.split_at(JOBS.min(seen.len()));
+    assert!(
+        jobs.iter().all(|e| e.kind == "job.backgrounded"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        jobs.iter()
+            .map(|e| e.properties["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ids
+    );
+    assert!(jobs.iter().all(|e| e.properties["backgrounded"] == true));
+    // The move's own message, then each caller's: as stored.
+    let stored = service.messages(&session).await.unwrap();
+    let added: Vec<&str> = stored[stored.len() - (JOBS + 1)..]
+        .iter()
+        .map(|m| m.id.as_str())
+        .collect();
+    assert!(
+        messages.iter().all(|e| e.kind == "message.added"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        messages
+            .iter()
+            .map(|e| e.properties["id"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        added
+    );
+    for id in &ids {
+        service.cancel_job(id).await.unwrap();
+    }
+}

@@ -9,7 +9,7 @@
 //! moved), and the callers are released in its hook, after the commit: a
 //! caller never hears "backgrounded" for a move a crash could undo.
 
-use std::sync::{atomic::Ordering, Arc};
+use std::sync::{atomic::Ordering, Arc, Mutex};
 
 use offstage_plugin_api::types::{
     BackgroundRequest, Job, JobStatus, Message, Role, ToolResult, ToolStatus,
@@ -112,6 +112,10 @@ impl SessionService {
                 .collect()
         };
         let record_replies = reason != MoveReason::CallerGone;
+        // A large move's events, serialised while its messages are
+        // inserted; the hook takes them.
+        let prepared: Arc<Mutex<Option<MoveEvents>>> = Arc::default();
+        let prepared_beside = prepared.clone();
         // A requested move is awaited by its caller (and the callers it
         // releases): committed on this thread when the writer is idle.
         // The other moves start from drops and timers, queued.
@@ -150,7 +154,12 @@ impl SessionService {
                 let mut messages: Vec<Message> =
                     move_message(reason, &moved, at).into_iter().collect();
                 messages.extend(replies);
-                store::insert_messages(conn, &messages)?;
+                if moved.len() >= EVENTS_BESIDE {
+                    let events = insert_beside_events(conn, &moved, &messages)?;
+                    *prepared_beside.lock_unpoisoned() = Some(events);
+                } else {
+                    store::insert_messages(conn, &messages)?;
+                }
                 let shared = messages.into_iter().map(Arc::new).collect();
                 Ok::<_, StoreError>((moved, shared))
             },
@@ -197,23 +206,73 @@ impl SessionService {
                 for runtime in released {
                     runtime.released.send_replace(true);
                 }
-                // Serialised outside the state lock, published with one
-                // lock of the bus for all of them.
-                let messages = if session_kept { &messages[..] } else { &[] };
-                let events: Vec<PreparedEvent> = moved
-                    .iter()
-                    .map(|job| PreparedEvent::prepare("job.backgrounded", job))
-                    .chain(
-                        messages
-                            .iter()
-                            .map(|message| PreparedEvent::prepare("message.added", &**message)),
-                    )
-                    .collect();
-                service.inner.events.publish_all(events);
+                // A small move's events are serialised here, outside the
+                // state lock and after its callers are released, where
+                // they delay none of them. All are published with one lock
+                // of the bus.
+                let MoveEvents { jobs, messages } =
+                    prepared.lock_unpoisoned().take().unwrap_or_else(|| {
+                        move_events(moved, messages.iter().map(|message| &**message))
+                    });
+                // The session went meanwhile: its messages went too.
+                let messages = if session_kept { messages } else { Vec::new() };
+                service
+                    .inner
+                    .events
+                    .publish_all(jobs.into_iter().chain(messages));
             },
             reason == MoveReason::Request,
         )
     }
+}
+
+/// From this many jobs on, a move serialises its events on a second
+/// thread while this one inserts the move's messages, before the commit;
+/// the hook only publishes them. For a thousand jobs each half took about
+/// 4 ms, one after the other, while the other core sat idle and the
+/// released callers waited for the call to let go of its thread
+/// (BENCHMARKS.md, 2026-12-03 fifth round). Below it, starting a thread
+/// costs more than it saves, and a small move's events are serialised in
+/// the hook, after its callers are released.
+const EVENTS_BESIDE: usize = 32;
+
+/// A move's events, serialised and not yet published.
+struct MoveEvents {
+    /// `job.backgrounded`, one for each job moved.
+    jobs: Vec<PreparedEvent>,
+    /// `message.added`, one for each message the move added.
+    messages: Vec<PreparedEvent>,
+}
+
+/// Serialises the events of a move of `moved` that added `messages`.
+fn move_events<'a>(moved: &[Job], messages: impl Iterator<Item = &'a Message>) -> MoveEvents {
+    MoveEvents {
+        jobs: moved
+            .iter()
+            .map(|job| PreparedEvent::prepare("job.backgrounded", job))
+            .collect(),
+        messages: messages
+            .map(|message| PreparedEvent::prepare("message.added", message))
+            .collect(),
+    }
+}
+
+/// Inserts a move's `messages` and meanwhile, on a second thread,
+/// serialises the move's events. If that thread cannot start (or
+/// panicked), this one serialises them after the insert.
+fn insert_beside_events(
+    conn: &rusqlite::Connection,
+    moved: &[Job],
+    messages: &[Message],
+) -> Result<MoveEvents, StoreError> {
+    std::thread::scope(|scope| {
+        let beside = std::thread::Builder::new()
+            .name("offstage-events".into())
+            .spawn_scoped(scope, || move_events(moved, messages.iter()));
+        store::insert_messages(conn, messages)?;
+        let events = beside.ok().and_then(|thread| thread.join().ok());
+        Ok(events.unwrap_or_else(|| move_events(moved, messages.iter())))
+    })
 }
 
 /// What a released caller gets: the output so far and where the rest is.
