@@ -562,10 +562,83 @@ fn a_version_1_file_is_migrated_to_the_current_version_keeping_its_data() {
     assert!(recovery.processes.is_empty(), "v1 recorded no processes");
 }
 
+/// Version 4 copies `jobs` and `messages` again, for `CHECK`s that use
+/// `=` instead of `IN`: the rows come through, and a word outside the
+/// lists is still refused.
+#[test]
+fn a_version_3_file_is_migrated_to_checks_that_still_refuse_unknown_words() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let raw = old_store(dir.path(), 3);
+        raw.execute(
+            "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
+             VALUES ('ses_1', 'old', NULL, 'script', 'idle', 't', 't')",
+            [],
+        )
+        .unwrap();
+        raw.execute(
+            "INSERT INTO messages (seq, id, session_id, role, text, metadata, created_at, delivered)
+             VALUES (7, 'msg_1', 'ses_1', 'assistant', 'hi', '{}', 't', 1)",
+            [],
+        )
+        .unwrap();
+        raw.execute(
+            "INSERT INTO jobs (id, session_id, type, title, status, backgrounded, started_at)
+             VALUES ('job_1', 'ses_1', 'shell', 'true', 'completed', 0, 't')",
+            [],
+        )
+        .unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(user_version(&store), SCHEMA_VERSION);
+    assert_eq!(SCHEMA_VERSION, 4);
+    let conn = store.conn();
+    for table in ["jobs", "messages"] {
+        let sql: String = conn
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE name = ?1",
+                [table],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert!(!sql.contains("IN ('"), "{sql}");
+    }
+    let kept: (i64, String, String) = conn
+        .query_row(
+            "SELECT m.seq, m.role, j.status FROM messages m, jobs j
+             WHERE m.id = 'msg_1' AND j.id = 'job_1'",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!(kept, (7, "assistant".into(), "completed".into()));
+    let refused = |sql: &str| {
+        let error = conn.execute(sql, []).unwrap_err().to_string();
+        assert!(error.contains("CHECK constraint failed"), "{error}");
+    };
+    refused(
+        "INSERT INTO messages (id, session_id, role, text, metadata, created_at, delivered)
+         VALUES ('msg_2', 'ses_1', 'robot', '', '{}', 't', 1)",
+    );
+    refused("UPDATE jobs SET status = 'paused' WHERE id = 'job_1'");
+    for role in ["user", "assistant", "tool", "notice"] {
+        conn.execute(
+            "INSERT INTO messages (id, session_id, role, text, metadata, created_at, delivered)
+             VALUES ('msg_' || ?1, 'ses_1', ?1, '', '{}', 't', 1)",
+            [role],
+        )
+        .unwrap();
+    }
+    for status in ["running", "error", "cancelled", "completed"] {
+        conn.execute("UPDATE jobs SET status = ?1 WHERE id = 'job_1'", [status])
+            .unwrap();
+    }
+}
+
 /// Version 3 copies `jobs` and `messages` into tables with other keys;
 /// every row, every reference to them and every order must come through.
 #[test]
-fn a_version_2_file_is_migrated_to_version_3_keeping_every_row_and_reference() {
+fn a_version_2_file_is_migrated_keeping_every_row_and_reference() {
     let dir = tempfile::tempdir().unwrap();
     {
         let raw = old_store(dir.path(), 2);
@@ -623,7 +696,6 @@ fn a_version_2_file_is_migrated_to_version_3_keeping_every_row_and_reference() {
     }
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(user_version(&store), SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 3);
     // The new shape: no row id on jobs, no index of running jobs or of
     // undelivered messages, no sequence kept for messages, and foreign
     // keys enforced again.
@@ -643,7 +715,8 @@ fn a_version_2_file_is_migrated_to_version_3_keeping_every_row_and_reference() {
         .conn()
         .query_row(
             "SELECT (SELECT count(*) FROM sqlite_master
-                     WHERE name IN ('jobs_running', 'messages_undelivered', 'jobs_v3', 'messages_v3'))
+                     WHERE name IN ('jobs_running', 'messages_undelivered', 'jobs_v3',
+                                    'messages_v3', 'jobs_v4', 'messages_v4'))
                   + (SELECT count(*) FROM sqlite_sequence WHERE name = 'messages')",
             [],
             |row| row.get(0),
