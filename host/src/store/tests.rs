@@ -529,6 +529,16 @@ fn old_store(dir: &Path, version: usize) -> Connection {
     raw
 }
 
+/// A session row as every schema version so far stores it.
+fn insert_old_session(raw: &Connection, id: &str, status: &str) {
+    raw.execute(
+        "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
+         VALUES (?1, 'old', NULL, 'script', ?2, 't', 't')",
+        [id, status],
+    )
+    .unwrap();
+}
+
 fn user_version(store: &Store) -> i64 {
     store
         .conn()
@@ -541,12 +551,7 @@ fn a_version_1_file_is_migrated_to_the_current_version_keeping_its_data() {
     let dir = tempfile::tempdir().unwrap();
     {
         let raw = old_store(dir.path(), 1);
-        raw.execute(
-            "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
-             VALUES ('ses_1', 'old', NULL, 'script', 'busy', 't', 't')",
-            [],
-        )
-        .unwrap();
+        insert_old_session(&raw, "ses_1", "busy");
         raw.execute(
             "INSERT INTO jobs (id, session_id, type, title, status, backgrounded, started_at)
              VALUES ('job_1', 'ses_1', 'shell', 'sleep 9', 'running', 1, 't')",
@@ -570,12 +575,7 @@ fn a_version_3_file_is_migrated_to_checks_that_still_refuse_unknown_words() {
     let dir = tempfile::tempdir().unwrap();
     {
         let raw = old_store(dir.path(), 3);
-        raw.execute(
-            "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
-             VALUES ('ses_1', 'old', NULL, 'script', 'idle', 't', 't')",
-            [],
-        )
-        .unwrap();
+        insert_old_session(&raw, "ses_1", "idle");
         raw.execute(
             "INSERT INTO messages (seq, id, session_id, role, text, metadata, created_at, delivered)
              VALUES (7, 'msg_1', 'ses_1', 'assistant', 'hi', '{}', 't', 1)",
@@ -643,12 +643,7 @@ fn a_version_2_file_is_migrated_keeping_every_row_and_reference() {
     {
         let raw = old_store(dir.path(), 2);
         for id in ["ses_a", "ses_b"] {
-            raw.execute(
-                "INSERT INTO sessions (id, title, parent_id, agent, status, created_at, updated_at)
-                 VALUES (?1, 'old', NULL, 'script', 'idle', 't', 't')",
-                [id],
-            )
-            .unwrap();
+            insert_old_session(&raw, id, "idle");
         }
         // Messages of the two sessions interleaved; `msg_a3` waits in the
         // inbox. `msg_gone` is the newest and removed, as a removed
