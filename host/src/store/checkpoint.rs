@@ -1,112 +1,99 @@
-//! Checkpoints off the writer's path.
+//! Checkpoints, run by the writer thread between two groups.
 //!
 //! In WAL mode each commit appends to `offstage.db-wal`; a *checkpoint*
 //! copies the log back into the database file and syncs it. SQLite runs
-//! one by itself, inside the commit that crosses 1 000 pages of log, on
-//! the committing connection — the writer — and with its syncs that
-//! commit takes milliseconds instead of microseconds: every caller waiting
-//! on that group waits for it too (the slow tail of the background →
-//! answer latency).
+//! one by itself, inside the commit that crosses 1 000 pages of log — on
+//! whatever thread commits, and with its syncs that commit takes
+//! milliseconds instead of microseconds. A caller committing on its own
+//! thread ([`Store::submit_now`]) would wait for it, and a runtime worker
+//! with it. So the store turns automatic checkpoints off and runs its own:
+//! on the writer thread, between two groups, once the writer has committed
+//! [`COMMITS_PER_CHECKPOINT`] times since the last one, or
+//! [`CHECKPOINT_EVERY`] after a commit if fewer came. While it runs the
+//! writer counts as busy, so a write submitted meanwhile queues and is
+//! committed right after in one group; no thread blocks on the connection
+//! for it. Durability is unchanged: a commit is durable once in the log,
+//! checkpointed or not, and the log is checkpointed once more when the
+//! store closes.
 //!
-//! So the writer's connection has automatic checkpoints turned off, and
-//! this thread, on a connection of its own, runs a `PASSIVE` checkpoint
-//! whenever the writer has committed a while since the last one. A
-//! passive checkpoint never blocks the writer (WAL lets the two run side
-//! by side) and never waits for it. Durability is unchanged: a commit is
-//! durable once in the log, checkpointed or not, and the log is
-//! checkpointed once more when the store closes.
+//! # Why on the writer's own connection
 //!
-//! # The log must start over
+//! The connection holds the database in `locking_mode = EXCLUSIVE` (see
+//! `open::connect`): its wal-index lives in its own memory rather than in
+//! a shared `-shm` file, and a transaction takes no file locks. That took
+//! about 20 µs (8%) off the held caller's answer to `background`, whose
+//! commit made six `fcntl` calls (BENCHMARKS.md, 2026-12-03 fifth round).
+//! The price is that no other connection can open the file while the host
+//! runs — a checkpoint thread with a connection of its own, as earlier
+//! versions had, included. The data dir's lock already keeps a second host
+//! out; a `sqlite3` shell can read the file once the host has stopped.
+//!
+//! # The log starts over
 //!
 //! SQLite writes the log from its start again only at a write that finds
-//! every frame of it checkpointed. While the writer commits without a
-//! pause, a checkpoint beside it never gets there: frames come in while
-//! it copies and syncs. The log then grows for as long as the load lasts
-//! (to 71 MB in one run of the `writer_throughput` bench), and every
-//! frame is written at a new end of the file, where the kernel must first
-//! find it a page and a block. The same statements in a throwaway program
-//! used 70–87 µs of CPU a commit over a growing log, 41–43 µs over one
-//! that starts over (its first pages stay in memory).
-//!
-//! So when commits came in while a checkpoint ran (it copies the log as
-//! it was when it began), it asks the writer to *catch up*: the writer
-//! thread, between two groups, runs a checkpoint of its own, which copies
-//! only the frames written meanwhile (this one copied and synced the
-//! rest) and, with no commit beside it, leaves none behind, so that the
-//! next commit starts the log over. It costs the next group a wait for
-//! two syncs, once per checkpoint under load. A caller committing on its
-//! own thread ([`Store::submit_now`]) never catches up: its answer would
-//! wait for the syncs.
+//! every frame of it checkpointed. A checkpoint on the writer's connection
+//! has no commit beside it, so it always copies the whole log, and the
+//! next commit starts the log over: under a load that never pauses, the
+//! log stays the size of one checkpoint's worth of commits instead of
+//! growing for as long as the load lasts (to 71 MB in one run of the
+//! `writer_throughput` bench when checkpoints ran beside the writer; a
+//! commit over a growing log cost 70–87 µs of CPU against 41–43 µs over
+//! one that starts over).
 //!
 //! [`Store::submit_now`]: super::Store::submit_now
 
-use std::{
-    path::Path,
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Condvar, Mutex,
-    },
-    thread::JoinHandle,
-    time::Duration,
-};
+use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
-use crate::util::LockExt;
-
 /// Commits between checkpoints (each commit is at least a page of log).
 const COMMITS_PER_CHECKPOINT: u64 = 256;
-/// A checkpoint at least this often while commits come in.
+/// A checkpoint at most this long after a commit, however few came.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
-/// The checkpoint thread; stopped and joined on drop.
-pub(super) struct Checkpointer {
-    shared: Arc<Shared>,
-    thread: Option<JoinHandle<()>>,
-}
-
-#[derive(Default)]
-struct Shared {
+/// When the next checkpoint is due. Kept by the writer under its queue's
+/// lock.
+#[derive(Debug)]
+pub(super) struct Schedule {
     /// Commits since the last checkpoint.
-    commits: AtomicU64,
-    /// Commits came in while the last checkpoint ran: the writer should
-    /// catch up.
-    catch_up: AtomicBool,
-    stop: AtomicBool,
-    wake: Condvar,
-    lock: Mutex<()>,
+    commits: u64,
+    /// The first commit since the last checkpoint.
+    first: Option<Instant>,
 }
 
-impl Checkpointer {
-    /// Starts the thread on its own connection to `path`. `None` if the
-    /// connection cannot be opened: then the writer keeps SQLite's own
-    /// checkpoints (the caller leaves them on).
-    pub(super) fn start(path: &Path) -> Option<Checkpointer> {
-        let conn = Connection::open(path).ok()?;
-        conn.busy_timeout(Duration::from_secs(5)).ok()?;
-        let shared = Arc::new(Shared::default());
-        let thread_shared = shared.clone();
-        let thread = std::thread::Builder::new()
-            .name("offstage-checkpoint".into())
-            .spawn(move || run(&conn, &thread_shared))
-            .ok()?;
-        Some(Checkpointer {
-            shared,
-            thread: Some(thread),
-        })
-    }
-
-    /// Counts a commit; wakes the thread when a checkpoint is due.
-    pub(super) fn committed(&self) {
-        if self.shared.commits.fetch_add(1, Ordering::Relaxed) + 1 >= COMMITS_PER_CHECKPOINT {
-            self.shared.wake.notify_one();
+impl Schedule {
+    pub(super) fn new() -> Self {
+        Schedule {
+            commits: 0,
+            first: None,
         }
     }
 
-    /// Whether the writer should catch up now (see the module doc); asks
-    /// once per checkpoint that fell behind.
-    pub(super) fn take_catch_up(&self) -> bool {
-        self.shared.catch_up.swap(false, Ordering::Relaxed)
+    /// Counts a commit.
+    pub(super) fn committed(&mut self) {
+        self.commits += 1;
+        self.first.get_or_insert_with(Instant::now);
+    }
+
+    /// Whether a checkpoint is due now, by count or by time.
+    pub(super) fn due(&self) -> bool {
+        self.commits >= COMMITS_PER_CHECKPOINT
+            || self
+                .first
+                .is_some_and(|first| first.elapsed() >= CHECKPOINT_EVERY)
+    }
+
+    /// How long the writer may sleep before a checkpoint falls due by
+    /// time; `None` if nothing waits to be checkpointed.
+    pub(super) fn until_due(&self) -> Option<Duration> {
+        self.first
+            .map(|first| CHECKPOINT_EVERY.saturating_sub(first.elapsed()))
+    }
+
+    /// A checkpoint has run (or failed: it is tried again after as many
+    /// commits or as long again).
+    pub(super) fn checkpointed(&mut self) {
+        *self = Schedule::new();
     }
 }
 
@@ -115,45 +102,28 @@ pub(super) fn checkpoint(conn: &Connection) -> rusqlite::Result<()> {
     conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
 }
 
-impl Drop for Checkpointer {
-    fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        {
-            let _guard = self.shared.lock.lock_unpoisoned();
-            self.shared.wake.notify_one();
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn run(conn: &Connection, shared: &Shared) {
-    loop {
-        {
-            let guard = shared.lock.lock_unpoisoned();
-            if shared.stop.load(Ordering::SeqCst) {
-                return;
-            }
-            let _ = shared
-                .wake
-                .wait_timeout(guard, CHECKPOINT_EVERY)
-                .unwrap_or_else(|e| e.into_inner());
+    #[test]
+    fn a_checkpoint_is_due_after_enough_commits_or_a_while_after_one() {
+        let mut schedule = Schedule::new();
+        assert!(!schedule.due());
+        assert_eq!(schedule.until_due(), None, "nothing to checkpoint");
+        for _ in 1..COMMITS_PER_CHECKPOINT {
+            schedule.committed();
         }
-        if shared.stop.load(Ordering::SeqCst) {
-            return;
-        }
-        if shared.commits.swap(0, Ordering::Relaxed) == 0 {
-            continue;
-        }
-        match checkpoint(conn) {
-            // A commit meanwhile wrote frames this checkpoint did not copy
-            // (it copies the log as it was when it began).
-            Ok(()) if shared.commits.load(Ordering::Relaxed) > 0 => {
-                shared.catch_up.store(true, Ordering::Relaxed);
-            }
-            Ok(()) => {}
-            Err(error) => tracing::warn!(%error, "store checkpoint failed; trying again later"),
-        }
+        assert!(!schedule.due());
+        assert!(schedule.until_due().unwrap() <= CHECKPOINT_EVERY);
+        schedule.committed();
+        assert!(schedule.due());
+        schedule.checkpointed();
+        assert!(!schedule.due());
+
+        schedule.committed();
+        schedule.first = Some(Instant::now() - CHECKPOINT_EVERY);
+        assert!(schedule.due(), "one commit, a while ago");
+        assert_eq!(schedule.until_due(), Some(Duration::ZERO));
     }
 }

@@ -423,19 +423,18 @@ impl Store {
             source,
         })?;
         let path = data_dir.join(DB_FILE);
-        // Probe first: a refused file must not even get a lock file beside
-        // it. The probe only reads, so it needs no lock; the version is
+        // The dir's own lock first: it creates nothing, and a file that
+        // another host holds cannot be probed. Then the probe: a refused
+        // file must not even get a lock file beside it. The version is
         // checked again under SQLite's write lock when migrating.
+        let dir_lock = open::lock_dir(data_dir)?;
         open::probe(&path)?;
-        let lock = open::lock_data_dir(data_dir)?;
+        let lock = open::lock_data_dir(data_dir, dir_lock)?;
         let conn = open::connect(Some(&path), durability)?;
-        // Checkpoints run beside the writer, not inside its commits.
-        let checkpointer = checkpoint::Checkpointer::start(&path);
-        if checkpointer.is_some() {
-            conn.pragma_update(None, "wal_autocheckpoint", 0)
-                .map_err(|e| open::classify(&path, e))?;
-        }
-        let mut store = Store::start(conn, Some(path), Some(lock), checkpointer);
+        // The writer checkpoints between its groups, not inside a commit.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
+            .map_err(|e| open::classify(&path, e))?;
+        let mut store = Store::start(conn, Some(path), Some(lock), true);
         store.commit_inline = durability == Durability::Normal;
         Ok(store)
     }
@@ -446,7 +445,7 @@ impl Store {
             open::connect(None, Durability::Full)?,
             None,
             None,
-            None,
+            false,
         ))
     }
 
@@ -454,12 +453,12 @@ impl Store {
         conn: Connection,
         path: Option<PathBuf>,
         lock: Option<open::DirLock>,
-        checkpointer: Option<checkpoint::Checkpointer>,
+        checkpoints: bool,
     ) -> Store {
         let conn = Arc::new(Mutex::new(conn));
         let stats = Arc::new(WriterStats::default());
         Store {
-            writer: Writer::start(conn.clone(), stats.clone(), checkpointer),
+            writer: Writer::start(conn.clone(), stats.clone(), checkpoints),
             conn,
             stats,
             commit_inline: true,

@@ -8,12 +8,15 @@
 //! 2. a *read-only* SQLite connection reads `application_id` and
 //!    `user_version` (read-only, so that it cannot checkpoint a WAL into the
 //!    file or roll back a hot journal; see [`open_probe`]), then closes;
-//! 3. an exclusive lock (`flock`) on the data dir itself (and on
-//!    `<data dir>/offstage.lock`, for older hosts), held as long as the
+//! 3. an exclusive lock (`flock`) on the data dir itself — taken first,
+//!    before step 1, since it creates nothing and a running host's file
+//!    cannot be read (see step 4) — and on
+//!    `<data dir>/offstage.lock`, for older hosts, held as long as the
 //!    store; deleting the lock file does not let a second host in: two hosts on one data dir would each "recover" the
 //!    other's running jobs as crashed. The kernel lets go of it when the
 //!    process dies, however it dies. (Unix only; elsewhere there is no lock.)
-//! 4. only then the read-write connection: WAL mode, synchronous, the
+//! 4. only then the read-write connection: exclusive locking (no other
+//!    connection reads the file while the host runs), WAL mode, synchronous, the
 //!    migrations in one `IMMEDIATE` transaction that checks the version
 //!    again under the write lock (and the foreign keys, which are turned
 //!    on only after it).
@@ -51,18 +54,35 @@ pub(super) struct DirLock {
     _file: File,
 }
 
-/// Takes the data dir's lock, or says who holds it.
-///
-/// The lock that counts is a `flock` on the data dir itself: a second host
-/// cannot get around it by deleting a file, since the directory is what
-/// it opens. `offstage.lock` is locked too, so that a host of an older
-/// version (which only knows that file) is kept out as well.
-pub(super) fn lock_data_dir(data_dir: &Path) -> Result<DirLock, StoreError> {
+/// The data dir's own lock, taken before anything is read (see
+/// [`lock_data_dir`]).
+pub(super) struct DirOnlyLock(File);
+
+/// Takes the lock that counts, a `flock` on the data dir itself, or says
+/// who holds it. It creates nothing, so it comes before the probe: a
+/// running host holds its database file in exclusive locking mode, where
+/// the probe could not read it (SQLite would retry for seconds) and the
+/// answer would not say why.
+pub(super) fn lock_dir(data_dir: &Path) -> Result<DirOnlyLock, StoreError> {
     let dir = File::open(data_dir).map_err(|source| StoreError::Io {
         path: data_dir.to_path_buf(),
         source,
     })?;
     flock(&dir, data_dir)?;
+    Ok(DirOnlyLock(dir))
+}
+
+/// Takes the rest of the data dir's lock, or says who holds it.
+///
+/// The lock that counts is a `flock` on the data dir itself ([`lock_dir`]):
+/// a second host cannot get around it by deleting a file, since the
+/// directory is what it opens. `offstage.lock` is locked too, so that a
+/// host of an older version (which only knows that file) is kept out as
+/// well.
+pub(super) fn lock_data_dir(
+    data_dir: &Path,
+    DirOnlyLock(dir): DirOnlyLock,
+) -> Result<DirLock, StoreError> {
     let path = data_dir.join(LOCK_FILE);
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -247,6 +267,14 @@ pub(super) fn connect(
     conn.busy_timeout(Duration::from_secs(5))
         .map_err(|e| classify(&shown, e))?;
     if path.is_some() {
+        // Set before the file is first read in WAL mode, so that the
+        // wal-index lives in this connection's memory instead of a shared
+        // `-shm` file and a transaction takes no file locks (six `fcntl`
+        // calls a commit before). No other connection can read the file
+        // while this one is open; the writer runs the checkpoints itself
+        // (see `checkpoint`).
+        conn.pragma_update(None, "locking_mode", "exclusive")
+            .map_err(|e| classify(&shown, e))?;
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "wal", |row| row.get(0))
             .map_err(|e| classify(&shown, e))?;

@@ -1317,3 +1317,37 @@ fn the_log_starts_over_under_a_load_that_never_pauses() {
          it did not start over"
     );
 }
+
+/// The writer checkpoints an idle store's log into the file a while after
+/// its last commit (no other connection can open the file to do it: the
+/// writer's holds it in exclusive locking mode, with no `-shm` file).
+#[test]
+fn an_idle_stores_log_reaches_the_file_a_while_after_its_last_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let id = "ses_checkpointed_while_idle";
+    store.put_session(&session(id, None)).unwrap();
+    let db = dir.path().join(DB_FILE);
+    let in_file = || {
+        std::fs::read(&db)
+            .unwrap()
+            .windows(id.len())
+            .any(|bytes| bytes == id.as_bytes())
+    };
+    assert!(
+        !in_file(),
+        "right after its commit, the row is in the log only"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !in_file() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the log was never checkpointed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(!dir.path().join(format!("{DB_FILE}-shm")).exists());
+    // The writer goes on committing after its checkpoint.
+    store.put_session(&session("ses_after", None)).unwrap();
+    assert_eq!(store.sessions().unwrap().len(), 2);
+}

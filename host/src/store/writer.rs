@@ -50,7 +50,10 @@ use std::{
 use rusqlite::Connection;
 use tokio::sync::Notify;
 
-use super::{checkpoint::Checkpointer, StoreError};
+use super::{
+    checkpoint::{self, Schedule},
+    StoreError,
+};
 use crate::util::LockExt;
 
 /// What runs after the group's commit: `Ok` if it committed.
@@ -173,32 +176,41 @@ struct Shared {
     wake: Condvar,
     conn: Arc<Mutex<Connection>>,
     stats: Arc<WriterStats>,
-    checkpointer: Option<Checkpointer>,
+    /// Whether the writer runs checkpoints (a file store; see
+    /// [`checkpoint`](super::checkpoint)).
+    checkpoints: bool,
 }
 
-#[derive(Default)]
 struct Queue {
     ops: VecDeque<Op>,
     /// A group is being committed or its hooks run (by the writer thread
-    /// or by a caller of `send_now`): the next group waits, so groups and
-    /// their hooks follow submission order.
+    /// or by a caller of `send_now`), or a checkpoint runs: the next group
+    /// waits, so groups and their hooks follow submission order and no
+    /// thread blocks on the connection behind a checkpoint.
     busy: bool,
     /// No more writes are taken; the thread ends once the queue is empty.
     closed: bool,
+    /// When the next checkpoint is due.
+    schedule: Schedule,
 }
 
 impl Writer {
     pub(super) fn start(
         conn: Arc<Mutex<Connection>>,
         stats: Arc<WriterStats>,
-        checkpointer: Option<Checkpointer>,
+        checkpoints: bool,
     ) -> Self {
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                ops: VecDeque::new(),
+                busy: false,
+                closed: false,
+                schedule: Schedule::new(),
+            }),
             wake: Condvar::new(),
             conn,
             stats,
-            checkpointer,
+            checkpoints,
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
@@ -247,7 +259,8 @@ impl Writer {
         self.shared.commit(vec![op]);
         let mut queue = self.shared.queue.lock_unpoisoned();
         queue.busy = false;
-        if !queue.ops.is_empty() || queue.closed {
+        let checkpoint_due = self.shared.count_commit(&mut queue);
+        if !queue.ops.is_empty() || queue.closed || checkpoint_due {
             self.shared.wake.notify_one();
         }
         Ok(())
@@ -270,45 +283,78 @@ impl Drop for Writer {
 }
 
 /// The writer thread: takes whatever queued (up to [`MAX_GROUP`]) as one
-/// group whenever no group is being committed, until the queue closes.
+/// group whenever no group is being committed, and checkpoints between
+/// groups when one is due, until the queue closes.
 fn run(shared: &Shared) {
     loop {
-        let group: Vec<Op> = {
+        let group: Option<Vec<Op>> = {
             let mut queue = shared.queue.lock_unpoisoned();
             loop {
+                // Marked busy under this lock, before it is let go: a write
+                // submitted from now on queues for the next group.
                 if !queue.busy && !queue.ops.is_empty() {
-                    break;
+                    queue.busy = true;
+                    let take = queue.ops.len().min(MAX_GROUP);
+                    break Some(queue.ops.drain(..take).collect());
+                }
+                if !queue.busy && shared.checkpoints && queue.schedule.due() {
+                    queue.busy = true;
+                    break None;
                 }
                 if queue.closed && !queue.busy && queue.ops.is_empty() {
                     return;
                 }
-                queue = shared.wake.wait(queue).unwrap_or_else(|e| e.into_inner());
+                // While a caller commits on its own thread, it wakes this
+                // one when done if a checkpoint is due by then.
+                let until_due = queue
+                    .schedule
+                    .until_due()
+                    .filter(|_| shared.checkpoints && !queue.busy);
+                queue = match until_due {
+                    Some(wait) => {
+                        shared
+                            .wake
+                            .wait_timeout(queue, wait)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0
+                    }
+                    None => shared.wake.wait(queue).unwrap_or_else(|e| e.into_inner()),
+                };
             }
-            queue.busy = true;
-            let take = queue.ops.len().min(MAX_GROUP);
-            queue.ops.drain(..take).collect()
         };
-        shared.commit(group);
-        shared.catch_up();
+        // Busy until both are done.
+        let checkpoint_due = match group {
+            Some(group) => {
+                shared.commit(group);
+                shared.count_commit(&mut shared.queue.lock_unpoisoned())
+            }
+            None => true,
+        };
+        if checkpoint_due {
+            shared.checkpoint();
+        }
         shared.queue.lock_unpoisoned().busy = false;
     }
 }
 
 impl Shared {
-    /// Checkpoints what the last checkpoint could not get to, if it asked
-    /// (see [`checkpoint`](super::checkpoint)): between two groups of the
-    /// writer thread, after the first one's hooks.
-    fn catch_up(&self) {
-        let Some(checkpointer) = &self.checkpointer else {
-            return;
-        };
-        if !checkpointer.take_catch_up() {
-            return;
+    /// Counts a commit just made; whether a checkpoint is due now.
+    fn count_commit(&self, queue: &mut Queue) -> bool {
+        if !self.checkpoints {
+            return false;
         }
-        let conn = self.conn.lock_unpoisoned();
-        if let Err(error) = super::checkpoint::checkpoint(&conn) {
-            tracing::warn!(%error, "the writer's catch-up checkpoint failed");
+        queue.schedule.committed();
+        queue.schedule.due()
+    }
+
+    /// Runs a checkpoint (see [`checkpoint`](super::checkpoint)) on the
+    /// writer's connection, with the queue marked busy.
+    fn checkpoint(&self) {
+        let result = checkpoint::checkpoint(&self.conn.lock_unpoisoned());
+        if let Err(error) = result {
+            tracing::warn!(%error, "store checkpoint failed; trying again later");
         }
+        self.queue.lock_unpoisoned().schedule.checkpointed();
     }
 
     /// Commits `group` as one transaction, then runs each write's hook in
@@ -320,9 +366,6 @@ impl Shared {
             commit_group(&conn, group, &mut dones)
         };
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        if let Some(checkpointer) = &self.checkpointer {
-            checkpointer.committed();
-        }
         self.stats
             .writes
             .fetch_add(dones.len() as u64, Ordering::Relaxed);
