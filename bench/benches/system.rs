@@ -1436,17 +1436,16 @@ async fn writer_throughput() {
     service.shutdown().await;
 }
 
-/// A round's CPU time by what the threads do: the store's writer, the
-/// runtime's workers (the jobs, their callers, the hooks they wake), the
-/// checkpointer, the job-tree reaper, and the rest (the bench's own
-/// thread, tokio's blocking pool).
+/// A round's CPU time by what the threads do: the store's writer (its
+/// commits and checkpoints), the runtime's workers (the jobs, their
+/// callers, the hooks they wake), the job-tree reaper, and the rest (the
+/// bench's own thread, tokio's blocking pool).
 fn by_role(used: &ThreadCpu) -> BTreeMap<&'static str, Duration> {
     let mut roles = BTreeMap::new();
     for (name, time) in &used.0 {
         let role = match name.as_str() {
             "offstage-store" => "store writer",
             "tokio-rt-worker" => "runtime workers",
-            "offstage-checkp" => "checkpointer",
             "offstage-reaper" => "reaper",
             _ => "other threads",
         };

@@ -172,10 +172,10 @@ impl MachineCpu {
 
 /// CPU time of this process's threads, summed by thread name (`comm`,
 /// which Linux cuts to 15 bytes: `offstage-store`, `tokio-rt-worker`,
-/// `offstage-checkp`, ...), from each thread's `/proc/self/task/TID/schedstat`
+/// `offstage-reaper`, ...), from each thread's `/proc/self/task/TID/schedstat`
 /// (time on a CPU, in nanoseconds). [`CpuTime`] says how much the process
 /// used; this says which of its threads used it: the store's writer, the
-/// runtime's workers, the checkpointer or the reaper. A thread that ended
+/// runtime's workers or the reaper. A thread that ended
 /// between two readings is missing from the later one, so the split is
 /// read over windows in which the service starts no threads. Empty where
 /// the kernel keeps no schedstat.
