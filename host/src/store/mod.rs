@@ -429,7 +429,7 @@ impl Store {
         // checked again under SQLite's write lock when migrating.
         let dir_lock = open::lock_dir(data_dir)?;
         open::probe(&path)?;
-        let lock = open::lock_data_dir(data_dir, dir_lock)?;
+        let lock = open::lock_for_older_hosts(data_dir, dir_lock)?;
         let conn = open::connect(Some(&path), durability)?;
         // The writer checkpoints between its groups, not inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)

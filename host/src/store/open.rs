@@ -3,23 +3,27 @@
 //! The order matters, and each step only reads until the file is known to
 //! be ours and of a version this build understands:
 //!
-//! 1. the first 100 bytes (the SQLite header) read as a plain file: a file
+//! 1. an exclusive lock (`flock`) on the data dir itself, held as long as
+//!    the store. It creates nothing, so it comes first: a running host
+//!    holds its file in exclusive locking mode (step 5), where the probe
+//!    below could not read it and would not say why. Deleting a file does
+//!    not let a second host in, since the directory is what it locks: two
+//!    hosts on one data dir would each "recover" the other's running jobs
+//!    as crashed. The kernel lets go of it when the process dies, however
+//!    it dies. (Unix only; elsewhere there is no lock.)
+//! 2. the first 100 bytes (the SQLite header) read as a plain file: a file
 //!    that is not SQLite at all is refused before SQLite sees it;
-//! 2. a *read-only* SQLite connection reads `application_id` and
+//! 3. a *read-only* SQLite connection reads `application_id` and
 //!    `user_version` (read-only, so that it cannot checkpoint a WAL into the
 //!    file or roll back a hot journal; see [`open_probe`]), then closes;
-//! 3. an exclusive lock (`flock`) on the data dir itself — taken first,
-//!    before step 1, since it creates nothing and a running host's file
-//!    cannot be read (see step 4) — and on
-//!    `<data dir>/offstage.lock`, for older hosts, held as long as the
-//!    store; deleting the lock file does not let a second host in: two hosts on one data dir would each "recover" the
-//!    other's running jobs as crashed. The kernel lets go of it when the
-//!    process dies, however it dies. (Unix only; elsewhere there is no lock.)
-//! 4. only then the read-write connection: exclusive locking (no other
-//!    connection reads the file while the host runs), WAL mode, synchronous, the
-//!    migrations in one `IMMEDIATE` transaction that checks the version
-//!    again under the write lock (and the foreign keys, which are turned
-//!    on only after it).
+//! 4. a lock on `<data dir>/offstage.lock` too, for hosts of older
+//!    versions, which only know that file; a refused file never gets it
+//!    beside it;
+//! 5. only then the read-write connection: exclusive locking (no other
+//!    connection reads the file while the host runs), WAL mode,
+//!    synchronous, the migrations in one `IMMEDIATE` transaction that
+//!    checks the version again under the write lock (and the foreign keys,
+//!    which are turned on only after it).
 
 use std::{
     fs::File,
@@ -54,8 +58,8 @@ pub(super) struct DirLock {
     _file: File,
 }
 
-/// The data dir's own lock, taken before anything is read (see
-/// [`lock_data_dir`]).
+/// The data dir's own lock, taken before anything is read; completed by
+/// [`lock_for_older_hosts`].
 pub(super) struct DirOnlyLock(File);
 
 /// Takes the lock that counts, a `flock` on the data dir itself, or says
@@ -72,14 +76,11 @@ pub(super) fn lock_dir(data_dir: &Path) -> Result<DirOnlyLock, StoreError> {
     Ok(DirOnlyLock(dir))
 }
 
-/// Takes the rest of the data dir's lock, or says who holds it.
-///
-/// The lock that counts is a `flock` on the data dir itself ([`lock_dir`]):
-/// a second host cannot get around it by deleting a file, since the
-/// directory is what it opens. `offstage.lock` is locked too, so that a
-/// host of an older version (which only knows that file) is kept out as
-/// well.
-pub(super) fn lock_data_dir(
+/// Locks `offstage.lock` as well, or says who holds it: a host of an
+/// older version only knows that file. The lock that counts is the data
+/// dir's own ([`lock_dir`]), which a second host cannot get around by
+/// deleting a file, since the directory is what it locks.
+pub(super) fn lock_for_older_hosts(
     data_dir: &Path,
     DirOnlyLock(dir): DirOnlyLock,
 ) -> Result<DirLock, StoreError> {
@@ -143,7 +144,7 @@ fn flock(file: &File, path: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Steps 1 and 2: refuses a file that is not an Offstage database of a
+/// Steps 2 and 3: refuses a file that is not an Offstage database of a
 /// version this build knows. Writes nothing.
 pub(super) fn probe(path: &Path) -> Result<(), StoreError> {
     let corrupt = |cause: String| StoreError::Corrupt {
@@ -252,7 +253,7 @@ pub(super) fn classify(path: &Path, error: rusqlite::Error) -> StoreError {
     }
 }
 
-/// Step 4: the read-write connection with its settings, migrated.
+/// Step 5: the read-write connection with its settings, migrated.
 pub(super) fn connect(
     path: Option<&Path>,
     durability: Durability,

@@ -13,6 +13,10 @@
 
 use std::{fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration};
 
+use offstage_plugin_api::types::JobStatus;
+use serde::Deserialize;
+use serde_json::Value;
+
 use super::{
     spawn::{self, Launch, WaitError},
     BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome,
@@ -22,9 +26,6 @@ use crate::{
     session::jobs::tree::{JobTree, MARKER_VAR},
     ServiceError,
 };
-use offstage_plugin_api::types::JobStatus;
-use serde::Deserialize;
-use serde_json::Value;
 
 /// Foreground timeout when the input names none.
 pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 120_000;
