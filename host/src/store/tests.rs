@@ -1334,10 +1334,6 @@ fn an_idle_stores_log_reaches_the_file_a_while_after_its_last_commit() {
             .windows(id.len())
             .any(|bytes| bytes == id.as_bytes())
     };
-    assert!(
-        !in_file(),
-        "right after its commit, the row is in the log only"
-    );
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !in_file() {
         assert!(
