@@ -195,6 +195,12 @@ impl PreparedEvent {
             body,
         }
     }
+
+    /// The event as it will be sent.
+    #[cfg(test)]
+    pub(crate) fn body(&self) -> &str {
+        std::str::from_utf8(&self.body).expect("serialised JSON is UTF-8")
+    }
 }
 
 impl EventBus {

@@ -290,6 +290,7 @@ impl SessionService {
     /// A service on `store`, empty (nothing is read from the store),
     /// publishing on `events`.
     fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
+        jobs::beside::start();
         let tools = ToolRegistry::default();
         crate::tool::register_builtin(&tools);
         let agents = AgentRegistry::default();

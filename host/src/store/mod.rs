@@ -1045,7 +1045,11 @@ pub(crate) fn insert_message(tx: &Connection, message: &Message) -> Result<(), S
 /// Appends `messages` in order, the rows [`MESSAGES_PER_INSERT`] to a
 /// statement (a move of a thousand jobs adds a thousand messages to one
 /// session).
-pub(crate) fn insert_messages(tx: &Connection, messages: &[Message]) -> Result<(), StoreError> {
+pub(crate) fn insert_messages<'a>(
+    tx: &Connection,
+    messages: impl IntoIterator<Item = &'a Message>,
+) -> Result<(), StoreError> {
+    let messages: Vec<&Message> = messages.into_iter().collect();
     for chunk in messages.chunks(MESSAGES_PER_INSERT) {
         match chunk {
             [message] => insert_message_row(tx, message)?,
@@ -1108,7 +1112,7 @@ impl<'a> MessageRow<'a> {
 /// fails changes nothing (SQLite undoes its rows), so on a failure the
 /// rows go again one at a time: a failure that repeats is then the error
 /// that names the message at fault.
-fn insert_message_rows(tx: &Connection, chunk: &[Message]) -> Result<(), StoreError> {
+fn insert_message_rows(tx: &Connection, chunk: &[&Message]) -> Result<(), StoreError> {
     /// The statement for `n` rows at index `n - 1`.
     static SQL: LazyLock<Vec<String>> = LazyLock::new(|| {
         (1..=MESSAGES_PER_INSERT)
@@ -1121,7 +1125,10 @@ fn insert_message_rows(tx: &Connection, chunk: &[Message]) -> Result<(), StoreEr
             .collect()
     });
     debug_assert!((1..=MESSAGES_PER_INSERT).contains(&chunk.len()));
-    let rows: Vec<MessageRow<'_>> = chunk.iter().map(MessageRow::new).collect();
+    let rows: Vec<MessageRow<'_>> = chunk
+        .iter()
+        .map(|message| MessageRow::new(message))
+        .collect();
     let mut statement = tx.prepare_cached(&SQL[chunk.len() - 1])?;
     let inserted = rows
         .iter()

@@ -733,10 +733,10 @@ async fn an_output_dir_deleted_by_hand_is_made_again_by_the_next_job() {
     assert_eq!(std::fs::read_to_string(&next_file).unwrap(), "three\n");
 }
 
-/// A move of many jobs serialises its events on a second thread while it
-/// inserts its messages (`EVENTS_BESIDE` in the host, 32 jobs): they come
-/// out as a small move's do, one per job moved and one per message added,
-/// in that order, each saying what was committed.
+/// A move of many jobs builds its callers' results and serialises its
+/// events on a second thread (`EVENTS_BESIDE` in the host, 32 jobs): they
+/// come out as a small move's do, one per job moved and one per message
+/// added, in that order, each saying what was committed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_move_of_many_jobs_publishes_each_event_once_in_order() {
     const JOBS: usize = 40;
@@ -801,4 +801,100 @@ async fn a_move_of_many_jobs_publishes_each_event_once_in_order() {
     for id in &ids {
         service.cancel_job(id).await.unwrap();
     }
+}
+
+/// A job whose end the store has already committed is not moved, even
+/// when the service still counts it as running: in a move of many jobs
+/// (where the second thread built a result and events for every
+/// candidate) the others move, and nothing of the left-out one is stored,
+/// published or handed to its caller.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_move_of_many_jobs_leaves_out_a_job_whose_end_committed_first() {
+    const JOBS: usize = 40;
+    let engine = Engine::new();
+    let service = &engine.service;
+    let session = engine.session().await;
+    let ids: Vec<String> = (0..JOBS).map(|i| format!("job_some_{i:02}")).collect();
+    let mut calls: Vec<_> = ids
+        .iter()
+        .map(|id| engine.spawn_shell(&session, id, shell("echo up; sleep 60")))
+        .collect();
+    for id in &ids {
+        engine.wait_output(id, "up").await;
+    }
+    // Ended as far as the store knows: the move's `UPDATE` skips it.
+    let ended = ids[7].clone();
+    let store_ended = ended.clone();
+    let store = service.clone();
+    tokio::task::spawn_blocking(move || {
+        store
+            .store()
+            .submit(
+                move |conn| {
+                    conn.execute(
+                        "UPDATE jobs SET status = 'completed' WHERE id = ?1",
+                        [&store_ended],
+                    )?;
+                    Ok::<_, offstage::testing::StoreError>(())
+                },
+                |_| {},
+            )
+            .wait_blocking()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+
+    let mut events = service.events().subscribe();
+    let moved = service
+        .background(BackgroundRequest::all(&session))
+        .await
+        .unwrap();
+    let others: Vec<&String> = ids.iter().filter(|id| **id != ended).collect();
+    assert_eq!(moved.iter().map(|j| &j.id).collect::<Vec<_>>(), others);
+    let left_out = calls.remove(7);
+    for call in calls {
+        let result = within("a caller", call).await.unwrap().unwrap();
+        assert_eq!(result.status, ToolStatus::Backgrounded);
+    }
+    // Its caller still waits: nothing released it.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!left_out.is_finished());
+
+    let seen = drain(&mut events);
+    let backgrounded: Vec<&str> = seen
+        .iter()
+        .filter(|e| e.kind == "job.backgrounded")
+        .map(|e| e.properties["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(backgrounded, others);
+    let stored = service.messages(&session).await.unwrap();
+    let added = &stored[stored.len() - JOBS..];
+    let published: Vec<&str> = seen
+        .iter()
+        .filter(|e| e.kind == "message.added")
+        .map(|e| e.properties["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        published,
+        added.iter().map(|m| m.id.as_str()).collect::<Vec<_>>()
+    );
+    // The "moved" message names the jobs moved; each caller's message
+    // names its own job; none names the left-out one.
+    assert!(
+        added[0].text.starts_with("Moved to the background"),
+        "{:?}",
+        added[0]
+    );
+    assert!(!added[0].text.contains(&ended), "{:?}", added[0]);
+    let replied: Vec<&str> = added[1..]
+        .iter()
+        .map(|m| m.metadata["job_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(replied, others);
+
+    for id in &ids {
+        let _ = service.cancel_job(id).await;
+    }
+    left_out.abort();
 }

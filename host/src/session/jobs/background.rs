@@ -9,14 +9,14 @@
 //! moved), and the callers are released in its hook, after the commit: a
 //! caller never hears "backgrounded" for a move a crash could undo.
 
-use std::sync::{atomic::Ordering, Arc, Mutex};
+use std::sync::{atomic::Ordering, Arc, Mutex, OnceLock};
 
 use offstage_plugin_api::types::{
     BackgroundRequest, Job, JobStatus, Message, Role, ToolResult, ToolStatus,
 };
 use serde_json::json;
 
-use super::JobRuntime;
+use super::{beside, JobRuntime};
 use crate::{
     error::{Result, ServiceError},
     event::PreparedEvent,
@@ -112,8 +112,8 @@ impl SessionService {
                 .collect()
         };
         let record_replies = reason != MoveReason::CallerGone;
-        // A large move's events, serialised while its messages are
-        // inserted; the hook takes them.
+        // A large move's events, serialised beside its write (see
+        // `EVENTS_BESIDE`); the hook takes them.
         let prepared: Arc<Mutex<Option<MoveEvents>>> = Arc::default();
         let prepared_beside = prepared.clone();
         // A requested move is awaited by its caller (and the callers it
@@ -124,42 +124,18 @@ impl SessionService {
                 if candidates.is_empty() {
                     return Ok((Vec::new(), Vec::new()));
                 }
-                // Whether each candidate moved (a job whose end committed
-                // first did not): `move_jobs` answers in the order asked.
-                let moves: Vec<bool> = {
-                    let ids: Vec<&str> =
-                        candidates.iter().map(|(job, _)| job.id.as_str()).collect();
-                    let mut changed = store::move_jobs(conn, &ids)?.into_iter().peekable();
-                    ids.iter()
-                        .map(|id| changed.next_if(|moved| moved == id).is_some())
-                        .collect()
-                };
-                // One timestamp for the whole move: its messages are one
-                // event in the session's history.
-                let at = now();
-                let mut moved = Vec::with_capacity(candidates.len());
-                let mut replies = Vec::with_capacity(candidates.len());
-                for ((mut job, runtime), moves) in candidates.into_iter().zip(moves) {
-                    if !moves {
-                        continue;
-                    }
-                    job.backgrounded = true;
-                    if record_replies {
-                        let result = backgrounded_result(&job.id, &runtime);
-                        replies.push(caller_message(&job, &result, at.clone()));
-                        *runtime.moved_result.lock_unpoisoned() = Some(result);
-                    }
-                    moved.push(job);
-                }
-                let mut messages: Vec<Message> =
-                    move_message(reason, &moved, at).into_iter().collect();
-                messages.extend(replies);
-                if moved.len() >= EVENTS_BESIDE {
-                    let events = insert_beside_events(conn, &moved, &messages)?;
-                    *prepared_beside.lock_unpoisoned() = Some(events);
+                let work = MoveWork::new(candidates, record_replies);
+                let work = if work.candidates.len() >= EVENTS_BESIDE {
+                    beside::lend(work, MoveWork::work_beside)
                 } else {
-                    store::insert_messages(conn, &messages)?;
-                }
+                    beside::keep(work)
+                };
+                let Written {
+                    moved,
+                    messages,
+                    events,
+                } = write_move(conn, reason, work)?;
+                *prepared_beside.lock_unpoisoned() = events;
                 let shared = messages.into_iter().map(Arc::new).collect();
                 Ok::<_, StoreError>((moved, shared))
             },
@@ -212,7 +188,7 @@ impl SessionService {
                 // of the bus.
                 let MoveEvents { jobs, messages } =
                     prepared.lock_unpoisoned().take().unwrap_or_else(|| {
-                        move_events(moved, messages.iter().map(|message| &**message))
+                        move_events(moved.iter(), messages.iter().map(|message| &**message))
                     });
                 // The session went meanwhile: its messages went too.
                 let messages = if session_kept { messages } else { Vec::new() };
@@ -226,14 +202,13 @@ impl SessionService {
     }
 }
 
-/// From this many jobs on, a move serialises its events on a second
-/// thread while this one inserts the move's messages, before the commit;
-/// the hook only publishes them. For a thousand jobs each half took about
-/// 4 ms, one after the other, while the other core sat idle and the
-/// released callers waited for the call to let go of its thread
-/// (BENCHMARKS.md, 2026-12-03 fifth round). Below it, starting a thread
-/// costs more than it saves, and a small move's events are serialised in
-/// the hook, after its callers are released.
+/// From this many jobs on, a move hands the kept thread (`beside.rs`)
+/// its callers' results, to build while this thread runs the `UPDATE`,
+/// and then its events, to serialise while this one inserts the messages;
+/// the hook only publishes them. Each of the four steps takes 1.5–2 ms
+/// for a thousand jobs. Below this many, the hand-over costs more than it
+/// saves, and a small move's events are serialised in the hook, after its
+/// callers are released.
 const EVENTS_BESIDE: usize = 32;
 
 /// A move's events, serialised and not yet published.
@@ -245,10 +220,12 @@ struct MoveEvents {
 }
 
 /// Serialises the events of a move of `moved` that added `messages`.
-fn move_events<'a>(moved: &[Job], messages: impl Iterator<Item = &'a Message>) -> MoveEvents {
+fn move_events<'a>(
+    moved: impl Iterator<Item = &'a Job>,
+    messages: impl Iterator<Item = &'a Message>,
+) -> MoveEvents {
     MoveEvents {
         jobs: moved
-            .iter()
             .map(|job| PreparedEvent::prepare("job.backgrounded", job))
             .collect(),
         messages: messages
@@ -257,21 +234,151 @@ fn move_events<'a>(moved: &[Job], messages: impl Iterator<Item = &'a Message>) -
     }
 }
 
-/// Inserts a move's `messages` and meanwhile, on a second thread,
-/// serialises the move's events. If that thread cannot start (or
-/// panicked), this one serialises them after the insert.
-fn insert_beside_events(
+/// What each candidate's caller gets if its job moves, and the tool
+/// message recording it, in the candidates' order (none for a move that
+/// records no replies).
+#[derive(Default)]
+struct Replies {
+    results: Vec<ToolResult>,
+    messages: Vec<Message>,
+}
+
+/// What a move's write shares with the kept thread beside it (see
+/// [`EVENTS_BESIDE`]): the candidates (each marked as moved), and the
+/// two pieces of work either thread may do.
+struct MoveWork {
+    candidates: Vec<(Job, Arc<JobRuntime>)>,
+    /// The time of every message of the move: they are one event in the
+    /// session's history.
+    at: String,
+    record_replies: bool,
+    replies: OnceLock<Replies>,
+    /// The events of a move of every candidate, less its "moved" message.
+    events: beside::Claim<MoveEvents>,
+}
+
+impl MoveWork {
+    /// The work of a move of `candidates`, each marked as moved.
+    fn new(mut candidates: Vec<(Job, Arc<JobRuntime>)>, record_replies: bool) -> MoveWork {
+        for (job, _) in &mut candidates {
+            job.backgrounded = true;
+        }
+        MoveWork {
+            candidates,
+            at: now(),
+            record_replies,
+            replies: OnceLock::new(),
+            events: beside::Claim::default(),
+        }
+    }
+
+    /// The replies, built by whichever thread asks first (a second one
+    /// asking meanwhile waits for them).
+    fn replies(&self) -> &Replies {
+        self.replies.get_or_init(|| {
+            if !self.record_replies {
+                return Replies::default();
+            }
+            let (results, messages) = self
+                .candidates
+                .iter()
+                .map(|(job, runtime)| {
+                    let result = backgrounded_result(&job.id, runtime);
+                    let message = caller_message(job, &result, self.at.clone());
+                    (result, message)
+                })
+                .unzip();
+            Replies { results, messages }
+        })
+    }
+
+    /// The kept thread's part: the replies, then the events.
+    fn work_beside(&self) {
+        let messages = &self.replies().messages;
+        self.events
+            .offer(|| move_events(self.candidates.iter().map(|(job, _)| job), messages.iter()));
+    }
+}
+
+/// What a move's write did.
+struct Written {
+    /// The jobs moved, in the candidates' order.
+    moved: Vec<Job>,
+    /// The messages added: the session's "moved" message first, then
+    /// each caller's.
+    messages: Vec<Message>,
+    /// The events, if the kept thread made them and every candidate moved.
+    events: Option<MoveEvents>,
+}
+
+/// A move's write: moves those of the candidates that still may (a job
+/// whose end committed first does not), adds the move's messages, and
+/// hands each moved job's caller its result.
+fn write_move(
     conn: &rusqlite::Connection,
-    moved: &[Job],
-    messages: &[Message],
-) -> Result<MoveEvents, StoreError> {
-    std::thread::scope(|scope| {
-        let beside = std::thread::Builder::new()
-            .name("offstage-events".into())
-            .spawn_scoped(scope, || move_events(moved, messages.iter()));
-        store::insert_messages(conn, messages)?;
-        let events = beside.ok().and_then(|thread| thread.join().ok());
-        Ok(events.unwrap_or_else(|| move_events(moved, messages.iter())))
+    reason: MoveReason,
+    work: beside::Lent<MoveWork>,
+) -> Result<Written, StoreError> {
+    // Whether each candidate moved: `move_jobs` answers in the order asked.
+    let moves: Vec<bool> = {
+        let ids: Vec<&str> = work
+            .candidates
+            .iter()
+            .map(|(job, _)| job.id.as_str())
+            .collect();
+        let mut changed = store::move_jobs(conn, &ids)?.into_iter().peekable();
+        ids.iter()
+            .map(|id| changed.next_if(|moved| moved == id).is_some())
+            .collect()
+    };
+    let all_moved = moves.iter().all(|moved| *moved);
+    let moved: Vec<&Job> = work
+        .candidates
+        .iter()
+        .zip(&moves)
+        .filter(|(_, moved)| **moved)
+        .map(|((job, _), _)| job)
+        .collect();
+    let summary = move_message(reason, &moved, work.at.clone());
+    let kept = work
+        .replies()
+        .messages
+        .iter()
+        .zip(&moves)
+        .filter(|(_, moved)| **moved)
+        .map(|(message, _)| message);
+    store::insert_messages(conn, summary.iter().chain(kept))?;
+    // The kept thread's events cover every candidate: of use only when
+    // every one moved.
+    let events = work.events.take().filter(|_| all_moved).map(|mut events| {
+        if let Some(message) = &summary {
+            let event = PreparedEvent::prepare("message.added", message);
+            events.messages.insert(0, event);
+        }
+        events
+    });
+    let work = work.reclaim();
+    let candidates = work.candidates;
+    let Replies { results, messages } = work.replies.into_inner().unwrap_or_default();
+    let mut results = results.into_iter();
+    let mut messages = messages.into_iter();
+    let mut moved = Vec::with_capacity(candidates.len());
+    let mut added: Vec<Message> = summary.into_iter().collect();
+    for ((job, runtime), moves) in candidates.into_iter().zip(moves) {
+        let reply = results.next().zip(messages.next());
+        if !moves {
+            continue;
+        }
+        if let Some((result, message)) = reply {
+            *runtime.moved_result.lock_unpoisoned() = Some(result);
+            added.push(message);
+        }
+        moved.push(job);
+    }
+    Ok(Written {
+        moved,
+        messages: added,
+        events,
     })
 }
 
@@ -306,7 +413,7 @@ pub(super) fn caller_message(job: &Job, result: &ToolResult, created_at: String)
 
 /// The tool message a move adds to its session (none when nothing moved),
 /// made at `created_at`.
-fn move_message(reason: MoveReason, moved: &[Job], created_at: String) -> Option<Message> {
+fn move_message(reason: MoveReason, moved: &[&Job], created_at: String) -> Option<Message> {
     let first = moved.first()?;
     if reason == MoveReason::Timeout {
         // A timeout's move adds no message: its caller's result says it.
@@ -339,4 +446,151 @@ fn move_message(reason: MoveReason, moved: &[Job], created_at: String) -> Option
         metadata,
         created_at,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use offstage_plugin_api::types::{Session, SessionStatus};
+
+    use super::*;
+    use crate::{session::jobs::output::OutputSink, store::Store};
+
+    const JOBS: usize = 3;
+
+    /// A store holding a session with `JOBS` running jobs, and those jobs
+    /// as a move's candidates (their output files under `dir`).
+    fn running_jobs(dir: &std::path::Path) -> (Store, Vec<(Job, Arc<JobRuntime>)>) {
+        let store = Store::open_in_memory().unwrap();
+        let at = "2026-01-01T00:00:00.000Z".to_string();
+        store
+            .put_session(&Session {
+                id: "ses_move".into(),
+                title: "move".into(),
+                parent_id: None,
+                agent: "script".into(),
+                status: SessionStatus::Busy,
+                created_at: at.clone(),
+                updated_at: at.clone(),
+            })
+            .unwrap();
+        let candidates: Vec<(Job, Arc<JobRuntime>)> = (0..JOBS)
+            .map(|i| {
+                let job = Job {
+                    id: format!("job_move_{i}"),
+                    session_id: "ses_move".into(),
+                    kind: "shell".into(),
+                    title: "sleep 60".into(),
+                    status: JobStatus::Running,
+                    backgrounded: false,
+                    started_at: at.clone(),
+                    completed_at: None,
+                    exit_code: None,
+                    output_path: None,
+                    child_session_id: None,
+                };
+                let output = OutputSink::new(
+                    dir.join(format!("{i}.log")),
+                    1 << 20,
+                    Arc::new(AtomicBool::new(true)),
+                );
+                (job, Arc::new(JobRuntime::new(false, Arc::new(output))))
+            })
+            .collect();
+        let jobs = candidates.iter().map(|(job, _)| job.clone()).collect();
+        store.put_jobs(jobs).unwrap();
+        (store, candidates)
+    }
+
+    /// `write_move` of `candidates` with the kept thread's part done first,
+    /// so that its events are ready whatever they are worth.
+    fn write_after_beside(store: &Store, candidates: Vec<(Job, Arc<JobRuntime>)>) -> Written {
+        let work = beside::keep(MoveWork::new(candidates, true));
+        work.work_beside();
+        store
+            .submit(
+                move |conn| write_move(conn, MoveReason::Request, work),
+                |_| {},
+            )
+            .wait_blocking()
+            .unwrap()
+    }
+
+    fn ids<'a>(ids: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+        ids.collect()
+    }
+
+    #[test]
+    fn a_move_of_every_candidate_keeps_the_events_made_beside() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, candidates) = running_jobs(dir.path());
+        let Written {
+            moved,
+            messages,
+            events,
+        } = write_after_beside(&store, candidates);
+        assert_eq!(moved.len(), JOBS);
+        assert_eq!(messages.len(), JOBS + 1);
+        let events = events.expect("the events made beside");
+        assert_eq!(events.jobs.len(), JOBS);
+        // The "moved" message's event first, then each caller's.
+        assert_eq!(events.messages.len(), JOBS + 1);
+        for (event, message) in events.messages.iter().zip(&messages) {
+            assert!(event.body().contains(&message.id), "{}", event.body());
+        }
+        for (event, job) in events.jobs.iter().zip(&moved) {
+            assert!(event.body().contains(&job.id), "{}", event.body());
+        }
+    }
+
+    #[test]
+    fn a_move_that_leaves_a_job_out_drops_the_events_made_beside() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, candidates) = running_jobs(dir.path());
+        // Its end committed first.
+        let mut ended = candidates[1].0.clone();
+        ended.status = JobStatus::Completed;
+        store.put_job(&ended).unwrap();
+
+        let runtimes: Vec<_> = candidates.iter().map(|(_, r)| r.clone()).collect();
+        let Written {
+            moved,
+            messages,
+            events,
+        } = write_after_beside(&store, candidates);
+        assert_eq!(
+            ids(moved.iter().map(|job| job.id.as_str())),
+            ["job_move_0", "job_move_2"]
+        );
+        assert!(moved.iter().all(|job| job.backgrounded));
+        // Made for every candidate, so not the move's: the hook makes them.
+        assert!(events.is_none());
+        // The "moved" message names the two; a reply for each of them.
+        assert!(
+            !messages[0].text.contains("job_move_1"),
+            "{:?}",
+            messages[0]
+        );
+        assert_eq!(
+            ids(messages[1..]
+                .iter()
+                .map(|m| m.metadata["job_id"].as_str().unwrap())),
+            ["job_move_0", "job_move_2"]
+        );
+        // Stored as answered.
+        let stored: Vec<String> = store
+            .messages("ses_move")
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        let answered: Vec<String> = messages.iter().map(|m| m.id.clone()).collect();
+        assert_eq!(stored, answered);
+        // Only the moved jobs' callers have a result to get.
+        assert!(runtimes[0].moved_result.lock_unpoisoned().is_some());
+        assert!(runtimes[1].moved_result.lock_unpoisoned().is_none());
+        assert!(runtimes[2].moved_result.lock_unpoisoned().is_some());
+        assert!(!store.job("job_move_1").unwrap().unwrap().backgrounded);
+    }
 }
