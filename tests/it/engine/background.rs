@@ -733,6 +733,28 @@ async fn an_output_dir_deleted_by_hand_is_made_again_by_the_next_job() {
     assert_eq!(std::fs::read_to_string(&next_file).unwrap(), "three\n");
 }
 
+/// `jobs` foreground shell calls in `session`, with ids `<prefix>_00`,
+/// `<prefix>_01`, ...; each has started (printed "up") and sleeps.
+async fn many_running_calls(
+    engine: &Engine,
+    session: &str,
+    prefix: &str,
+    jobs: usize,
+) -> (
+    Vec<String>,
+    Vec<tokio::task::JoinHandle<offstage::Result<offstage_plugin_api::types::ToolResult>>>,
+) {
+    let ids: Vec<String> = (0..jobs).map(|i| format!("{prefix}_{i:02}")).collect();
+    let calls = ids
+        .iter()
+        .map(|id| engine.spawn_shell(session, id, shell("echo up; sleep 60")))
+        .collect();
+    for id in &ids {
+        engine.wait_output(id, "up").await;
+    }
+    (ids, calls)
+}
+
 /// A move of many jobs builds its callers' results and serialises its
 /// events on a second thread (`EVENTS_BESIDE` in the host, 32 jobs): they
 /// come out as a small move's do, one per job moved and one per message
@@ -743,14 +765,7 @@ async fn a_move_of_many_jobs_publishes_each_event_once_in_order() {
     let engine = Engine::new();
     let service = &engine.service;
     let session = engine.session().await;
-    let ids: Vec<String> = (0..JOBS).map(|i| format!("job_many_{i:02}")).collect();
-    let calls: Vec<_> = ids
-        .iter()
-        .map(|id| engine.spawn_shell(&session, id, shell("echo up; sleep 60")))
-        .collect();
-    for id in &ids {
-        engine.wait_output(id, "up").await;
-    }
+    let (ids, calls) = many_running_calls(&engine, &session, "job_many", JOBS).await;
     let mut events = service.events().subscribe();
     let moved = service
         .background(BackgroundRequest::all(&session))
@@ -814,14 +829,7 @@ async fn a_move_of_many_jobs_leaves_out_a_job_whose_end_committed_first() {
     let engine = Engine::new();
     let service = &engine.service;
     let session = engine.session().await;
-    let ids: Vec<String> = (0..JOBS).map(|i| format!("job_some_{i:02}")).collect();
-    let mut calls: Vec<_> = ids
-        .iter()
-        .map(|id| engine.spawn_shell(&session, id, shell("echo up; sleep 60")))
-        .collect();
-    for id in &ids {
-        engine.wait_output(id, "up").await;
-    }
+    let (ids, mut calls) = many_running_calls(&engine, &session, "job_some", JOBS).await;
     // Ended as far as the store knows: the move's `UPDATE` skips it.
     let ended = ids[7].clone();
     let store_ended = ended.clone();
