@@ -28,8 +28,9 @@ static QUEUE: LazyLock<Option<Mutex<mpsc::Sender<Task>>>> = LazyLock::new(|| {
         .name("offstage-beside".into())
         .spawn(move || {
             for task in receiver {
-                // A task's panic is its claim's: the claim stays unfinished
-                // and whoever waits for it is told (see `Claim::take`).
+                // A task's panic is its own: its claim is closed, whoever
+                // waits for it gets nothing (see `Claim::offer`), and the
+                // thread goes on to the next task.
                 let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
             }
         })
