@@ -1416,18 +1416,33 @@ pub(crate) fn insert_job(conn: &Connection, job: &Job) -> Result<(), StoreError>
 /// Records how a job ended (status, time, exit code), leaving the rest of
 /// its row as it is, and returns whether it had been moved to the
 /// background: `None` if no such job is stored (its session was removed
-/// with it). One statement for the two, since every shell call ends here.
+/// with it).
+///
+/// Every shell call ends here, most of them in the foreground, so that
+/// case is one `UPDATE` that only a foreground job matches; a job it did
+/// not match takes a second. `RETURNING backgrounded` did it in one
+/// statement, but SQLite builds a temporary B-tree for every statement
+/// with `RETURNING`: 3% of the host's CPU per shell call
+/// (BENCHMARKS.md, 2026-12-03 sixth round).
 pub(crate) fn end_job(conn: &Connection, job: &Job) -> Result<Option<bool>, StoreError> {
-    let backgrounded: Option<bool> = conn
-        .prepare_cached(
-            "UPDATE jobs SET status = ?2, completed_at = ?3, exit_code = ?4 WHERE id = ?1
-             RETURNING backgrounded",
-        )?
-        .query_row(
-            params![job.id, word(&job.status), job.completed_at, job.exit_code],
-            |row| row.get(0),
-        )
-        .optional()?;
+    let end = |sql: &str| -> Result<bool, StoreError> {
+        let changed = conn.prepare_cached(sql)?.execute(params![
+            job.id,
+            word(&job.status),
+            job.completed_at,
+            job.exit_code
+        ])?;
+        Ok(changed == 1)
+    };
+    let backgrounded = if end(
+        "UPDATE jobs SET status = ?2, completed_at = ?3, exit_code = ?4
+         WHERE id = ?1 AND backgrounded = 0",
+    )? {
+        Some(false)
+    } else {
+        end("UPDATE jobs SET status = ?2, completed_at = ?3, exit_code = ?4 WHERE id = ?1")?
+            .then_some(true)
+    };
     if backgrounded.is_some() && job.status.is_final() {
         conn.prepare_cached("DELETE FROM job_processes WHERE job_id = ?1")?
             .execute([&job.id])?;

@@ -976,6 +976,11 @@ fn a_job_is_inserted_once_and_its_end_says_whether_it_was_moved() {
         .put_job(&job("job_3", "ses_1", JobStatus::Running))
         .unwrap();
     assert_eq!(ended("job_3", &store), Some(true));
+    let stored = store.job("job_3").unwrap().unwrap();
+    assert_eq!(
+        (stored.status, stored.exit_code, stored.backgrounded),
+        (JobStatus::Completed, Some(0), true)
+    );
     assert_eq!(ended("job_nope", &store), None);
 }
 
