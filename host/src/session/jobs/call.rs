@@ -473,13 +473,14 @@ async fn task_started(started: TaskStarted, job_id: &str) -> Result<Option<Block
     }
 }
 
-/// What a released caller gets: what the move recorded for it, or (a job
-/// started in the background) the output so far and where the rest is.
+/// What a released caller gets: what the move recorded for it (taken, not
+/// copied: a job has one caller, released once), or (a job started in the
+/// background) the output so far and where the rest is.
 fn released_result(job_id: &str, runtime: &JobRuntime) -> ToolResult {
     runtime
         .moved_result
         .lock_unpoisoned()
-        .clone()
+        .take()
         .unwrap_or_else(|| backgrounded_result(job_id, runtime))
 }
 

@@ -116,7 +116,7 @@ pub(crate) struct JobRuntime {
     /// caller still waiting gets it as its error.
     denied: OnceLock<String>,
     /// What a move recorded as the caller's answer (set in the move's
-    /// write, read once the move has released the caller).
+    /// write, taken by the caller once the move has released it).
     moved_result: std::sync::Mutex<Option<ToolResult>>,
 }
 
