@@ -179,7 +179,14 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     };
     let status = match waited {
         Ok(status) => status,
-        Err(WaitError::Start(error)) => return Err(cannot_start(error)),
+        Err(WaitError::Start(error)) => {
+            // Reaped before its exec, with nothing else in its group (it
+            // started nothing): its pid and group id may name another
+            // process from now on, so neither is killed.
+            tree.main_reaped();
+            group.pgid = None;
+            return Err(cannot_start(error));
+        }
         Err(WaitError::Wait(error)) => return Err(error.into()),
     };
     tree.main_reaped();

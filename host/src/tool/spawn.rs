@@ -442,6 +442,7 @@ mod direct {
     }
 
     /// Why [`spawn`] did not start a child.
+    #[derive(Debug)]
     pub(super) enum Refused {
         /// The kernel refused this kind of clone; another way may work.
         Clone,
@@ -475,6 +476,15 @@ mod direct {
     /// Prepares the child's memory and clones it; returns at once (the
     /// child may not have exec'd yet).
     pub(super) fn spawn(launch: &Launch<'_>) -> Result<Child, Refused> {
+        // The child is waited for on the runtime's reactor. Without one,
+        // registering its pidfd below would panic with the child already
+        // running in this process's memory, and unwinding would free that
+        // memory under it: refuse before cloning.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Refused::Failed(io::Error::other(
+                "a command can only start inside a tokio runtime",
+            )));
+        }
         reap_unreaped();
         let program = c_string(launch.program.as_bytes())?;
         let mut args = vec![program.clone()];
@@ -574,15 +584,8 @@ mod direct {
             });
         }
         if pidfd < 0 {
-            // A kernel that ignored the flag: kill the child, and wait for
-            // it to be gone before its memory goes.
-            // SAFETY: our child, not reaped: its pid names it.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            let mut status = 0;
-            // SAFETY: as above; blocks the moment a killed process takes.
-            while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-                && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-            {}
+            // A kernel that ignored the flag.
+            kill_and_reap(pid);
             return Err(Refused::Clone);
         }
         // SAFETY: CLONE_PIDFD stored a new descriptor here.
@@ -594,23 +597,31 @@ mod direct {
             outcome,
         };
         // SAFETY: the pidfd is owned by the AsyncFd from here on. If it
-        // cannot be registered, the child is killed by pid as `child`
-        // drops (with no pidfd, `Drop` does not run its kill).
+        // cannot be registered, the child is killed and reaped by pid
+        // before `child` (and the memory it may still use) drops; with no
+        // pidfd, `Drop` does not run its kill.
         match unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) } {
             Ok(registered) => child.pidfd = Some(registered),
             Err(error) => {
-                // SAFETY: as above.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-                let mut status = 0;
-                // SAFETY: as above.
-                while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
-                    && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
-                {
-                }
+                kill_and_reap(pid);
                 return Err(Refused::Failed(error.into_parts().1));
             }
         }
         Ok(child)
+    }
+
+    /// Kills our child `pid`, not reaped yet, and waits until it is gone:
+    /// for a child that cannot be waited for on the runtime, before the
+    /// memory it may still be using is freed. Blocks for as long as a
+    /// killed process takes to go.
+    fn kill_and_reap(pid: libc::pid_t) {
+        // SAFETY: our child, not reaped: its pid names it.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let mut status = 0;
+        // SAFETY: as above.
+        while unsafe { libc::waitpid(pid, &mut status, 0) } < 0
+            && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+        {}
     }
 
     /// The kernel's `struct sigaction` (x86_64 and aarch64 alike).
@@ -659,16 +670,10 @@ mod direct {
         }
         // A process group of its own: the job is killed by its group.
         check!(sys::call(libc::SYS_setpgid, [0, 0, 0, 0]));
+        // Each is numbered 3 or above (`above_stdio`): a `dup3` onto 0–2
+        // always moves it.
         for (target, &fd) in args.stdio.iter().enumerate() {
-            if fd as usize == target {
-                // Already in place: only its close-on-exec flag goes.
-                check!(sys::call(
-                    libc::SYS_fcntl,
-                    [fd as usize, libc::F_SETFD as usize, 0, 0]
-                ));
-            } else {
-                check!(sys::call(libc::SYS_dup3, [fd as usize, target, 0, 0]));
-            }
+            check!(sys::call(libc::SYS_dup3, [fd as usize, target, 0, 0]));
         }
         if !args.cwd.is_null() {
             check!(sys::call(libc::SYS_chdir, [args.cwd as usize, 0, 0, 0]));
@@ -869,20 +874,17 @@ mod tests {
         let gone = Path::new("/nonexistent/offstage-spawn-test");
         let error = run("true", Some(gone)).await.unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
-        let mut child = spawn(Launch {
+        // Said by the spawn (posix_spawn) or by the wait (a direct clone).
+        let error = exit_code(Launch {
             program: "/nonexistent/offstage-program",
             args: &[],
             env: ("OFFSTAGE_SPAWN_TEST", "marked"),
             cwd: None,
             stdio: [dev_null(), dev_null(), dev_null()],
         })
-        .unwrap();
-        match child.wait().await {
-            Err(WaitError::Start(error)) => {
-                assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}")
-            }
-            other => panic!("a missing program ran: {other:?}"),
-        }
+        .await
+        .unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
         let error = run("true", Some(Path::new("a\0b"))).await.unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::InvalidInput, "{error}");
     }
@@ -958,9 +960,22 @@ mod tests {
         })
         .unwrap();
         let pid = child.id().unwrap();
+        // On a kernel that takes the clone, the host's own way is the one
+        // that ran (a refused clone turns `supported` off for good).
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        #[cfg(target_os = "linux")]
+        if super::direct::supported() {
+            assert!(matches!(child, super::Child::Direct(_)));
+        }
         // Exec'd: the command is `sleep` now, not a copy of this process.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        let mut name = String::new();
+        for _ in 0..500 {
+            name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+            if name.trim() == "sleep" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(name.trim(), "sleep");
         drop(child);
         assert!(gone(pid).await, "process {pid} outlived its handle");
@@ -991,6 +1006,36 @@ mod tests {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(!late.exists(), "a dropped command ran on");
+    }
+
+    /// Outside a runtime the child could not be waited for: the host's own
+    /// way refuses before it clones (the child would otherwise run in
+    /// memory freed under it).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn outside_a_runtime_a_command_is_refused_before_it_starts() {
+        if !super::direct::supported() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ran = dir.path().join("ran");
+        let script = format!("touch {}", ran.display());
+        let error = super::direct::spawn(&Launch {
+            program: "/bin/sh",
+            args: &["-c", &script],
+            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            cwd: None,
+            stdio: [dev_null(), dev_null(), dev_null()],
+        })
+        .err()
+        .expect("refused outside a runtime");
+        assert!(
+            matches!(&error, super::direct::Refused::Failed(e) if e.to_string().contains("tokio runtime")),
+            "{error:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!ran.exists(), "the command ran");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -78,7 +78,7 @@
 //! Adopted orphans are the host's children. A plain thread
 //! (`offstage-reaper`) takes a sighting every [`SCAN_EVERY`] while jobs run
 //! or killed members are unreaped, and reaps, by pid, only zombies it
-//! attributed to a job — never a job's main process (tokio waits for that
+//! attributed to a job — never a job's main process (its spawn waits for that
 //! one) and never with `waitpid(-1)`, so no other child's exit status is
 //! stolen. With no job tracked and nothing to reap it sleeps until a job
 //! is registered (woken by [`JobTree::new`]) or a child of the host exits
@@ -215,7 +215,7 @@ impl Registry {
     /// Remembers the `zombies` (children of the host's main thread, each
     /// with whether the sighting found it a member of a job) that were
     /// adopted from jobs: the ones [`reap`] takes, that is not a job's main
-    /// process (tokio waits for those), and a member of a job, in a job's
+    /// process (their spawns wait for those), and a member of a job, in a job's
     /// process group, or in a session other than the host's. Nobody else
     /// waits for such a child, and everything here that reaps one holds
     /// this lock, so from now until it is reaped under the lock it stays
@@ -446,7 +446,7 @@ impl JobTree {
         }
     }
 
-    /// Says that tokio has waited for the main process: its pid may name
+    /// Says that the main process has been waited for: its pid may name
     /// another process from now on, and nothing can be its child any
     /// more, so the tree's looks stop reading it (one `/proc` read fewer
     /// in each kill round at the job's end). It stays among the recent
