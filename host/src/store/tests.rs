@@ -1323,21 +1323,15 @@ fn the_log_starts_over_under_a_load_that_never_pauses() {
     );
 }
 
-/// The writer checkpoints an idle store's log into the file a while after
-/// its last commit (no other connection can open the file to do it: the
-/// writer's holds it in exclusive locking mode, with no `-shm` file).
-#[test]
-fn an_idle_stores_log_reaches_the_file_a_while_after_its_last_commit() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    let id = "ses_checkpointed_while_idle";
-    store.put_session(&session(id, None)).unwrap();
-    let db = dir.path().join(DB_FILE);
+/// Waits (30 s at most) until the database file itself holds `needle`:
+/// the log has been checkpointed into it.
+fn wait_until_in_file(dir: &Path, needle: &str) {
+    let db = dir.join(DB_FILE);
     let in_file = || {
         std::fs::read(&db)
             .unwrap()
-            .windows(id.len())
-            .any(|bytes| bytes == id.as_bytes())
+            .windows(needle.len())
+            .any(|bytes| bytes == needle.as_bytes())
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while !in_file() {
@@ -1347,8 +1341,38 @@ fn an_idle_stores_log_reaches_the_file_a_while_after_its_last_commit() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+}
+
+/// The writer checkpoints an idle store's log into the file a while after
+/// its last commit (no other connection can open the file to do it: the
+/// writer's holds it in exclusive locking mode, with no `-shm` file).
+#[test]
+fn an_idle_stores_log_reaches_the_file_a_while_after_its_last_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let id = "ses_checkpointed_while_idle";
+    store.put_session(&session(id, None)).unwrap();
+    wait_until_in_file(dir.path(), id);
     assert!(!dir.path().join(format!("{DB_FILE}-shm")).exists());
     // The writer goes on committing after its checkpoint.
     store.put_session(&session("ses_after", None)).unwrap();
     assert_eq!(store.sessions().unwrap().len(), 2);
+}
+
+/// The same for a commit made on the caller's thread (`submit_now`) once
+/// the writer has checkpointed everything and sleeps with nothing to wait
+/// for: the writer still learns that the log has something in it.
+#[test]
+fn a_commit_on_the_callers_thread_reaches_the_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    store.put_session(&session("ses_before", None)).unwrap();
+    wait_until_in_file(dir.path(), "ses_before");
+    let id = "ses_committed_inline";
+    let record = session(id, None);
+    store
+        .submit_now(move |conn| put_session(conn, &record), |_| {})
+        .wait_blocking()
+        .unwrap();
+    wait_until_in_file(dir.path(), id);
 }

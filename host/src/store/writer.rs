@@ -192,6 +192,12 @@ struct Queue {
     closed: bool,
     /// When the next checkpoint is due.
     schedule: Schedule,
+    /// The writer thread sleeps with no deadline: it took no checkpoint
+    /// time into account when it went to sleep (nothing was waiting to be
+    /// checkpointed, or a caller was committing). A caller that commits
+    /// on its own thread wakes it if its commit leaves something to
+    /// checkpoint, so that the time-based checkpoint is not lost.
+    writer_untimed: bool,
 }
 
 impl Writer {
@@ -206,6 +212,7 @@ impl Writer {
                 busy: false,
                 closed: false,
                 schedule: Schedule::new(),
+                writer_untimed: false,
             }),
             wake: Condvar::new(),
             conn,
@@ -260,7 +267,8 @@ impl Writer {
         let mut queue = self.shared.queue.lock_unpoisoned();
         queue.busy = false;
         let checkpoint_due = self.shared.count_commit(&mut queue);
-        if !queue.ops.is_empty() || queue.closed || checkpoint_due {
+        let timer_needed = queue.writer_untimed && queue.schedule.until_due().is_some();
+        if !queue.ops.is_empty() || queue.closed || checkpoint_due || timer_needed {
             self.shared.wake.notify_one();
         }
         Ok(())
@@ -305,11 +313,14 @@ fn run(shared: &Shared) {
                     return;
                 }
                 // While a caller commits on its own thread, it wakes this
-                // one when done if a checkpoint is due by then.
+                // one when done if a checkpoint is due by then, or if this
+                // one sleeps with no deadline and that commit left
+                // something to checkpoint (`writer_untimed`).
                 let until_due = queue
                     .schedule
                     .until_due()
                     .filter(|_| shared.checkpoints && !queue.busy);
+                queue.writer_untimed = until_due.is_none();
                 queue = match until_due {
                     Some(wait) => {
                         shared
@@ -320,6 +331,7 @@ fn run(shared: &Shared) {
                     }
                     None => shared.wake.wait(queue).unwrap_or_else(|e| e.into_inner()),
                 };
+                queue.writer_untimed = false;
             }
         };
         // Busy until both are done.
