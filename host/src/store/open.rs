@@ -187,6 +187,7 @@ pub(super) fn probe(path: &Path) -> Result<(), StoreError> {
         .pragma_query_value(None, "user_version", |row| row.get(0))
         .map_err(|e| classify(path, e))?;
     drop(probe);
+    remove_probe_shm(path);
     if application_id != 0 && application_id != APPLICATION_ID {
         return Err(StoreError::NotOffstage {
             path: path.to_path_buf(),
@@ -196,12 +197,13 @@ pub(super) fn probe(path: &Path) -> Result<(), StoreError> {
     check_version(path, version)
 }
 
-/// A read-only connection that leaves no trace. Without a write-ahead log
-/// beside the file (a clean shutdown removes it), the file alone is the
-/// database, and `immutable=1` reads it without creating `-wal`/`-shm`
-/// files or taking locks. With a log, its contents count (it may hold the
-/// newer version), so the probe reads it the ordinary read-only way, which
-/// never checkpoints it into the file.
+/// A read-only connection. Without a write-ahead log beside the file (a
+/// clean shutdown removes it), the file alone is the database, and
+/// `immutable=1` reads it without creating `-wal`/`-shm` files or taking
+/// locks. With a log, its contents count (it may hold the newer version),
+/// so the probe reads it the ordinary read-only way, which never
+/// checkpoints it into the file but makes a `-shm` file the probe then
+/// removes ([`remove_probe_shm`]).
 fn open_probe(path: &Path) -> rusqlite::Result<Connection> {
     let mut wal = path.as_os_str().to_owned();
     wal.push("-wal");
@@ -212,6 +214,23 @@ fn open_probe(path: &Path) -> rusqlite::Result<Connection> {
     }
     let uri = format!("file:{}?immutable=1", uri_escape(path));
     Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
+}
+
+/// Removes the `-shm` file that reading a log the ordinary way made
+/// beside the file (after a crash left the log). The store's own
+/// connection never uses one (its wal-index lives in its memory: see
+/// `connect`), and the data dir's lock, taken before the probe, keeps
+/// any other host away, so nobody else can be using it.
+fn remove_probe_shm(path: &Path) {
+    let mut shm = path.as_os_str().to_owned();
+    shm.push("-shm");
+    match std::fs::remove_file(&shm) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(path = %Path::new(&shm).display(), %error, "cannot remove a stale -shm file")
+        }
+    }
 }
 
 /// Percent-escapes a path for an SQLite `file:` URI.

@@ -1376,3 +1376,31 @@ fn a_commit_on_the_callers_thread_reaches_the_file_too() {
         .unwrap();
     wait_until_in_file(dir.path(), id);
 }
+
+/// A log left by a crash is read by the probe the ordinary way, which
+/// makes a `-shm` file; the store removes it (its own connection keeps
+/// the wal-index in memory) and keeps what the log held.
+#[test]
+fn a_log_left_by_a_crash_leaves_no_shm_file_behind() {
+    let running = tempfile::tempdir().unwrap();
+    let store = Store::open(running.path()).unwrap();
+    store.put_session(&session("ses_in_the_log", None)).unwrap();
+    // The files as a crash would leave them: the log not checkpointed
+    // yet (the writer waits a second after a commit).
+    let crashed = tempfile::tempdir().unwrap();
+    for name in [DB_FILE.to_string(), format!("{DB_FILE}-wal")] {
+        std::fs::copy(running.path().join(&name), crashed.path().join(&name)).unwrap();
+    }
+    drop(store);
+    assert!(crashed.path().join(format!("{DB_FILE}-wal")).exists());
+
+    let reopened = Store::open(crashed.path()).unwrap();
+    assert!(!crashed.path().join(format!("{DB_FILE}-shm")).exists());
+    let ids: Vec<String> = reopened
+        .sessions()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["ses_in_the_log"]);
+}
