@@ -109,13 +109,14 @@ async fn check_moved_and_noticed(
     // The dropped caller lets go of the session as its future finishes
     // dropping, which may be just after the move's commit (queued on the
     // writer when the caller went) is seen.
-    let id = session.to_string();
-    eventually("nobody to be blocked", || {
-        let state = service.state();
-        let entry = state.sessions.get(&id)?;
-        (entry.session.status == SessionStatus::Idle).then_some(())
-    })
-    .await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while service.get(session).await.unwrap().status != SessionStatus::Idle {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for nobody to be blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let said = service.messages(session).await.unwrap();
     assert!(
         said.iter()
