@@ -1444,7 +1444,7 @@ fn by_role(used: &ThreadCpu) -> BTreeMap<&'static str, Duration> {
     let mut roles = BTreeMap::new();
     for (name, time) in &used.0 {
         let role = match name.as_str() {
-            "offstage-store" => "store writer",
+            "offstage-store" | "offstage-flush" => "store writer",
             "tokio-rt-worker" => "runtime workers",
             "offstage-reaper" => "reaper",
             _ => "other threads",

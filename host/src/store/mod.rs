@@ -434,7 +434,7 @@ impl Store {
         // The writer checkpoints between its groups, not inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| open::classify(&path, e))?;
-        let mut store = Store::start(conn, Some(path), Some(lock), true);
+        let mut store = Store::start(conn, Some(path), Some(lock));
         store.commit_inline = durability == Durability::Normal;
         Ok(store)
     }
@@ -445,20 +445,16 @@ impl Store {
             open::connect(None, Durability::Full)?,
             None,
             None,
-            false,
         ))
     }
 
-    fn start(
-        conn: Connection,
-        path: Option<PathBuf>,
-        lock: Option<open::DirLock>,
-        checkpoints: bool,
-    ) -> Store {
+    /// A store on `conn`; one on a file (`path`) runs checkpoints.
+    fn start(conn: Connection, path: Option<PathBuf>, lock: Option<open::DirLock>) -> Store {
         let conn = Arc::new(Mutex::new(conn));
         let stats = Arc::new(WriterStats::default());
+        let log = path.as_deref().map(open::log_path);
         Store {
-            writer: Writer::start(conn.clone(), stats.clone(), checkpoints),
+            writer: Writer::start(conn.clone(), stats.clone(), log),
             conn,
             stats,
             commit_inline: true,

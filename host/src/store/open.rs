@@ -205,15 +205,20 @@ pub(super) fn probe(path: &Path) -> Result<(), StoreError> {
 /// checkpoints it into the file but makes a `-shm` file the probe then
 /// removes ([`remove_probe_shm`]).
 fn open_probe(path: &Path) -> rusqlite::Result<Connection> {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    let has_wal = std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0);
+    let has_wal = std::fs::metadata(log_path(path)).is_ok_and(|m| m.len() > 0);
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     if has_wal {
         return Connection::open_with_flags(path, flags);
     }
     let uri = format!("file:{}?immutable=1", uri_escape(path));
     Connection::open_with_flags(uri, flags | OpenFlags::SQLITE_OPEN_URI)
+}
+
+/// The write-ahead log beside the database file at `path`.
+pub(super) fn log_path(path: &Path) -> PathBuf {
+    let mut log = path.as_os_str().to_owned();
+    log.push("-wal");
+    PathBuf::from(log)
 }
 
 /// Removes the `-shm` file that reading a log the ordinary way made

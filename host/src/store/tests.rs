@@ -2,12 +2,13 @@
 //! Restart scenarios through the public API are in
 //! `tests/tests/store_restart.rs`; these need raw SQLite access.
 
-use std::path::Path;
+use std::{path::Path, sync::atomic::Ordering};
 
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};
 use rusqlite::Connection;
 use serde_json::json;
 
+use super::checkpoint::COMMITS_PER_CHECKPOINT;
 use super::*;
 use crate::permission::{Action, Rule};
 
@@ -1270,11 +1271,11 @@ fn a_failing_write_fails_alone_in_a_group_of_one_and_of_several() {
 #[test]
 fn the_log_starts_over_under_a_load_that_never_pauses() {
     const WRITERS: usize = 4;
-    /// Commits made before the first checkpoint is due (256), to learn
-    /// how much log a commit writes.
-    const FIRST: u64 = 150;
+    /// Commits made before the first checkpoint is due, to learn how much
+    /// log a commit writes.
+    const FIRST: u64 = COMMITS_PER_CHECKPOINT / 2;
     /// Commits in all: several checkpoints' worth.
-    const ALL: u64 = 2000;
+    const ALL: u64 = 5 * COMMITS_PER_CHECKPOINT;
     let dir = tempfile::tempdir().unwrap();
     let wal_file = dir.path().join(format!("{DB_FILE}-wal"));
     let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
@@ -1321,6 +1322,46 @@ fn the_log_starts_over_under_a_load_that_never_pauses() {
         "the log is {wal} bytes after {commits} commits of about {per_commit} bytes each: \
          it did not start over"
     );
+}
+
+/// A checkpoint falls due while the log is being flushed ahead of it (the
+/// flush held here, as a slow disk would): commits go on meanwhile, and
+/// the checkpoint waits for the flush, then runs.
+#[test]
+fn commits_go_on_while_the_log_is_flushed_ahead_of_a_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Store::open(dir.path()).unwrap());
+    let stats = store.stats.clone();
+    let flush = store.writer.hold_log_flush();
+    let past_due = COMMITS_PER_CHECKPOINT + 100;
+    let (done, committed) = std::sync::mpsc::channel();
+    let committer = store.clone();
+    std::thread::spawn(move || {
+        for i in 0..past_due {
+            committer
+                .put_session(&session(&format!("ses_{i:05}"), None))
+                .unwrap();
+        }
+        let _ = done.send(());
+    });
+    committed
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the commits stalled behind the held flush");
+    assert!(store.commits() >= past_due);
+    assert_eq!(stats.checkpoints.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.log_flushes.load(Ordering::Relaxed), 0);
+    drop(flush);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while stats.checkpoints.load(Ordering::Relaxed) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint ran once the log was flushed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(stats.log_flushes.load(Ordering::Relaxed), 1);
+    wait_until_in_file(dir.path(), &format!("ses_{:05}", past_due - 1));
+    assert_eq!(store.sessions().unwrap().len() as u64, past_due);
 }
 
 /// Waits (30 s at most) until the database file itself holds `needle`:

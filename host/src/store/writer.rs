@@ -40,6 +40,7 @@
 use std::{
     collections::VecDeque,
     panic::AssertUnwindSafe,
+    path::PathBuf,
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Condvar, Mutex,
@@ -51,7 +52,7 @@ use rusqlite::Connection;
 use tokio::sync::Notify;
 
 use super::{
-    checkpoint::{self, Schedule},
+    checkpoint::{self, LogFlush, Schedule},
     StoreError,
 };
 use crate::util::LockExt;
@@ -79,6 +80,10 @@ pub(crate) struct WriterStats {
     pub commits: AtomicU64,
     /// Writes run.
     pub writes: AtomicU64,
+    /// Checkpoints run.
+    pub checkpoints: AtomicU64,
+    /// Times the log was written out ahead of a checkpoint.
+    pub log_flushes: AtomicU64,
 }
 
 /// The answer to one submitted write, filled after its group's commit.
@@ -161,24 +166,32 @@ impl<R> Ticket<R> {
     }
 }
 
-/// The writer thread and the queue to it.
+/// The writer thread and the queue to it, and the thread that writes the
+/// log out ahead of each checkpoint.
 pub(super) struct Writer {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    flusher: Option<JoinHandle<()>>,
 }
 
 /// What the writer thread and the threads committing on their own
 /// ([`Writer::send_now`]) share.
 struct Shared {
     queue: Mutex<Queue>,
-    /// Wakes the writer thread: a write was queued, a commit ended, or
-    /// the queue closed.
+    /// Wakes the writer thread: a write was queued, a commit ended, the
+    /// log was flushed, or the queue closed.
     wake: Condvar,
+    /// Wakes the flusher thread: a flush of the log was asked for, or the
+    /// queue closed.
+    flush_wake: Condvar,
     conn: Arc<Mutex<Connection>>,
     stats: Arc<WriterStats>,
-    /// Whether the writer runs checkpoints (a file store; see
+    /// The log file, if the writer runs checkpoints (a file store; see
     /// [`checkpoint`](super::checkpoint)).
-    checkpoints: bool,
+    log: Option<PathBuf>,
+    /// Held by a test to keep the flusher from flushing.
+    #[cfg(test)]
+    flush_gate: Mutex<()>,
 }
 
 struct Queue {
@@ -194,17 +207,20 @@ struct Queue {
     schedule: Schedule,
     /// The writer thread sleeps with no deadline: it took no checkpoint
     /// time into account when it went to sleep (nothing was waiting to be
-    /// checkpointed, or a caller was committing). A caller that commits
-    /// on its own thread wakes it if its commit leaves something to
-    /// checkpoint, so that the time-based checkpoint is not lost.
+    /// checkpointed, a caller was committing, or the log is being
+    /// flushed). A caller that commits on its own thread wakes it if its
+    /// commit leaves something to checkpoint, so that the time-based
+    /// checkpoint is not lost.
     writer_untimed: bool,
 }
 
 impl Writer {
+    /// Starts the writer on `conn`; with the path of its `log` (a file
+    /// store), it runs checkpoints.
     pub(super) fn start(
         conn: Arc<Mutex<Connection>>,
         stats: Arc<WriterStats>,
-        checkpoints: bool,
+        log: Option<PathBuf>,
     ) -> Self {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -215,18 +231,29 @@ impl Writer {
                 writer_untimed: false,
             }),
             wake: Condvar::new(),
+            flush_wake: Condvar::new(),
             conn,
             stats,
-            checkpoints,
+            log,
+            #[cfg(test)]
+            flush_gate: Mutex::new(()),
         });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("offstage-store".into())
             .spawn(move || run(&thread_shared))
             .expect("the store writer thread starts");
+        let flusher = shared.log.is_some().then(|| {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("offstage-flush".into())
+                .spawn(move || flush_when_asked(&shared))
+                .expect("the store's log flusher thread starts")
+        });
         Writer {
             shared,
             thread: Some(thread),
+            flusher,
         }
     }
 
@@ -266,12 +293,22 @@ impl Writer {
         self.shared.commit(vec![op]);
         let mut queue = self.shared.queue.lock_unpoisoned();
         queue.busy = false;
-        let checkpoint_due = self.shared.count_commit(&mut queue);
-        let timer_needed = queue.writer_untimed && queue.schedule.until_due().is_some();
-        if !queue.ops.is_empty() || queue.closed || checkpoint_due || timer_needed {
+        self.shared.count_commit(&mut queue);
+        let checkpoint_needs_writer =
+            self.shared.log.is_some() && queue.schedule.needs_writer(queue.writer_untimed);
+        if !queue.ops.is_empty() || queue.closed || checkpoint_needs_writer {
             self.shared.wake.notify_one();
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Writer {
+    /// Keeps the flusher from flushing the log (and so the checkpoint
+    /// waiting for it from running) until the guard is dropped.
+    pub(super) fn hold_log_flush(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared.flush_gate.lock_unpoisoned()
     }
 }
 
@@ -281,19 +318,25 @@ impl Drop for Writer {
     fn drop(&mut self) {
         self.shared.queue.lock_unpoisoned().closed = true;
         self.shared.wake.notify_all();
+        self.shared.flush_wake.notify_all();
         if let Some(thread) = self.thread.take() {
             // The last owner may be a hook running on the writer itself.
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }
         }
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
     }
 }
 
 /// The writer thread: takes whatever queued (up to [`MAX_GROUP`]) as one
 /// group whenever no group is being committed, and checkpoints between
-/// groups when one is due, until the queue closes.
+/// groups when one is due and the log has been flushed for it, until the
+/// queue closes.
 fn run(shared: &Shared) {
+    let checkpoints = shared.log.is_some();
     loop {
         let group: Option<Vec<Op>> = {
             let mut queue = shared.queue.lock_unpoisoned();
@@ -305,9 +348,18 @@ fn run(shared: &Shared) {
                     let take = queue.ops.len().min(MAX_GROUP);
                     break Some(queue.ops.drain(..take).collect());
                 }
-                if !queue.busy && shared.checkpoints && queue.schedule.due() {
-                    queue.busy = true;
-                    break None;
+                if !queue.busy && checkpoints && queue.schedule.due() {
+                    match queue.schedule.flush {
+                        LogFlush::Flushed => {
+                            queue.busy = true;
+                            break None;
+                        }
+                        LogFlush::NotAsked => {
+                            queue.schedule.flush = LogFlush::Asked;
+                            shared.flush_wake.notify_one();
+                        }
+                        LogFlush::Asked => {}
+                    }
                 }
                 if queue.closed && !queue.busy && queue.ops.is_empty() {
                     return;
@@ -315,11 +367,11 @@ fn run(shared: &Shared) {
                 // While a caller commits on its own thread, it wakes this
                 // one when done if a checkpoint is due by then, or if this
                 // one sleeps with no deadline and that commit left
-                // something to checkpoint (`writer_untimed`).
-                let until_due = queue
-                    .schedule
-                    .until_due()
-                    .filter(|_| shared.checkpoints && !queue.busy);
+                // something to checkpoint (`writer_untimed`). While the
+                // log is flushed, the flusher wakes it when done.
+                let until_due = queue.schedule.until_due().filter(|_| {
+                    checkpoints && !queue.busy && queue.schedule.flush == LogFlush::NotAsked
+                });
                 queue.writer_untimed = until_due.is_none();
                 queue = match until_due {
                     Some(wait) => {
@@ -334,29 +386,63 @@ fn run(shared: &Shared) {
                 queue.writer_untimed = false;
             }
         };
-        // Busy until both are done.
-        let checkpoint_due = match group {
+        match group {
             Some(group) => {
                 shared.commit(group);
-                shared.count_commit(&mut shared.queue.lock_unpoisoned())
+                let mut queue = shared.queue.lock_unpoisoned();
+                shared.count_commit(&mut queue);
+                queue.busy = false;
             }
-            None => true,
-        };
-        if checkpoint_due {
-            shared.checkpoint();
+            None => {
+                shared.checkpoint();
+                shared.queue.lock_unpoisoned().busy = false;
+            }
         }
-        shared.queue.lock_unpoisoned().busy = false;
+    }
+}
+
+/// The flusher thread: whenever the writer asks, writes the log out to
+/// the disk (see [`checkpoint`](super::checkpoint)) while the writer and
+/// the callers go on committing, then tells the writer, until the queue
+/// closes.
+fn flush_when_asked(shared: &Shared) {
+    let Some(log) = &shared.log else {
+        return;
+    };
+    loop {
+        {
+            let mut queue = shared.queue.lock_unpoisoned();
+            while queue.schedule.flush != LogFlush::Asked {
+                if queue.closed {
+                    return;
+                }
+                queue = shared
+                    .flush_wake
+                    .wait(queue)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+            if queue.closed {
+                return;
+            }
+        }
+        #[cfg(test)]
+        let _gate = shared.flush_gate.lock_unpoisoned();
+        if let Err(error) = checkpoint::flush_log(log) {
+            // The checkpoint syncs the log itself: only its head start is lost.
+            tracing::warn!(%error, "cannot flush the store's log ahead of a checkpoint");
+        }
+        shared.stats.log_flushes.fetch_add(1, Ordering::Relaxed);
+        shared.queue.lock_unpoisoned().schedule.flush = LogFlush::Flushed;
+        shared.wake.notify_one();
     }
 }
 
 impl Shared {
-    /// Counts a commit just made; whether a checkpoint is due now.
-    fn count_commit(&self, queue: &mut Queue) -> bool {
-        if !self.checkpoints {
-            return false;
+    /// Counts a commit just made, toward the next checkpoint.
+    fn count_commit(&self, queue: &mut Queue) {
+        if self.log.is_some() {
+            queue.schedule.committed();
         }
-        queue.schedule.committed();
-        queue.schedule.due()
     }
 
     /// Runs a checkpoint (see [`checkpoint`](super::checkpoint)) on the
@@ -366,6 +452,7 @@ impl Shared {
         if let Err(error) = result {
             tracing::warn!(%error, "store checkpoint failed; trying again later");
         }
+        self.stats.checkpoints.fetch_add(1, Ordering::Relaxed);
         self.queue.lock_unpoisoned().schedule.checkpointed();
     }
 
