@@ -200,4 +200,36 @@ mod tests {
         assert!(schedule.due(), "one commit, a while ago");
         assert_eq!(schedule.until_due(), Some(Duration::ZERO));
     }
+
+    #[test]
+    fn a_caller_wakes_the_writer_for_a_checkpoint_except_while_the_log_is_flushed() {
+        let mut schedule = Schedule::new();
+        assert!(!schedule.needs_writer(false), "nothing committed");
+        assert!(!schedule.needs_writer(true), "nothing committed");
+        schedule.committed();
+        assert!(!schedule.needs_writer(false), "the writer's timer runs");
+        assert!(schedule.needs_writer(true), "the writer must set its timer");
+        for _ in 1..COMMITS_PER_CHECKPOINT {
+            schedule.committed();
+        }
+        assert!(
+            schedule.needs_writer(false),
+            "due: the writer asks for the flush"
+        );
+        schedule.flush = LogFlush::Asked;
+        assert!(!schedule.needs_writer(false), "the flusher wakes it");
+        assert!(!schedule.needs_writer(true), "the flusher wakes it");
+        schedule.flush = LogFlush::Flushed;
+        assert!(schedule.needs_writer(false), "the checkpoint may run");
+        schedule.checkpointed();
+        assert_eq!(schedule.flush, LogFlush::NotAsked);
+        assert!(!schedule.needs_writer(true));
+    }
+
+    #[test]
+    fn flushing_a_log_that_is_not_there_yet_does_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        flush_log(&dir.path().join("offstage.db-wal")).unwrap();
+        assert!(!dir.path().join("offstage.db-wal").exists());
+    }
 }
