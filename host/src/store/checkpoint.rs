@@ -118,6 +118,12 @@ impl Schedule {
         }
     }
 
+    /// Whether the checkpoint is due and its log flushed: it runs before
+    /// any other write.
+    pub(super) fn checkpoint_ready(&self) -> bool {
+        self.flush == LogFlush::Flushed && self.due()
+    }
+
     /// Whether a caller that has just committed on its own thread must
     /// wake the writer thread for the checkpoint: to ask for the flush
     /// (it is due), to run the checkpoint (the log is flushed; the

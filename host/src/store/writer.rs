@@ -281,7 +281,10 @@ impl Writer {
             if queue.closed {
                 return Err(op);
             }
-            if queue.busy || !queue.ops.is_empty() {
+            // A checkpoint whose log is flushed goes first, as it does on
+            // the writer thread.
+            let checkpoint_ready = self.shared.log.is_some() && queue.schedule.checkpoint_ready();
+            if queue.busy || !queue.ops.is_empty() || checkpoint_ready {
                 queue.ops.push_back(op);
                 if !queue.busy {
                     self.shared.wake.notify_one();
@@ -341,25 +344,24 @@ fn run(shared: &Shared) {
         let group: Option<Vec<Op>> = {
             let mut queue = shared.queue.lock_unpoisoned();
             loop {
+                if checkpoints && queue.schedule.due() && queue.schedule.flush == LogFlush::NotAsked
+                {
+                    queue.schedule.flush = LogFlush::Asked;
+                    shared.flush_wake.notify_one();
+                }
                 // Marked busy under this lock, before it is let go: a write
-                // submitted from now on queues for the next group.
+                // submitted from now on queues for the next group. A
+                // checkpoint whose log is flushed goes before the next
+                // group: under a load that never pauses there always is
+                // one, and the log would grow for as long as it lasts.
+                if !queue.busy && checkpoints && queue.schedule.checkpoint_ready() {
+                    queue.busy = true;
+                    break None;
+                }
                 if !queue.busy && !queue.ops.is_empty() {
                     queue.busy = true;
                     let take = queue.ops.len().min(MAX_GROUP);
                     break Some(queue.ops.drain(..take).collect());
-                }
-                if !queue.busy && checkpoints && queue.schedule.due() {
-                    match queue.schedule.flush {
-                        LogFlush::Flushed => {
-                            queue.busy = true;
-                            break None;
-                        }
-                        LogFlush::NotAsked => {
-                            queue.schedule.flush = LogFlush::Asked;
-                            shared.flush_wake.notify_one();
-                        }
-                        LogFlush::Asked => {}
-                    }
                 }
                 if queue.closed && !queue.busy && queue.ops.is_empty() {
                     return;
