@@ -30,8 +30,9 @@
 //!
 //! - `writer`: the group-commit store writer, data dir on disk (a temp dir
 //!   on the same disk as the build): background → held answer vs a
-//!   `GET /api/health` round trip sent after the same idle pause, for
-//!   both durability levels, idle and
+//!   `GET /api/health` round trip sent after the same idle pause, once the
+//!   job's process has started (it sleeps), for both durability levels,
+//!   idle and
 //!   with 8 sessions running shell calls; 1 000 jobs moved by one call
 //!   (commits counted; five rounds, each on a fresh data dir, median and
 //!   worst); shell calls/s of 8 sessions vs bare
@@ -59,7 +60,7 @@ use offstage::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus, Sessi
 use offstage_bench::{
     http::Conn,
     median, micros,
-    proc::{processes_of, rss_bytes},
+    proc::{pid_sleeping, processes_of, rss_bytes},
     service, summarize, CpuTime, MachineCpu, ThreadCpu,
 };
 use offstage_plugin_api::types::{BackgroundRequest, NewSession, ToolRequest, ToolStatus};
@@ -220,8 +221,11 @@ struct BackgroundSamples {
     release: offstage_bench::Summary,
 }
 
-/// Samples of the held answer and of its baselines on `server`.
-fn http_background_samples(server: &Server) -> BackgroundSamples {
+/// Samples of the held answer and of its baselines on `server`. With
+/// `settle`, each sample waits until the job's process sleeps (see
+/// [`job_process_sleeping`]); without it, the sample starts as soon as the
+/// job's record is there, while its process may still be starting.
+fn http_background_samples(server: &Server, settle: bool) -> BackgroundSamples {
     const SAMPLES: usize = 200;
     // Call ids differ from one run on the same server to the next.
     static RUNS: AtomicU64 = AtomicU64::new(0);
@@ -257,6 +261,9 @@ fn http_background_samples(server: &Server) -> BackgroundSamples {
             }
             std::thread::sleep(Duration::from_micros(200));
         }
+        if settle {
+            job_process_sleeping(server, "sleep 60");
+        }
         // The baseline: the same trivial round trip, after the same pause
         // as the `background` below gets.
         std::thread::sleep(IDLE_PAUSE);
@@ -290,6 +297,24 @@ fn http_background_samples(server: &Server) -> BackgroundSamples {
     }
 }
 
+/// Waits (at most 5 s) until a process of `server` running `command`
+/// sleeps: the job's start (a fork, an `exec` or two and their dynamic
+/// loading, about 2.5 ms of one vCPU on the bench's VM) is over, and the
+/// host is idle again.
+fn job_process_sleeping(server: &Server, command: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        let sleeping = processes_of(server.child.id(), "")
+            .iter()
+            .any(|(pid, cmdline)| cmdline.trim() == command && pid_sleeping(*pid));
+        if sleeping {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    panic!("no process of the server running `{command}` went to sleep within 5 s");
+}
+
 /// The line under a table of held answers: the ratios against the warm
 /// round trip, which earlier rounds used as the baseline.
 fn warm_note(what: &str, samples: &BackgroundSamples) {
@@ -304,7 +329,7 @@ fn warm_note(what: &str, samples: &BackgroundSamples) {
 }
 
 fn http_background(server: &Server, tmpfs: Option<&Server>) {
-    let disk = http_background_samples(server);
+    let disk = http_background_samples(server, false);
     let (base, moves) = (&disk.round_trip, &disk.release);
     println!("\n## http: held `POST /tool` released by `POST /background` from a second connection (200 samples)\n");
     header();
@@ -331,7 +356,7 @@ fn http_background(server: &Server, tmpfs: Option<&Server>) {
     );
     if let Some(tmpfs) = tmpfs {
         // The same on a data dir in tmpfs: what is left without fsync.
-        let in_tmpfs = http_background_samples(tmpfs);
+        let in_tmpfs = http_background_samples(tmpfs, false);
         let (base, moves) = (&in_tmpfs.round_trip, &in_tmpfs.release);
         let ratio = moves.median.as_secs_f64() / base.median.as_secs_f64();
         row(
@@ -1023,6 +1048,9 @@ fn writer_http() {
     println!("\n## writer: `POST /background` → held `POST /tool` answered, data dir on disk (200 samples each)\n");
     header();
     let mut notes = Vec::new();
+    // The default durability, idle, sampled again without waiting for the
+    // job's process to start (as rounds before 2026-12-04 did).
+    let mut starting = None;
     for durability in ["normal", "full"] {
         let server = server_with_durability(durability, config_dir.path());
         for loaded in [false, true] {
@@ -1032,7 +1060,10 @@ fn writer_http() {
             } else {
                 Vec::new()
             };
-            let samples = http_background_samples(&server);
+            let samples = http_background_samples(&server, true);
+            if durability == "normal" && !loaded {
+                starting = Some(http_background_samples(&server, false));
+            }
             let (base, moves) = (&samples.round_trip, &samples.release);
             stop.store(true, Ordering::Relaxed);
             let calls: u64 = load.into_iter().map(|t| t.join().unwrap()).sum();
@@ -1071,8 +1102,20 @@ fn writer_http() {
         }
     }
     println!(
-        "\nEach `background` and its baseline round trip were sent after the host sat idle for {IDLE_PAUSE:?}."
+        "\nEach sample waited until the job's process slept (its start over), then sent the baseline round trip and the `background` each after the host sat idle for {IDLE_PAUSE:?}."
     );
+    if let Some(starting) = &starting {
+        let (base, moves) = (&starting.round_trip, &starting.release);
+        println!(
+            "- durability normal, idle, sent while the job's process was still starting (not waited for): median {} against {} ({:.2}×), p99 {} against {} ({:.2}×)",
+            micros(moves.median),
+            micros(base.median),
+            moves.median.as_secs_f64() / base.median.as_secs_f64(),
+            micros(moves.p99),
+            micros(base.p99),
+            moves.p99.as_secs_f64() / base.p99.as_secs_f64(),
+        );
+    }
     for (what, samples) in &notes {
         warm_note(what, samples);
     }

@@ -12,6 +12,13 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// Whether `pid` sleeps (state `S`: blocked in a wait it chose, such as
+/// `nanosleep`), as a started command does once its loading is over.
+pub fn pid_sleeping(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat_fields(&stat).0 == "S")
+}
+
 /// `VmRSS` of process `pid` (`"self"` for this one), in bytes (0 where
 /// `/proc` is missing).
 pub fn rss_bytes(pid: &str) -> u64 {
