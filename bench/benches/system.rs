@@ -315,16 +315,27 @@ fn job_process_sleeping(server: &Server, command: &str) {
     panic!("no process of the server running `{command}` went to sleep within 5 s");
 }
 
+/// A line under a table of held answers: `moves` against `base`, median
+/// and p99.
+fn ratio_note(what: &str, moves: &offstage_bench::Summary, base: &offstage_bench::Summary) {
+    println!(
+        "- {what}: median {} against {} ({:.2}×), p99 {} against {} ({:.2}×)",
+        micros(moves.median),
+        micros(base.median),
+        moves.median.as_secs_f64() / base.median.as_secs_f64(),
+        micros(moves.p99),
+        micros(base.p99),
+        moves.p99.as_secs_f64() / base.p99.as_secs_f64(),
+    );
+}
+
 /// The line under a table of held answers: the ratios against the warm
 /// round trip, which earlier rounds used as the baseline.
 fn warm_note(what: &str, samples: &BackgroundSamples) {
-    let (moves, warm) = (&samples.release, &samples.warm_round_trip);
-    println!(
-        "- {what}: against a warm round trip (sent right after the previous answer; median {}, p99 {}): median {:.2}×, p99 {:.2}×",
-        micros(warm.median),
-        micros(warm.p99),
-        moves.median.as_secs_f64() / warm.median.as_secs_f64(),
-        moves.p99.as_secs_f64() / warm.p99.as_secs_f64(),
+    ratio_note(
+        &format!("{what}, against a warm round trip (sent right after the previous answer)"),
+        &samples.release,
+        &samples.warm_round_trip,
     );
 }
 
@@ -1105,15 +1116,10 @@ fn writer_http() {
         "\nEach sample waited until the job's process slept (its start over), then sent the baseline round trip and the `background` each after the host sat idle for {IDLE_PAUSE:?}."
     );
     if let Some(starting) = &starting {
-        let (base, moves) = (&starting.round_trip, &starting.release);
-        println!(
-            "- durability normal, idle, sent while the job's process was still starting (not waited for): median {} against {} ({:.2}×), p99 {} against {} ({:.2}×)",
-            micros(moves.median),
-            micros(base.median),
-            moves.median.as_secs_f64() / base.median.as_secs_f64(),
-            micros(moves.p99),
-            micros(base.p99),
-            moves.p99.as_secs_f64() / base.p99.as_secs_f64(),
+        ratio_note(
+            "durability normal, idle, sent while the job's process was still starting (not waited for)",
+            &starting.release,
+            &starting.round_trip,
         );
     }
     for (what, samples) in &notes {
