@@ -43,24 +43,22 @@ where
         if http_body::Body::size_hint(request.body()).lower() > BODY_LIMIT as u64 {
             return Err(too_large());
         }
-        let bytes = Bytes::from_request(request, state)
-            .await
-            .map_err(|rejection| {
-                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    too_large()
-                } else if let Some(timeout) = body_timeout(&rejection) {
-                    ApiError::new(
-                        StatusCode::REQUEST_TIMEOUT,
-                        "request_timeout",
-                        timeout.to_string(),
-                    )
-                } else {
-                    ApiError::bad_request(format!(
-                        "cannot read request body: {}",
-                        rejection.body_text()
-                    ))
-                }
-            })?;
+        let bytes = read_body(request, state).await?.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                too_large()
+            } else if let Some(timeout) = body_timeout(&rejection) {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "request_timeout",
+                    timeout.to_string(),
+                )
+            } else {
+                ApiError::bad_request(format!(
+                    "cannot read request body: {}",
+                    rejection.body_text()
+                ))
+            }
+        })?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return parse(b"{}").map(JsonBody);
         }
@@ -73,6 +71,27 @@ where
         }
         parse(&bytes).map(JsonBody)
     }
+}
+
+/// The request's body, read on a task of its own unless it is empty.
+///
+/// Taking a chunk from hyper's body channel wakes the connection's task so
+/// that it reads on. Read from the handler, that task is the one running:
+/// tokio then queues it again as a yield and wakes another worker for it,
+/// a `futex` call and a cross-CPU wake-up that, for `POST …/background`,
+/// came between the commit and the held caller's answer, in every request
+/// (BENCHMARKS.md, 2026-12-04). Read from another task, the wake is an
+/// ordinary one of a task that waits, and no other worker is woken.
+async fn read_body<S: Send + Sync>(
+    request: Request,
+    state: &S,
+) -> Result<Result<Bytes, BytesRejection>, ApiError> {
+    if http_body::Body::size_hint(request.body()).exact() == Some(0) {
+        return Ok(Bytes::from_request(request, state).await);
+    }
+    tokio::spawn(async move { Bytes::from_request(request, &()).await })
+        .await
+        .map_err(|error| ApiError::internal(format!("reading the request body failed: {error}")))
 }
 
 fn too_large() -> ApiError {
