@@ -100,10 +100,14 @@ pub(crate) struct JobRuntime {
     finished: watch::Sender<Option<ToolResult>>,
     cancel: watch::Sender<Option<CancelReason>>,
     output: Arc<OutputSink>,
-    /// Set (under the state lock) by an interrupt that is about to cancel
-    /// this foreground job: its caller, the interrupted turn, is going away
-    /// for that reason, and must not move the job to the background.
-    interrupting: AtomicBool,
+    /// Set when someone asks to end the job: a cancel (before `cancel`
+    /// changes), or an interrupt about to cancel this foreground job
+    /// (under the state lock; its caller, the interrupted turn, is going
+    /// away for that reason). Such a job must not move to the background.
+    /// Kept beside the other flags, so that a move of a thousand jobs
+    /// reads one object per job to pick its candidates, not also each
+    /// `cancel` channel's shared state.
+    ending: AtomicBool,
     /// Set when a commit recorded the caller's tool message for it (the
     /// end of a job still in the foreground, or the move that released
     /// it): the caller records nothing.
@@ -129,7 +133,7 @@ impl JobRuntime {
             finished: watch::channel(None).0,
             cancel: watch::channel(None).0,
             output,
-            interrupting: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
             recorded: AtomicBool::new(false),
             running: watch::channel(false).0,
             denied: OnceLock::new(),
@@ -140,14 +144,15 @@ impl JobRuntime {
     /// Whether a background move may still take this job: nobody has
     /// asked to end it.
     fn movable(&self) -> bool {
-        self.cancel.borrow().is_none() && !self.interrupting.load(Ordering::SeqCst)
+        !self.ending.load(Ordering::SeqCst)
     }
 
     pub(crate) fn mark_interrupting(&self) {
-        self.interrupting.store(true, Ordering::SeqCst);
+        self.ending.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn cancel(&self, reason: CancelReason) {
+        self.ending.store(true, Ordering::SeqCst);
         self.cancel.send_if_modified(|current| {
             if current.is_none() {
                 *current = Some(reason);
