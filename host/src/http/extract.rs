@@ -32,7 +32,7 @@ where
 {
     type Rejection = ApiError;
 
-    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(request: Request, _state: &S) -> Result<Self, ApiError> {
         // `None`: no Content-Type at all; `Some(false)`: another type.
         let json_type = request
             .headers()
@@ -43,7 +43,7 @@ where
         if http_body::Body::size_hint(request.body()).lower() > BODY_LIMIT as u64 {
             return Err(too_large());
         }
-        let bytes = read_body(request, state).await?.map_err(|rejection| {
+        let bytes = read_body(request).await?.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 too_large()
             } else if let Some(timeout) = body_timeout(&rejection) {
@@ -82,12 +82,14 @@ where
 /// came between the commit and the held caller's answer, in every request
 /// (BENCHMARKS.md, 2026-12-04). Read from another task, the wake is an
 /// ordinary one of a task that waits, and no other worker is woken.
-async fn read_body<S: Send + Sync>(
-    request: Request,
-    state: &S,
-) -> Result<Result<Bytes, BytesRejection>, ApiError> {
+///
+/// The task ends with the body: read to its end, cut by the size limit or
+/// the body timeout (`connection.rs`), or failed when the connection
+/// closes, so a reader the handler stopped waiting for does not linger.
+async fn read_body(request: Request) -> Result<Result<Bytes, BytesRejection>, ApiError> {
+    // `Bytes` reads the body limit from the request, not from the state.
     if http_body::Body::size_hint(request.body()).exact() == Some(0) {
-        return Ok(Bytes::from_request(request, state).await);
+        return Ok(Bytes::from_request(request, &()).await);
     }
     tokio::spawn(async move { Bytes::from_request(request, &()).await })
         .await

@@ -317,3 +317,39 @@ fn marker_prefix_of(dir: &std::path::Path) -> String {
     }
     format!("{hash:016x}.")
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    /// A running job's runtime, writing (if ever) under `dir`.
+    fn runtime(dir: &std::path::Path) -> JobRuntime {
+        let output = OutputSink::new(
+            dir.join("out.log"),
+            1 << 20,
+            Arc::new(AtomicBool::new(true)),
+        );
+        JobRuntime::new(false, Arc::new(output))
+    }
+
+    #[test]
+    fn a_job_asked_to_end_is_no_longer_movable() {
+        let dir = tempfile::tempdir().unwrap();
+
+        let running = runtime(dir.path());
+        assert!(running.movable());
+
+        let cancelled = runtime(dir.path());
+        cancelled.cancel(CancelReason::User);
+        assert!(!cancelled.movable());
+        assert_eq!(*cancelled.cancel.borrow(), Some(CancelReason::User));
+
+        let interrupted = runtime(dir.path());
+        interrupted.mark_interrupting();
+        assert!(!interrupted.movable());
+        // An interrupt only marks the job; the cancel follows separately.
+        assert_eq!(*interrupted.cancel.borrow(), None);
+    }
+}
