@@ -75,11 +75,13 @@ impl Default for HistoryLimits {
 #[derive(Debug)]
 pub struct Published {
     id: u64,
-    kind: Box<str>,
+    kind: &'static str,
     /// `id: N\ndata: {json}\n\n`.
     frame: Bytes,
     /// Where the JSON starts in `frame`; it ends two bytes before the end.
     json_start: usize,
+    /// The bytes the frame holds on to: its buffer's whole capacity.
+    held: usize,
 }
 
 impl Published {
@@ -90,7 +92,7 @@ impl Published {
 
     /// The event's type, e.g. `job.finished`.
     pub fn kind(&self) -> &str {
-        &self.kind
+        self.kind
     }
 
     /// The event as one SSE frame with its `id:` line (shared, not copied).
@@ -117,7 +119,7 @@ impl Published {
 
     /// Bytes this event counts against [`HistoryLimits::bytes`].
     fn cost(&self) -> usize {
-        self.frame.len() + self.kind.len() + std::mem::size_of::<Self>()
+        self.held + std::mem::size_of::<Self>()
     }
 }
 
@@ -177,29 +179,48 @@ struct Wire<'a, P: ?Sized> {
 /// numbering and a push ([`EventBus::publish_all`]).
 #[derive(Debug)]
 pub struct PreparedEvent {
-    kind: Box<str>,
-    /// `{"type":...,"properties":...}`.
-    body: Vec<u8>,
+    kind: &'static str,
+    /// [`FRAME_HEADROOM`] bytes left free for the frame's `id:` lines,
+    /// then `{"type":...,"properties":...}`.
+    buf: Vec<u8>,
 }
+
+/// Bytes kept free in front of a prepared event's JSON, where [`frame`]
+/// writes `id: N\ndata: {"id":N,` once the event is numbered: the longest
+/// such prefix (a 20-digit id, twice), less the JSON's `{` it replaces.
+/// The frame is then the prepared buffer itself, not a copy of it.
+const FRAME_HEADROOM: usize = 57;
+
+/// The buffer a prepared event starts with: the frame's headroom and
+/// room for a job's or a message's record, so that the common event is
+/// serialised without growing its buffer on the way.
+const PREPARED_CAPACITY: usize = 512;
 
 impl PreparedEvent {
     /// Serialises an event of `kind` whose properties are `properties`'
     /// JSON (a record is serialised as it is, without going through a
-    /// `Value`).
-    pub fn prepare<P: Serialize + ?Sized>(kind: &str, properties: &P) -> PreparedEvent {
-        let body = serde_json::to_vec(&Wire { kind, properties })
+    /// `Value`). Event types are the host's own names.
+    pub fn prepare<P: Serialize + ?Sized>(kind: &'static str, properties: &P) -> PreparedEvent {
+        let mut buf = Vec::with_capacity(PREPARED_CAPACITY);
+        buf.resize(FRAME_HEADROOM, 0);
+        if serde_json::to_writer(&mut buf, &Wire { kind, properties }).is_err() {
             // Records and `Value`s serialise (their keys are strings).
-            .unwrap_or_else(|_| br#"{"type":"event.unserializable","properties":null}"#.to_vec());
-        PreparedEvent {
-            kind: kind.into(),
-            body,
+            buf.truncate(FRAME_HEADROOM);
+            buf.extend_from_slice(br#"{"type":"event.unserializable","properties":null}"#);
         }
+        // A large event grew its buffer by doubling: the history holds on
+        // to exactly its frame instead (its `\n\n` included).
+        if buf.capacity() > PREPARED_CAPACITY {
+            buf.reserve_exact(2);
+            buf.shrink_to(buf.len() + 2);
+        }
+        PreparedEvent { kind, buf }
     }
 
     /// The event as it will be sent.
     #[cfg(test)]
     pub(crate) fn body(&self) -> &str {
-        std::str::from_utf8(&self.body).expect("serialised JSON is UTF-8")
+        std::str::from_utf8(&self.buf[FRAME_HEADROOM..]).expect("serialised JSON is UTF-8")
     }
 }
 
@@ -234,7 +255,7 @@ impl EventBus {
     /// events past the limits. Never waits for a reader.
     /// `properties` is serialised as it is: a record goes straight to its
     /// JSON, with no `Value` built on the way.
-    pub fn publish<P: Serialize + ?Sized>(&self, kind: &str, properties: &P) {
+    pub fn publish<P: Serialize + ?Sized>(&self, kind: &'static str, properties: &P) {
         self.publish_all([PreparedEvent::prepare(kind, properties)]);
     }
 
@@ -247,8 +268,8 @@ impl EventBus {
         // Ids are taken under the history lock: ids follow history order.
         let first = *inner.next_id.borrow();
         let mut id = first;
-        for PreparedEvent { kind, body } in events {
-            let published = Arc::new(frame(id, kind, &body));
+        for PreparedEvent { kind, buf } in events {
+            let published = Arc::new(frame(id, kind, buf));
             history.bytes += published.cost();
             history.events.push_back(published);
             id += 1;
@@ -314,22 +335,28 @@ impl EventBus {
     }
 }
 
-/// Event `id`'s SSE frame, `id: N\ndata: {"id":N,...}\n\n`, from its
-/// serialised `{"type":...,"properties":...}`.
-fn frame(id: u64, kind: Box<str>, body: &[u8]) -> Published {
+/// Event `id`'s SSE frame, `id: N\ndata: {"id":N,...}\n\n`, made in
+/// place in its prepared buffer (see [`FRAME_HEADROOM`]).
+fn frame(id: u64, kind: &'static str, mut buf: Vec<u8>) -> Published {
     use std::io::Write;
-    let mut frame = Vec::with_capacity(body.len() + 48);
-    let _ = write!(frame, "id: {id}\ndata: ");
-    let json_start = frame.len();
-    let _ = write!(frame, "{{\"id\":{id},");
-    // `body` is `{"type":..., "properties":...}`: everything after its `{`.
-    frame.extend_from_slice(&body[1..]);
-    frame.extend_from_slice(b"\n\n");
+    // `id: N\ndata: ` then the JSON's own start, `{"id":N,`: at most 58
+    // bytes, written just before the prepared JSON less its `{`.
+    let mut prefix = [0u8; FRAME_HEADROOM + 1];
+    let mut free = &mut prefix[..];
+    let _ = write!(free, "id: {id}\ndata: ");
+    let json_from = FRAME_HEADROOM + 1 - free.len();
+    let _ = write!(free, "{{\"id\":{id},");
+    let len = FRAME_HEADROOM + 1 - free.len();
+    let start = FRAME_HEADROOM + 1 - len;
+    buf[start..=FRAME_HEADROOM].copy_from_slice(&prefix[..len]);
+    buf.extend_from_slice(b"\n\n");
+    let held = buf.capacity();
     Published {
         id,
         kind,
-        frame: Bytes::from(frame),
-        json_start,
+        frame: Bytes::from(buf).slice(start..),
+        json_start: json_from,
+        held,
     }
 }
 
@@ -446,6 +473,21 @@ mod tests {
         assert_eq!(text.matches('\n').count(), 3, "one id line, one data line");
         assert_eq!(second.event().kind, "a.two");
         assert!(reader.try_next().is_none());
+    }
+
+    #[test]
+    fn a_frame_is_made_in_its_prepared_buffer_whatever_the_id() {
+        let big = "x".repeat(2000);
+        for id in [1, 1_733_000_000_000_000, u64::MAX] {
+            for properties in [json!({ "n": 1 }), json!({ "big": big })] {
+                let prepared = PreparedEvent::prepare("test.tick", &properties);
+                let published = frame(id, prepared.kind, prepared.buf);
+                let json = format!(r#"{{"id":{id},"type":"test.tick","properties":{properties}}}"#);
+                assert_eq!(published.sse_frame(), format!("id: {id}\ndata: {json}\n\n"));
+                assert_eq!(published.json(), json);
+                assert_eq!(published.kind(), "test.tick");
+            }
+        }
     }
 
     #[test]
