@@ -6,6 +6,7 @@
 
 use std::{
     collections::hash_map::RandomState,
+    fmt::Write,
     hash::{BuildHasher, Hasher},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -29,16 +30,28 @@ pub(crate) fn new_id(prefix: &str) -> String {
         .unwrap_or_default();
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
     let tail = SEED.wrapping_add(count.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    format!(
+    // Sized for the whole id at once (`_`, 12 + 6 + 6 digits for a
+    // millisecond count below 2^48), not grown on the way.
+    let mut id = String::with_capacity(prefix.len() + 25);
+    let _ = write!(
+        id,
         "{prefix}_{millis:012x}{:06x}{:06x}",
         count & 0xff_ffff,
         tail & 0xff_ffff
-    )
+    );
+    id
 }
 
 /// Now, as an RFC 3339 string with milliseconds.
 pub(crate) fn now() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    // `2026-01-01T00:00:00.000Z`: 24 bytes, sized at once.
+    let mut text = String::with_capacity(24);
+    let _ = write!(
+        text,
+        "{}",
+        humantime::format_rfc3339_millis(SystemTime::now())
+    );
+    text
 }
 
 /// The longest id a caller may choose (a `call_id`).

@@ -59,7 +59,7 @@ use std::{
     sync::{atomic::Ordering, Arc, LazyLock, Mutex, MutexGuard},
 };
 
-use offstage_plugin_api::types::{Job, Message, Role, Session};
+use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session};
 use rusqlite::{params, types::Type, Connection, ErrorCode, OptionalExtension, Row};
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -1012,6 +1012,28 @@ pub(crate) fn upsert_job(conn: &Connection, job: &Job) -> Result<(), StoreError>
     Ok(())
 }
 
+/// [`word`] of a job's status, without serde's round through a `Value`:
+/// every job's start and end write one.
+fn status_word(status: JobStatus) -> &'static str {
+    match status {
+        JobStatus::Running => "running",
+        JobStatus::Completed => "completed",
+        JobStatus::Error => "error",
+        JobStatus::Cancelled => "cancelled",
+    }
+}
+
+/// [`word`] of a message's role, without serde's round through a `Value`:
+/// a move of a thousand jobs writes a thousand messages.
+fn role_word(role: Role) -> &'static str {
+    match role {
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+        Role::Notice => "notice",
+    }
+}
+
 /// Runs `sql`, an `INSERT` of a job row with its eleven columns as
 /// parameters `?1`…`?11`; returns the rows it changed.
 fn write_job_row(conn: &Connection, sql: &str, job: &Job) -> Result<usize, StoreError> {
@@ -1021,7 +1043,7 @@ fn write_job_row(conn: &Connection, sql: &str, job: &Job) -> Result<usize, Store
             job.session_id,
             job.kind,
             job.title,
-            word(&job.status),
+            status_word(job.status),
             job.backgrounded,
             job.started_at,
             job.completed_at,
@@ -1072,7 +1094,7 @@ const INSERT_MESSAGES: &str =
 /// A message's column values that are not its fields as they are.
 struct MessageRow<'a> {
     message: &'a Message,
-    role: String,
+    role: &'static str,
     metadata: String,
     delivered: bool,
 }
@@ -1081,7 +1103,7 @@ impl<'a> MessageRow<'a> {
     fn new(message: &'a Message) -> Self {
         MessageRow {
             message,
-            role: word(&message.role),
+            role: role_word(message.role),
             metadata: serde_json::to_string(&message.metadata).expect("a JSON value serializes"),
             delivered: !matches!(message.role, Role::User | Role::Notice),
         }
@@ -1096,7 +1118,7 @@ impl<'a> MessageRow<'a> {
         let message = self.message;
         statement.raw_bind_parameter(first, &message.id)?;
         statement.raw_bind_parameter(first + 1, &message.session_id)?;
-        statement.raw_bind_parameter(first + 2, &self.role)?;
+        statement.raw_bind_parameter(first + 2, self.role)?;
         statement.raw_bind_parameter(first + 3, &message.text)?;
         statement.raw_bind_parameter(first + 4, &self.metadata)?;
         statement.raw_bind_parameter(first + 5, &message.created_at)?;
@@ -1424,7 +1446,7 @@ pub(crate) fn end_job(conn: &Connection, job: &Job) -> Result<Option<bool>, Stor
     let end = |sql: &str| -> Result<bool, StoreError> {
         let changed = conn.prepare_cached(sql)?.execute(params![
             job.id,
-            word(&job.status),
+            status_word(job.status),
             job.completed_at,
             job.exit_code
         ])?;

@@ -1448,3 +1448,18 @@ fn a_log_left_by_a_crash_leaves_no_shm_file_behind() {
         .collect();
     assert_eq!(ids, ["ses_in_the_log"]);
 }
+
+#[test]
+fn the_words_written_for_statuses_and_roles_are_serdes() {
+    for status in [
+        JobStatus::Running,
+        JobStatus::Completed,
+        JobStatus::Error,
+        JobStatus::Cancelled,
+    ] {
+        assert_eq!(status_word(status), word(&status));
+    }
+    for role in [Role::User, Role::Assistant, Role::Tool, Role::Notice] {
+        assert_eq!(role_word(role), word(&role));
+    }
+}

@@ -9,7 +9,10 @@
 //! moved), and the callers are released in its hook, after the commit: a
 //! caller never hears "backgrounded" for a move a crash could undo.
 
-use std::sync::{atomic::Ordering, Arc, Mutex, OnceLock};
+use std::{
+    fmt::Write,
+    sync::{atomic::Ordering, Arc, Mutex, OnceLock},
+};
 
 use offstage_plugin_api::types::{
     BackgroundRequest, Job, JobStatus, Message, Role, ToolResult, ToolStatus,
@@ -390,7 +393,7 @@ pub(super) fn backgrounded_result(job_id: &str, runtime: &JobRuntime) -> ToolRes
         status: ToolStatus::Backgrounded,
         output: runtime.output.tail_text(),
         exit_code: None,
-        output_path: Some(runtime.output.path().display().to_string()),
+        output_path: Some(runtime.output.path_text()),
     }
 }
 
@@ -422,14 +425,19 @@ fn move_message(reason: MoveReason, moved: &[&Job], created_at: String) -> Optio
     let ids: Vec<&str> = moved.iter().map(|j| j.id.as_str()).collect();
     let (text, metadata) = match reason {
         MoveReason::Request | MoveReason::Timeout => {
-            let list: Vec<String> = moved
+            // One string for the whole list, sized ahead: a thousand jobs
+            // make one allocation here, not thousands.
+            const LEAD: &str = "Moved to the background: ";
+            let size = moved
                 .iter()
-                .map(|j| format!("{} ({}: {})", j.id, j.kind, j.title))
-                .collect();
-            (
-                format!("Moved to the background: {}", list.join(", ")),
-                json!({ "backgrounded": ids }),
-            )
+                .map(|j| j.id.len() + j.kind.len() + j.title.len() + 7);
+            let mut text = String::with_capacity(LEAD.len() + size.sum::<usize>());
+            text.push_str(LEAD);
+            for (i, job) in moved.iter().enumerate() {
+                let separator = if i == 0 { "" } else { ", " };
+                let _ = write!(text, "{separator}{} ({}: {})", job.id, job.kind, job.title);
+            }
+            (text, json!({ "backgrounded": ids }))
         }
         MoveReason::CallerGone => (
             format!(

@@ -455,7 +455,7 @@ fn job_record(checked: &CheckedCall, output: &OutputSink) -> Job {
         started_at: now(),
         completed_at: None,
         exit_code: None,
-        output_path: Some(output.path().display().to_string()),
+        output_path: Some(output.path_text()),
         child_session_id: None,
     }
 }

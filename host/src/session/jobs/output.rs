@@ -38,6 +38,9 @@ pub(crate) const DEFAULT_MAX_OUTPUT: u64 = 1 << 30;
 #[derive(Debug)]
 pub struct OutputSink {
     path: PathBuf,
+    /// `path` as records name it (`output_path`), made once: a move of a
+    /// thousand jobs names a thousand paths.
+    path_text: String,
     /// Bytes the file may hold.
     max: u64,
     /// Whether the file's directory is made (see [`OutputSink::new`]).
@@ -84,6 +87,7 @@ impl OutputSink {
     /// bytes of the output.
     pub fn new(path: PathBuf, max: u64, dir_made: Arc<AtomicBool>) -> Self {
         OutputSink {
+            path_text: path.display().to_string(),
             path,
             max,
             dir_made,
@@ -106,6 +110,11 @@ impl OutputSink {
     /// The file holding all of the output.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's path as a job's record and a result give it.
+    pub fn path_text(&self) -> String {
+        self.path_text.clone()
     }
 
     /// Appends `bytes`: to the file up to its cap, and to the tail. A

@@ -393,7 +393,7 @@ fn run_chain(
                 status: outcome.status.into(),
                 output: output.tail_text(),
                 exit_code: outcome.exit_code,
-                output_path: Some(output.path().display().to_string()),
+                output_path: Some(output.path_text()),
             })
         })
     });
