@@ -71,8 +71,10 @@ impl Default for HistoryLimits {
     }
 }
 
-/// One published event, serialised once and shared by every reader.
-#[derive(Debug)]
+/// One published event, serialised once and shared by every reader: a
+/// clone shares its bytes (a reference count), so the history holds each
+/// event by value and hands readers clones.
+#[derive(Debug, Clone)]
 pub struct Published {
     id: u64,
     kind: &'static str,
@@ -127,7 +129,7 @@ impl Published {
 #[derive(Debug, Clone)]
 pub enum Delivery {
     /// The next event.
-    Event(Arc<Published>),
+    Event(Published),
     /// Events this reader wanted are no longer held. `missed` is how many,
     /// or `None` when unknown (the reader's last id is from an earlier run
     /// of the host). The reader goes on from the oldest event held.
@@ -155,7 +157,7 @@ struct BusInner {
 
 #[derive(Debug, Default)]
 struct History {
-    events: VecDeque<Arc<Published>>,
+    events: VecDeque<Published>,
     bytes: usize,
 }
 
@@ -269,7 +271,7 @@ impl EventBus {
         let first = *inner.next_id.borrow();
         let mut id = first;
         for PreparedEvent { kind, buf } in events {
-            let published = Arc::new(frame(id, kind, buf));
+            let published = frame(id, kind, buf);
             history.bytes += published.cost();
             history.events.push_back(published);
             id += 1;
