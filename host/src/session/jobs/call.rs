@@ -395,7 +395,6 @@ impl SessionService {
     ) -> ToolResult {
         let job_id = job.id.as_str();
         let mut finished = runtime.finished.subscribe();
-        let mut released = runtime.released.subscribe();
         let running = runtime.running.subscribe();
         // A timeout only fires once; after it, the end or release follows.
         let mut timeout = policy.timeout;
@@ -407,14 +406,14 @@ impl SessionService {
                         if let Some(result) = result.clone() {
                             // A move that raced the end still wins: the
                             // notice is on its way, so say "backgrounded".
-                            if !*runtime.released.borrow() {
+                            if !runtime.released.is_set() {
                                 return result;
                             }
                         }
                     }
                     return released_result(job_id, runtime);
                 }
-                _ = released.wait_for(|r| *r) => {
+                _ = runtime.released.wait() => {
                     return released_result(job_id, runtime);
                 }
                 _ = sleep_once_running(timeout, running.clone()) => {

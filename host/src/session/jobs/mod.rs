@@ -60,7 +60,7 @@ use std::sync::{
 };
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolResult};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 pub(super) use run::notice_message;
 
@@ -94,8 +94,9 @@ impl CancelReason {
 
 /// The live half of a job: its signals and output.
 pub(crate) struct JobRuntime {
-    /// Set when the caller is released by a background move.
-    released: watch::Sender<bool>,
+    /// Set when the caller is released by a background move (or at once,
+    /// for a job started in the background).
+    released: Released,
     /// The final result, once the task has ended.
     finished: watch::Sender<Option<ToolResult>>,
     cancel: watch::Sender<Option<CancelReason>>,
@@ -129,7 +130,7 @@ impl JobRuntime {
     /// background (its caller returns at once).
     fn new(released: bool, output: Arc<OutputSink>) -> Self {
         JobRuntime {
-            released: watch::channel(released).0,
+            released: Released::new(released),
             finished: watch::channel(None).0,
             cancel: watch::channel(None).0,
             output,
@@ -167,6 +168,49 @@ impl JobRuntime {
     async fn wait_finished(&self) {
         let mut finished = self.finished.subscribe();
         let _ = finished.wait_for(Option::is_some).await;
+    }
+}
+
+/// Whether a job's caller was released: set once, never cleared, and
+/// waited for by that one caller. A flag and a `Notify` kept in the
+/// runtime itself, not a `watch` channel: a move of a thousand jobs sets
+/// a thousand of them, and setting one wakes its one waiter with one lock
+/// of one list (a `watch` sender notifies eight lists, each in a
+/// separate allocation).
+struct Released {
+    set: AtomicBool,
+    notify: Notify,
+}
+
+impl Released {
+    fn new(set: bool) -> Self {
+        Released {
+            set: AtomicBool::new(set),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Releases the caller.
+    fn set(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    /// Returns once the caller is released.
+    async fn wait(&self) {
+        loop {
+            // Made before the flag is read: a `set` after the read wakes
+            // it (a `Notified` hears `notify_waiters` from its creation).
+            let notified = self.notify.notified();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
