@@ -183,7 +183,7 @@ impl SessionService {
                 // lock let go, which each released caller takes on its way
                 // out.
                 for runtime in released {
-                    runtime.released.set();
+                    runtime.released.raise();
                 }
                 // A small move's events are serialised here, outside the
                 // state lock and after its callers are released, where

@@ -19,11 +19,12 @@ use std::{
 };
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolCall, ToolRequest, ToolResult, ToolStatus};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use super::{
     background::{backgrounded_result, caller_message, MoveReason},
     output::OutputSink,
+    signal::SetOnce,
     CancelReason, JobRuntime,
 };
 use crate::{
@@ -338,7 +339,7 @@ impl SessionService {
         let task_runtime = runtime.clone();
         let background = policy.background;
         if ask.is_none() {
-            runtime.running.send_replace(true);
+            runtime.running.raise();
         }
         tokio::spawn(async move {
             let recorded = recorded.wait().await;
@@ -394,29 +395,23 @@ impl SessionService {
         policy: ForegroundPolicy,
     ) -> ToolResult {
         let job_id = job.id.as_str();
-        let mut finished = runtime.finished.subscribe();
-        let running = runtime.running.subscribe();
         // A timeout only fires once; after it, the end or release follows.
         let mut timeout = policy.timeout;
         loop {
             tokio::select! {
                 biased;
-                result = finished.wait_for(Option::is_some) => {
-                    if let Ok(result) = result {
-                        if let Some(result) = result.clone() {
-                            // A move that raced the end still wins: the
-                            // notice is on its way, so say "backgrounded".
-                            if !runtime.released.is_set() {
-                                return result;
-                            }
-                        }
+                result = runtime.finished.wait() => {
+                    // A move that raced the end still wins: the notice is
+                    // on its way, so say "backgrounded".
+                    if !runtime.released.is_set() {
+                        return result.clone();
                     }
                     return released_result(job_id, runtime);
                 }
                 _ = runtime.released.wait() => {
                     return released_result(job_id, runtime);
                 }
-                _ = sleep_once_running(timeout, running.clone()) => {
+                _ = sleep_once_running(timeout, &runtime.running) => {
                     timeout = None;
                 }
             }
@@ -489,12 +484,10 @@ fn job_exists(job_id: &str) -> ServiceError {
 
 /// Sleeps `duration` from the moment the tool runs (a permission question
 /// may come first), or forever.
-async fn sleep_once_running(duration: Option<Duration>, mut running: watch::Receiver<bool>) {
+async fn sleep_once_running(duration: Option<Duration>, running: &SetOnce<()>) {
     let Some(duration) = duration else {
         return std::future::pending().await;
     };
-    if running.wait_for(|r| *r).await.is_err() {
-        return std::future::pending().await;
-    }
+    running.wait().await;
     tokio::time::sleep(duration).await;
 }

@@ -30,6 +30,7 @@
 //! | `beside.rs` | the thread a large move builds its replies and events on |
 //! | `cancel.rs` | cancel one job, a session's foreground jobs, or all |
 //! | `output.rs` | the output file and its bounded tail |
+//! | `signal.rs` | `SetOnce`: released, running, finished, which callers wait for |
 //! | `process.rs` | process groups a killed host left behind |
 //! | `tree.rs` | a job's whole process tree: tracked, killed, reaped |
 //!
@@ -52,6 +53,7 @@ mod cancel;
 pub(crate) mod output;
 pub(crate) mod process;
 mod run;
+mod signal;
 pub(crate) mod tree;
 
 use std::sync::{
@@ -60,11 +62,12 @@ use std::sync::{
 };
 
 use offstage_plugin_api::types::{Job, JobStatus, ToolResult};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
 pub(super) use run::notice_message;
 
 use self::output::{read_range, OutputChunk, OutputSink};
+use self::signal::SetOnce;
 use super::SessionService;
 use crate::{error::Result, ServiceError};
 
@@ -96,9 +99,9 @@ impl CancelReason {
 pub(crate) struct JobRuntime {
     /// Set when the caller is released by a background move (or at once,
     /// for a job started in the background).
-    released: Released,
+    released: SetOnce<()>,
     /// The final result, once the task has ended.
-    finished: watch::Sender<Option<ToolResult>>,
+    finished: SetOnce<ToolResult>,
     cancel: watch::Sender<Option<CancelReason>>,
     output: Arc<OutputSink>,
     /// Set when someone asks to end the job: a cancel (before `cancel`
@@ -116,7 +119,7 @@ pub(crate) struct JobRuntime {
     /// Set once the tool runs: at once, or when a permission question is
     /// answered. The foreground timeout counts from here, not from the
     /// question.
-    running: watch::Sender<bool>,
+    running: SetOnce<()>,
     /// The refusal, when a permission question was answered `reject`: a
     /// caller still waiting gets it as its error.
     denied: OnceLock<String>,
@@ -130,13 +133,17 @@ impl JobRuntime {
     /// background (its caller returns at once).
     fn new(released: bool, output: Arc<OutputSink>) -> Self {
         JobRuntime {
-            released: Released::new(released),
-            finished: watch::channel(None).0,
+            released: if released {
+                SetOnce::with(())
+            } else {
+                SetOnce::new()
+            },
+            finished: SetOnce::new(),
             cancel: watch::channel(None).0,
             output,
             ending: AtomicBool::new(false),
             recorded: AtomicBool::new(false),
-            running: watch::channel(false).0,
+            running: SetOnce::new(),
             denied: OnceLock::new(),
             moved_result: std::sync::Mutex::new(None),
         }
@@ -166,51 +173,7 @@ impl JobRuntime {
 
     /// Waits until the job's task has recorded its end.
     async fn wait_finished(&self) {
-        let mut finished = self.finished.subscribe();
-        let _ = finished.wait_for(Option::is_some).await;
-    }
-}
-
-/// Whether a job's caller was released: set once, never cleared, and
-/// waited for by that one caller. A flag and a `Notify` kept in the
-/// runtime itself, not a `watch` channel: a move of a thousand jobs sets
-/// a thousand of them, and setting one wakes its one waiter with one lock
-/// of one list (a `watch` sender notifies eight lists, each in a
-/// separate allocation).
-struct Released {
-    set: AtomicBool,
-    notify: Notify,
-}
-
-impl Released {
-    fn new(set: bool) -> Self {
-        Released {
-            set: AtomicBool::new(set),
-            notify: Notify::new(),
-        }
-    }
-
-    /// Releases the caller.
-    fn set(&self) {
-        self.set.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-
-    fn is_set(&self) -> bool {
-        self.set.load(Ordering::SeqCst)
-    }
-
-    /// Returns once the caller is released.
-    async fn wait(&self) {
-        loop {
-            // Made before the flag is read: a `set` after the read wakes
-            // it (a `Notified` hears `notify_waiters` from its creation).
-            let notified = self.notify.notified();
-            if self.is_set() {
-                return;
-            }
-            notified.await;
-        }
+        self.finished.wait().await;
     }
 }
 

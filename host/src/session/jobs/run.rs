@@ -42,7 +42,7 @@ impl SessionService {
                 self.finish_job(&job_id, &runtime, outcome).await;
                 return;
             }
-            runtime.running.send_replace(true);
+            runtime.running.raise();
         }
         // Built inside the future, so that a wrapper panicking as it is
         // called is caught as well as one panicking while polled.
@@ -283,7 +283,7 @@ impl SessionService {
                 // Waiters (a caller, `cancel_job`, `shutdown`) are released
                 // last, so that when they return the session's record —
                 // notice included — is complete.
-                runtime.finished.send_replace(Some(result));
+                runtime.finished.set(result);
             },
             true,
         )
