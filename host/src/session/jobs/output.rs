@@ -107,12 +107,8 @@ impl OutputSink {
         !matches!(self.inner.lock_unpoisoned().file, FileState::NotYet)
     }
 
-    /// The file holding all of the output.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// The file's path as a job's record and a result give it.
+    /// The path of the file holding all of the output, as a job's record
+    /// and a result give it.
     pub fn path_text(&self) -> String {
         self.path_text.clone()
     }
