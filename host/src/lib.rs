@@ -20,6 +20,7 @@
 //! module.
 
 mod agent;
+mod allocator;
 mod cli;
 mod config;
 mod demo;
@@ -35,6 +36,7 @@ mod tool;
 mod util;
 
 pub use crate::{
+    allocator::configure as configure_allocator,
     cli::main,
     config::FileConfig,
     error::{Result, ServiceError},
