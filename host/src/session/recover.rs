@@ -27,6 +27,8 @@
 //! while its leader is that very process (same boot, same start time), so
 //! a group id reused by an unrelated process is never touched.
 
+use std::sync::Arc;
+
 use offstage_plugin_api::types::SessionStatus;
 use tokio::sync::watch;
 
@@ -92,7 +94,10 @@ impl SessionService {
             );
         }
         for job in recovery.jobs {
-            state.add_job(JobEntry { job, runtime: None });
+            state.add_job(JobEntry {
+                job: Arc::new(job),
+                runtime: None,
+            });
         }
         drop(state);
         for pending in recovery.notices {

@@ -40,6 +40,10 @@ pub(super) enum MoveReason {
     Timeout,
 }
 
+/// A job a move may take: the state's record (shared, see `JobEntry`)
+/// and its live half.
+type Candidate = (Arc<Job>, Arc<JobRuntime>);
+
 /// What a move committed: the jobs moved, by id, and the messages it
 /// added (the session's "moved" message first, then each released
 /// caller's tool message).
@@ -101,7 +105,9 @@ impl SessionService {
     ) -> Ticket<Moved> {
         // In id order (the session's running set is sorted): the order the
         // move's messages name the jobs in.
-        let candidates: Vec<(Job, Arc<JobRuntime>)> = {
+        // Pointers only: each job is copied outside the lock, beside the
+        // move's write (`MoveWork::records`).
+        let candidates: Vec<Candidate> = {
             let state = self.state();
             state
                 .running_jobs(session_id)
@@ -153,7 +159,8 @@ impl SessionService {
                     let mut state = service.state();
                     for job in moved {
                         if let Some(entry) = state.jobs.get_mut(&job.id) {
-                            entry.job.backgrounded = true;
+                            // In place: the move's own pointers are gone.
+                            Arc::make_mut(&mut entry.job).backgrounded = true;
                             if let Some(runtime) = &entry.runtime {
                                 if record_replies {
                                     runtime.recorded.store(true, Ordering::SeqCst);
@@ -207,11 +214,12 @@ impl SessionService {
 
 /// From this many jobs on, a move hands the kept thread (`beside.rs`)
 /// its callers' results, to build while this thread runs the `UPDATE`,
-/// and then its events, to serialise while this one inserts the messages;
-/// the hook only publishes them. Each of the four steps takes 1.5–2 ms
-/// for a thousand jobs. Below this many, the hand-over costs more than it
-/// saves, and a small move's events are serialised in the hook, after its
-/// callers are released.
+/// and then its jobs' records and events, to copy and serialise while
+/// this one inserts the messages; the hook only publishes them. For a
+/// thousand jobs the `UPDATE` and the `INSERT` take about 1.5 ms each,
+/// the results 1–1.4 ms, the records and events 1–1.2 ms. Below this
+/// many, the hand-over costs more than it saves, and a small move's
+/// events are serialised in the hook, after its callers are released.
 const EVENTS_BESIDE: usize = 32;
 
 /// A move's events, serialised and not yet published.
@@ -247,32 +255,46 @@ struct Replies {
 }
 
 /// What a move's write shares with the kept thread beside it (see
-/// [`EVENTS_BESIDE`]): the candidates (each marked as moved), and the
-/// two pieces of work either thread may do.
+/// [`EVENTS_BESIDE`]): the candidates, and the pieces of work either
+/// thread may do.
 struct MoveWork {
-    candidates: Vec<(Job, Arc<JobRuntime>)>,
+    candidates: Vec<Candidate>,
     /// The time of every message of the move: they are one event in the
     /// session's history.
     at: String,
     record_replies: bool,
     replies: OnceLock<Replies>,
+    /// Each candidate's record as moved, copied from the state's.
+    records: OnceLock<Vec<Job>>,
     /// The events of a move of every candidate, less its "moved" message.
     events: beside::Claim<MoveEvents>,
 }
 
 impl MoveWork {
-    /// The work of a move of `candidates`, each marked as moved.
-    fn new(mut candidates: Vec<(Job, Arc<JobRuntime>)>, record_replies: bool) -> MoveWork {
-        for (job, _) in &mut candidates {
-            job.backgrounded = true;
-        }
+    /// The work of a move of `candidates`.
+    fn new(candidates: Vec<Candidate>, record_replies: bool) -> MoveWork {
         MoveWork {
             candidates,
             at: now(),
             record_replies,
             replies: OnceLock::new(),
+            records: OnceLock::new(),
             events: beside::Claim::default(),
         }
+    }
+
+    /// The candidates' records as moved, made by whichever thread asks
+    /// first.
+    fn records(&self) -> &[Job] {
+        self.records.get_or_init(|| {
+            self.candidates
+                .iter()
+                .map(|(job, _)| Job {
+                    backgrounded: true,
+                    ..Job::clone(job)
+                })
+                .collect()
+        })
     }
 
     /// The replies, built by whichever thread asks first (a second one
@@ -295,11 +317,13 @@ impl MoveWork {
         })
     }
 
-    /// The kept thread's part: the replies, then the events.
+    /// The kept thread's part: the replies, then the records, then the
+    /// events.
     fn work_beside(&self) {
         let messages = &self.replies().messages;
+        let records = self.records();
         self.events
-            .offer(|| move_events(self.candidates.iter().map(|(job, _)| job), messages.iter()));
+            .offer(|| move_events(records.iter(), messages.iter()));
     }
 }
 
@@ -340,7 +364,7 @@ fn write_move(
         .iter()
         .zip(&moves)
         .filter(|(_, moved)| **moved)
-        .map(|((job, _), _)| job)
+        .map(|((job, _), _)| &**job)
         .collect();
     let summary = move_message(reason, &moved, work.at.clone());
     let kept = work
@@ -360,14 +384,19 @@ fn write_move(
         }
         events
     });
+    // Made here if the kept thread has not (a small move, or a late one).
+    work.records();
     let work = work.reclaim();
     let candidates = work.candidates;
+    let records = work.records.into_inner().unwrap_or_default();
     let Replies { results, messages } = work.replies.into_inner().unwrap_or_default();
     let mut results = results.into_iter();
     let mut messages = messages.into_iter();
     let mut moved = Vec::with_capacity(candidates.len());
     let mut added: Vec<Message> = summary.into_iter().collect();
-    for ((job, runtime), moves) in candidates.into_iter().zip(moves) {
+    // The state's records are pointed to by `candidates` until this loop
+    // drops them, before the hook changes them in place.
+    for (((_, runtime), job), moves) in candidates.into_iter().zip(records).zip(moves) {
         let reply = results.next().zip(messages.next());
         if !moves {
             continue;
@@ -469,7 +498,7 @@ mod tests {
 
     /// A store holding a session with `JOBS` running jobs, and those jobs
     /// as a move's candidates (their output files under `dir`).
-    fn running_jobs(dir: &std::path::Path) -> (Store, Vec<(Job, Arc<JobRuntime>)>) {
+    fn running_jobs(dir: &std::path::Path) -> (Store, Vec<Candidate>) {
         let store = Store::open_in_memory().unwrap();
         let at = "2026-01-01T00:00:00.000Z".to_string();
         store
@@ -483,7 +512,7 @@ mod tests {
                 updated_at: at.clone(),
             })
             .unwrap();
-        let candidates: Vec<(Job, Arc<JobRuntime>)> = (0..JOBS)
+        let candidates: Vec<Candidate> = (0..JOBS)
             .map(|i| {
                 let job = Job {
                     id: format!("job_move_{i}"),
@@ -503,17 +532,20 @@ mod tests {
                     1 << 20,
                     Arc::new(AtomicBool::new(true)),
                 );
-                (job, Arc::new(JobRuntime::new(false, Arc::new(output))))
+                (
+                    Arc::new(job),
+                    Arc::new(JobRuntime::new(false, Arc::new(output))),
+                )
             })
             .collect();
-        let jobs = candidates.iter().map(|(job, _)| job.clone()).collect();
+        let jobs = candidates.iter().map(|(job, _)| Job::clone(job)).collect();
         store.put_jobs(jobs).unwrap();
         (store, candidates)
     }
 
     /// `write_move` of `candidates` with the kept thread's part done first,
     /// so that its events are ready whatever they are worth.
-    fn write_after_beside(store: &Store, candidates: Vec<(Job, Arc<JobRuntime>)>) -> Written {
+    fn write_after_beside(store: &Store, candidates: Vec<Candidate>) -> Written {
         let work = beside::keep(MoveWork::new(candidates, true));
         work.work_beside();
         store
@@ -549,7 +581,14 @@ mod tests {
         }
         for (event, job) in events.jobs.iter().zip(&moved) {
             assert!(event.body().contains(&job.id), "{}", event.body());
+            // Copied from the state's record, then marked.
+            assert!(
+                event.body().contains(r#""backgrounded":true"#),
+                "{}",
+                event.body()
+            );
         }
+        assert!(moved.iter().all(|job| job.backgrounded));
     }
 
     #[test]
@@ -557,7 +596,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, candidates) = running_jobs(dir.path());
         // Its end committed first.
-        let mut ended = candidates[1].0.clone();
+        let mut ended = Job::clone(&candidates[1].0);
         ended.status = JobStatus::Completed;
         store.put_job(&ended).unwrap();
 

@@ -285,7 +285,7 @@ impl SessionService {
     fn record_job(&self, job: &Job, runtime: &Arc<JobRuntime>) -> Ticket<()> {
         let record = job.clone();
         let entry = JobEntry {
-            job: job.clone(),
+            job: Arc::new(job.clone()),
             runtime: Some(runtime.clone()),
         };
         self.submit_with(
@@ -303,7 +303,7 @@ impl SessionService {
                     service.refresh_status(&mut state, &job.session_id);
                 }
                 drop(state);
-                service.inner.events.publish("job.started", &job);
+                service.inner.events.publish("job.started", &*job);
             },
             true,
         )

@@ -21,7 +21,7 @@ impl SessionService {
                 .ok_or_else(|| ServiceError::not_found("job", id))?;
             match &entry.runtime {
                 Some(runtime) if !entry.job.status.is_final() => runtime.clone(),
-                _ => return Ok(entry.job.clone()),
+                _ => return Ok(Job::clone(&entry.job)),
             }
         };
         runtime.cancel(CancelReason::User);

@@ -182,14 +182,18 @@ impl SessionService {
     /// costs what that session has (an index), whatever else was run.
     pub async fn jobs(&self, session_id: Option<&str>) -> Result<Vec<Job>> {
         let Some(id) = session_id else {
-            let mut jobs: Vec<Job> = self.state().jobs.values().map(|e| e.job.clone()).collect();
-            // Sorted after the lock is let go.
+            let shared: Vec<Arc<Job>> = self.state().jobs.values().map(|e| e.job.clone()).collect();
+            // Copied and sorted after the lock is let go.
+            let mut jobs: Vec<Job> = shared.iter().map(|job| Job::clone(job)).collect();
             jobs.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
             return Ok(jobs);
         };
-        let state = self.state();
-        state.session(id)?;
-        Ok(state.session_jobs(id).map(|e| e.job.clone()).collect())
+        let shared: Vec<Arc<Job>> = {
+            let state = self.state();
+            state.session(id)?;
+            state.session_jobs(id).map(|e| e.job.clone()).collect()
+        };
+        Ok(shared.iter().map(|job| Job::clone(job)).collect())
     }
 
     /// One job.
@@ -198,7 +202,7 @@ impl SessionService {
         state
             .jobs
             .get(id)
-            .map(|e| e.job.clone())
+            .map(|e| Job::clone(&e.job))
             .ok_or_else(|| ServiceError::not_found("job", id))
     }
 
@@ -224,6 +228,7 @@ impl SessionService {
         };
         let path = job
             .output_path
+            .clone()
             .ok_or_else(|| ServiceError::NotFound(format!("job {id} has no output file")))?;
         // A job of this host that wrote nothing has no file (it is created
         // with the first byte): its output is one empty page.
@@ -305,7 +310,7 @@ impl SessionService {
             move |conn| crate::store::set_child_session(conn, &id, &child).map(|()| (id, child)),
             |service, (id, child)| {
                 if let Some(entry) = service.state().jobs.get_mut(id) {
-                    entry.job.child_session_id = Some(child.clone());
+                    Arc::make_mut(&mut entry.job).child_session_id = Some(child.clone());
                 }
             },
         );

@@ -143,7 +143,7 @@ impl SessionService {
             cancel_reason,
             Some(CancelReason::User | CancelReason::Interrupted | CancelReason::Shutdown)
         );
-        let Some(mut job) = self.state().jobs.get(job_id).map(|e| e.job.clone()) else {
+        let Some(mut job) = self.state().jobs.get(job_id).map(|e| Job::clone(&e.job)) else {
             return;
         };
         job.status = outcome.status;
@@ -241,13 +241,14 @@ impl SessionService {
                 let notified = {
                     let mut state = service.state();
                     if let Some(entry) = state.jobs.get_mut(&ended.id) {
-                        entry.job.status = ended.status;
-                        entry.job.exit_code = ended.exit_code;
-                        entry.job.completed_at = ended.completed_at.clone();
+                        let job = Arc::make_mut(&mut entry.job);
+                        job.status = ended.status;
+                        job.exit_code = ended.exit_code;
+                        job.completed_at = ended.completed_at.clone();
                         if end.stored {
-                            entry.job.backgrounded = end.backgrounded;
+                            job.backgrounded = end.backgrounded;
                         }
-                        ended = entry.job.clone();
+                        ended = job.clone();
                     }
                     state.job_ended(&ended.id);
                     // A removed session's jobs go with it once they have
