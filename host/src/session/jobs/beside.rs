@@ -283,15 +283,20 @@ mod placement {
     pub(super) fn away_from_then_cores(core: usize) -> Option<Vec<usize>> {
         let _placing = PLACING.lock_unpoisoned();
         place_away_from(core);
-        let kept = KEPT_THREAD.load(Ordering::SeqCst);
-        if kept == 0 {
-            return None;
+        match KEPT_THREAD.load(Ordering::SeqCst) {
+            0 => None,
+            kept => cores_of(kept),
         }
-        // SAFETY: as in `away_from`.
+    }
+
+    /// The cores `thread` may run on (0: the calling thread).
+    #[cfg(test)]
+    pub(super) fn cores_of(thread: libc::pid_t) -> Option<Vec<usize>> {
+        // SAFETY: as in `place_away_from`.
         unsafe {
             let mut cores: libc::cpu_set_t = std::mem::zeroed();
             let size = std::mem::size_of::<libc::cpu_set_t>();
-            if libc::sched_getaffinity(kept, size, &mut cores) != 0 {
+            if libc::sched_getaffinity(thread, size, &mut cores) != 0 {
                 return None;
             }
             let all = libc::CPU_SETSIZE as usize;
@@ -387,7 +392,7 @@ mod tests {
         let (sender, receiver) = mpsc::channel();
         let _lent = lend((), move |()| sender.send(()).unwrap());
         receiver.recv().unwrap();
-        let mine = this_threads_cores();
+        let mine = placement::cores_of(0).expect("this thread's cores");
         for &core in &mine {
             let kept = placement::away_from_then_cores(core).expect("the kept thread runs");
             if mine.len() > 1 {
@@ -397,18 +402,6 @@ mod tests {
                 // One core: the kept thread keeps it, or would never run.
                 assert!(!kept.is_empty());
             }
-        }
-    }
-
-    #[cfg(target_os = "linux")]
-    fn this_threads_cores() -> Vec<usize> {
-        // SAFETY: as in `placement`.
-        unsafe {
-            let mut cores: libc::cpu_set_t = std::mem::zeroed();
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            assert_eq!(libc::sched_getaffinity(0, size, &mut cores), 0);
-            let all = libc::CPU_SETSIZE as usize;
-            (0..all).filter(|&c| libc::CPU_ISSET(c, &cores)).collect()
         }
     }
 
