@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{
-    spawn::{self, Launch, WaitError},
+    spawn::{self, Launch},
     BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome,
 };
 use crate::{
@@ -177,18 +177,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
             wait.await
         }
     };
-    let status = match waited {
-        Ok(status) => status,
-        Err(WaitError::Start(error)) => {
-            // Reaped before its exec, with nothing else in its group (it
-            // started nothing): its pid and group id may name another
-            // process from now on, so neither is killed.
-            tree.main_reaped();
-            group.pgid = None;
-            return Err(cannot_start(error));
-        }
-        Err(WaitError::Wait(error)) => return Err(error.into()),
-    };
+    let status = waited?;
     tree.main_reaped();
     // Give output still in flight a moment; then whatever still holds the
     // pipe (in the group or detached from it) is killed, so the job ends
