@@ -512,9 +512,7 @@ impl ServeConfig {
             max_output: file
                 .jobs
                 .max_output
-                .map_or(crate::session::jobs::output::DEFAULT_MAX_OUTPUT, |size| {
-                    size.0
-                }),
+                .map_or(crate::process::output::DEFAULT_MAX_OUTPUT, |size| size.0),
             event_history: event_history(&file.events)?,
             warnings,
         })

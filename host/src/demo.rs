@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 use crate::{
     plugin::{PluginHost, PluginHostConfig, PluginInfo, PluginSettings, PluginStatus},
-    ServiceConfig, SessionService,
+    session::{ServiceConfig, SessionService},
 };
 
 /// The example plugins the demo loads: (cargo package, manifest name).
@@ -90,8 +90,8 @@ impl From<std::io::Error> for DemoError {
     }
 }
 
-impl From<crate::ServiceError> for DemoError {
-    fn from(error: crate::ServiceError) -> Self {
+impl From<crate::error::ServiceError> for DemoError {
+    fn from(error: crate::error::ServiceError) -> Self {
         fail(format!("the session service failed: {error}"))
     }
 }

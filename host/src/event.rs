@@ -41,8 +41,6 @@ use tokio::sync::{
 
 pub use offstage_plugin_api::types::Event;
 
-pub(crate) mod schema;
-
 use crate::util::RwLockExt;
 
 /// How much of the past the bus keeps, for slow readers and for replay.

@@ -88,7 +88,9 @@ pub(crate) fn check_caller_id(what: &str, id: &str) -> crate::error::Result<()> 
     } else {
         "may only hold ASCII letters, digits, `_` and `-`".to_string()
     };
-    Err(crate::ServiceError::InvalidInput(format!("{what} {why}")))
+    Err(crate::error::ServiceError::InvalidInput(format!(
+        "{what} {why}"
+    )))
 }
 
 #[cfg(test)]

@@ -4,10 +4,14 @@
 //! See the repository README for the tour and ARCHITECTURE.md for the
 //! design; module docs explain each part.
 //!
-//! Data flows one way: `http`/`cli` → `session` (and its `jobs`) → `tool` →
-//! `store`/`event`. The plugin host ([`PluginHost`]) adapts the same
-//! [`SessionService`] to the plugin ABI and holds no session logic of its
-//! own.
+//! Layers run one way, bottom first: foundations (`util`, `error`, `ids`,
+//! `logging`, `allocator`); `process` (commands, their output and process
+//! trees); `store`; `event`; `permission`; `tool`; `session` (sessions,
+//! jobs, agents and the `subagent` tool); `plugin`; `config`; `http`;
+//! `demo`; `cli`. A module imports only from layers below its own, which a
+//! unit test checks (`layers.rs`). The plugin host ([`PluginHost`]) adapts
+//! the same [`SessionService`] to the plugin ABI and holds no session logic
+//! of its own.
 //!
 //! The public surface is small on purpose: the `offstage` binary is the
 //! product, and this library exists so that the binary, the end-to-end
@@ -19,7 +23,6 @@
 //! that only tests and benchmarks reach sit in the hidden [`testing`]
 //! module.
 
-mod agent;
 mod allocator;
 mod cli;
 mod config;
@@ -28,8 +31,12 @@ mod error;
 mod event;
 mod http;
 mod ids;
+#[cfg(test)]
+mod layers;
+mod logging;
 mod permission;
 mod plugin;
+mod process;
 mod session;
 mod store;
 mod tool;
@@ -66,6 +73,6 @@ pub use crate::demo::{run_with as run_demo, DemoError, DemoOptions, EXAMPLE_PLUG
 #[doc(hidden)]
 pub mod testing {
     pub use crate::http::error::status_of;
-    pub use crate::session::jobs::output::TAIL_BYTES;
+    pub use crate::process::output::TAIL_BYTES;
     pub use crate::store::{Durability, NoticeReason, Store, StoreError, DB_FILE, SCHEMA_VERSION};
 }

@@ -307,7 +307,7 @@ pub(super) fn plugin_check(
 ) -> ExitCode {
     // The answer is the report below; the loader's own log of the same
     // failure would only repeat it.
-    super::init_logging("error");
+    crate::logging::init("error");
     let config_error = |error: &str| {
         if json {
             print_json(&json!({ "stage": "config", "error": error }));

@@ -17,12 +17,12 @@ use std::{
 
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{init_logging, ServeArgs};
+use super::ServeArgs;
 use crate::{
     config::{Overrides, ServeConfig},
     http::{self, AppState},
     plugin::{PluginHost, PluginHostConfig, PluginSettings, PluginStatus},
-    ServiceConfig, SessionService,
+    session::{ServiceConfig, SessionService},
 };
 
 /// How long open requests get to finish after a shutdown signal.
@@ -31,7 +31,7 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// Runs the host; with `watch_src` (`offstage dev`), also the plugin
 /// watcher, rebuilding the crates in `watch_src`.
 pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode {
-    init_logging("info");
+    crate::logging::init("info");
     let overrides = Overrides {
         config: args.config,
         addr: args.addr,
@@ -102,7 +102,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     service.set_max_output(config.max_output);
     // Before any job starts: orphans of jobs are re-parented to the host.
     // (After the store opened, so a refused start stays one line.)
-    crate::session::jobs::tree::init();
+    crate::process::tree::init();
     // Raised (and logged) once the store opened, for the same reason.
     let open_files = http::raise_open_file_limit_and_log();
     let (limits, lowered) = http::Limits::resolve(&config.http, open_files);

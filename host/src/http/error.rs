@@ -16,7 +16,7 @@ use axum::{
 use serde::Serialize;
 use serde_json::json;
 
-use crate::ServiceError;
+use crate::error::ServiceError;
 
 /// What a handler returns.
 pub(crate) type ApiResult<T> = Result<T, ApiError>;

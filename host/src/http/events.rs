@@ -63,7 +63,7 @@ pub(crate) struct EventsQuery {
     responses(
         (status = 200, description = "Server-Sent Events. Each frame is `id: N` and one \
             `data:` line holding one `StreamEvent`; `server.connected` and `stream.lagged` \
-            have no id.", content_type = "text/event-stream", body = crate::event::schema::StreamEvent),
+            have no id.", content_type = "text/event-stream", body = super::event_schema::StreamEvent),
         (status = 400, description = "`since` or `Last-Event-ID` is not a number", body = ErrorBody),
     ))]
 pub(crate) async fn events(

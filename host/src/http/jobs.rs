@@ -11,7 +11,7 @@ use super::{
     extract::{PathId, QueryParams},
     AppState,
 };
-use crate::session::jobs::output::{OutputChunk, DEFAULT_OUTPUT_LIMIT};
+use crate::process::output::{OutputChunk, DEFAULT_OUTPUT_LIMIT};
 
 /// Registers this file's routes with their OpenAPI entries (one
 /// `routes!` per path).

@@ -24,6 +24,7 @@
 pub(crate) mod auth;
 mod connection;
 pub(crate) mod error;
+pub(crate) mod event_schema;
 pub(crate) mod events;
 pub(crate) mod extract;
 pub(crate) mod host;
@@ -53,7 +54,7 @@ use utoipa_axum::router::OpenApiRouter;
 pub(crate) use self::server::{raise_open_file_limit_and_log, serve, Limits};
 
 use self::error::{ApiError, ApiResult};
-use crate::{plugin::PluginHost, SessionService};
+use crate::{plugin::PluginHost, session::SessionService};
 
 /// What every handler can reach. Cheap to clone.
 #[derive(Clone)]
@@ -110,7 +111,7 @@ pub(crate) fn router(state: AppState) -> Router {
 /// Runs `work` on its own task so that dropping the request (a client
 /// disconnect) does not drop the work.
 async fn detached<T: Send + 'static>(
-    work: impl Future<Output = crate::Result<T>> + Send + 'static,
+    work: impl Future<Output = crate::error::Result<T>> + Send + 'static,
 ) -> ApiResult<T> {
     match tokio::spawn(work).await {
         Ok(result) => result.map_err(ApiError::from),

@@ -22,7 +22,7 @@ use utoipa::{
 };
 
 use super::error;
-use crate::event::schema;
+use super::event_schema as schema;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,8 +34,8 @@ use crate::event::schema;
     components(schemas(
         Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus,
         schema::StreamEvent, schema::EventPayload, schema::NoticeMetadata,
-        schema::PermissionStatus,
-        crate::permission::PermissionRequest, crate::session::jobs::output::OutputChunk,
+        crate::permission::PermissionStatus,
+        crate::permission::PermissionRequest, crate::process::output::OutputChunk,
         crate::plugin::PluginInfo, crate::plugin::PluginStatus,
         error::ErrorBody, error::ErrorDetail,
     )),
@@ -228,7 +228,7 @@ mod tests {
             schema_fields(&doc, "PermissionRequest"),
             json_fields(json!(request))
         );
-        let chunk = crate::session::jobs::output::OutputChunk {
+        let chunk = crate::process::output::OutputChunk {
             offset: 0,
             data: String::new(),
             next_offset: 0,

@@ -50,7 +50,7 @@ fn load_error(error: &LoadError) -> ApiError {
     match error {
         LoadError::Unknown { .. } => ApiError::not_found(message),
         LoadError::Host { .. } => ApiError::internal(message),
-        _ => ApiError::from(crate::ServiceError::Plugin(message)),
+        _ => ApiError::from(crate::error::ServiceError::Plugin(message)),
     }
 }
 

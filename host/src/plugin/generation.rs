@@ -31,13 +31,13 @@ use super::{
     isolate::Upstream,
 };
 use crate::{
-    agent::Agent,
     error::Result,
+    error::ServiceError,
     event::Delivery,
+    session::agent::Agent,
     session::SessionService,
     tool::{Owner, Tool, ToolWrapper},
     util::LockExt,
-    ServiceError,
 };
 
 /// The host's state for one plugin generation. Leaked into the plugin as

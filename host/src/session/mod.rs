@@ -28,8 +28,10 @@
 //! [`SessionService::open`] uses `<data dir>/offstage.db` and brings back
 //! what the last run left (see `recover.rs`).
 
+pub(crate) mod agent;
 pub(crate) mod jobs;
 mod recover;
+mod subagent;
 mod turn;
 
 use crate::util::LockExt;
@@ -50,15 +52,15 @@ use tokio::sync::watch;
 use jobs::CancelReason;
 pub(crate) use jobs::JobRuntime;
 
+use self::agent::AgentRegistry;
 use crate::{
-    agent::AgentRegistry,
     error::Result,
+    error::ServiceError,
     event::{EventBus, HistoryLimits, PreparedEvent},
     ids::{new_id, now},
     permission::Permissions,
     store::{self, Durability, Store, StoreError, Ticket},
     tool::ToolRegistry,
-    ServiceError,
 };
 
 /// The agent a session gets when none is named.
@@ -296,24 +298,29 @@ impl SessionService {
     /// publishing on `events`.
     fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
         jobs::beside::start();
-        let tools = ToolRegistry::default();
-        crate::tool::register_builtin(&tools);
         let agents = AgentRegistry::default();
-        crate::agent::register_builtin(&agents);
+        agent::register_builtin(&agents);
         SessionService {
-            inner: Arc::new(Inner {
+            // `subagent` drives this service, so it holds it weakly: the
+            // service owns its tools.
+            inner: Arc::new_cyclic(|service| Inner {
                 state: Mutex::new(State::default()),
+                tools: {
+                    let tools = ToolRegistry::default();
+                    crate::tool::register_builtin(&tools);
+                    subagent::register(&tools, service.clone());
+                    tools
+                },
                 permissions: Permissions::with_store(
                     config.permissions,
                     events.clone(),
                     store.clone(),
                 ),
                 events,
-                tools,
                 agents,
                 data_dir: config.data_dir,
                 store,
-                max_output: AtomicU64::new(jobs::output::DEFAULT_MAX_OUTPUT),
+                max_output: AtomicU64::new(crate::process::output::DEFAULT_MAX_OUTPUT),
                 marker_prefix: std::sync::OnceLock::new(),
             }),
         }

@@ -33,12 +33,12 @@ use offstage_plugin_api::types::SessionStatus;
 use tokio::sync::watch;
 
 use super::{
-    jobs::{
-        notice_message,
-        output::{read_range, TAIL_BYTES},
-        process, tree,
-    },
+    jobs::{notice_message, process},
     JobEntry, SessionEntry, SessionService,
+};
+use crate::process::{
+    output::{read_range, TAIL_BYTES},
+    tree,
 };
 use crate::{
     ids::now,

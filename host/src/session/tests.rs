@@ -212,7 +212,7 @@ struct Panicky {
 
 impl Tool for Panicky {
     /// `{"background": true}` starts the job in the background.
-    fn policy(&self, input: &Value) -> crate::Result<crate::tool::ForegroundPolicy> {
+    fn policy(&self, input: &Value) -> crate::error::Result<crate::tool::ForegroundPolicy> {
         Ok(crate::tool::ForegroundPolicy {
             background: input["background"] == true,
             ..Default::default()
@@ -223,7 +223,7 @@ impl Tool for Panicky {
         self: Arc<Self>,
         _ctx: JobContext,
         _input: Value,
-    ) -> BoxFuture<crate::Result<ToolOutcome>> {
+    ) -> BoxFuture<crate::error::Result<ToolOutcome>> {
         if self.at_call {
             panic!("boom at call");
         }

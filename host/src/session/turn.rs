@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::{sync::oneshot, task::AbortHandle};
 
 use super::{SessionService, State};
-use crate::{error::Result, ServiceError};
+use crate::{error::Result, error::ServiceError};
 
 /// A running turn, so that an interrupt can stop it.
 pub(super) struct TurnHandle {

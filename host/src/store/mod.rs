@@ -70,7 +70,7 @@ pub use schema::SCHEMA_VERSION;
 use writer::{Op, Slot, Writer};
 pub(crate) use writer::{Ticket, WriterStats};
 
-use crate::{permission::Rule, ServiceError};
+use crate::{error::ServiceError, permission::rule::Rule};
 
 /// What can go wrong opening or using the store.
 #[derive(Debug, thiserror::Error)]

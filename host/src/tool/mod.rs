@@ -7,8 +7,6 @@
 //! backgrounding: its `next` simply finishes when the work does.
 
 pub(crate) mod shell;
-mod spawn;
-pub(crate) mod subagent;
 
 use crate::util::RwLockExt;
 use std::{
@@ -21,7 +19,8 @@ use offstage_plugin_api::types::{JobStatus, ToolCall, ToolResult};
 use serde_json::Value;
 
 use crate::{
-    error::Result, session::jobs::output::OutputSink, session::SessionService, ServiceError,
+    error::{Result, ServiceError},
+    process::output::OutputSink,
 };
 
 pub(crate) use crate::util::BoxFuture;
@@ -36,10 +35,26 @@ pub struct ToolOutcome {
 /// What a running tool gets besides its input.
 #[derive(Clone)]
 pub struct JobContext {
-    pub service: SessionService,
     pub job_id: String,
     pub session_id: String,
     pub output: Arc<OutputSink>,
+    /// Where the job's processes are marked and recorded.
+    pub processes: Arc<dyn JobProcesses>,
+}
+
+/// What a tool that starts processes needs from the host, so that a job's
+/// processes die with it even when the host itself is killed (see
+/// `process::tree`). The session service implements it; a tool sees
+/// nothing else of the service.
+pub trait JobProcesses: Send + Sync {
+    /// The [`MARKER_VAR`](crate::process::tree::MARKER_VAR) value for a new
+    /// run of this job: every process of the run inherits it.
+    fn marker(&self) -> String;
+
+    /// Records `pid`, the job's main process (the leader of its process
+    /// group), in the store, so that the next start ends its group if the
+    /// host is killed.
+    fn record(&self, pid: u32);
 }
 
 /// What the caller of a blocking tool call does when time runs out.
@@ -374,8 +389,5 @@ impl ToolRegistry {
 pub(crate) fn register_builtin(registry: &ToolRegistry) {
     registry
         .add("shell", Owner::Host, Arc::new(shell::Shell))
-        .expect("a fresh registry has no tools");
-    registry
-        .add("subagent", Owner::Host, Arc::new(subagent::Subagent))
         .expect("a fresh registry has no tools");
 }

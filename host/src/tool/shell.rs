@@ -6,10 +6,10 @@
 //! whole group, grandchildren included; so does the end of the main process,
 //! after a short grace for output in flight. Processes that left the group
 //! (`setsid`, double forks, daemons) are part of the job too and die with
-//! it (see `session::jobs::tree`). A host killed outright runs none of this;
+//! it (see `process::tree`). A host killed outright runs none of this;
 //! the job's processes carry a marker, and a group still running after
 //! [`RECORD_GROUP_AFTER`] is recorded in the store, so that the next
-//! start-up ends them (`session::jobs::process`, `tree`).
+//! start-up ends them (`session::jobs::process`, `process::tree`).
 
 use std::{fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration};
 
@@ -17,14 +17,14 @@ use offstage_plugin_api::types::JobStatus;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
-    spawn::{self, Launch},
-    BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome,
-};
+use super::{BoxFuture, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolOutcome};
 use crate::{
-    error::Result,
-    session::jobs::tree::{JobTree, MARKER_VAR},
-    ServiceError,
+    error::{Result, ServiceError},
+    process::{
+        output::OutputSink,
+        spawn::{self, Launch},
+        tree::{JobTree, MARKER_VAR},
+    },
 };
 
 /// Foreground timeout when the input names none.
@@ -134,7 +134,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     let (reader, writer) = std::io::pipe()?;
     // Registered before the spawn, so no process of the job is ever
     // unknown; every descendant inherits the marker.
-    let tree = JobTree::new(ctx.service.job_marker(&ctx.job_id));
+    let tree = JobTree::new(ctx.processes.marker());
     let mut child = spawn::spawn(Launch {
         program: "/bin/sh",
         args: &["-c", &input.command],
@@ -172,7 +172,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
         waited = &mut wait => waited,
         () = tokio::time::sleep(RECORD_GROUP_AFTER) => {
             if let Some(pid) = pid {
-                ctx.service.record_job_process(&ctx.job_id, pid);
+                ctx.processes.record(pid);
             }
             wait.await
         }
@@ -251,7 +251,7 @@ thread_local! {
         std::cell::RefCell::new(vec![0u8; PUMP_CHUNK].into_boxed_slice());
 }
 
-async fn pump(reader: OwnedFd, output: std::sync::Arc<crate::session::jobs::output::OutputSink>) {
+async fn pump(reader: OwnedFd, output: std::sync::Arc<OutputSink>) {
     let receiver = match tokio::net::unix::pipe::Receiver::from_owned_fd(reader) {
         Ok(receiver) => receiver,
         Err(error) => {

@@ -24,7 +24,7 @@ use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
 use super::repoll::Repoller;
-use crate::{error::Result, util::panic_message, ServiceError};
+use crate::{error::Result, error::ServiceError, util::panic_message};
 
 pub(in crate::plugin) fn to_abi(result: Result<String>) -> AbiResult {
     match result {

@@ -26,16 +26,16 @@ use super::{
     state_from,
 };
 use crate::{
-    agent::Agent,
     error::Result,
+    error::ServiceError,
     plugin::{
         generation::{GenerationState, Staged},
         isolate::HookKind,
     },
+    session::agent::Agent,
     session::SessionService,
     tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
     util::BoxFuture,
-    ServiceError,
 };
 
 /// A plugin callback the host holds; frees the plugin's state when the

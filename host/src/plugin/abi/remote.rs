@@ -131,7 +131,7 @@ fn instance_link<'a>(state: CallbackState) -> &'a Arc<dyn Downstream> {
     unsafe { &*(state.0 as *const Arc<dyn Downstream>) }
 }
 
-fn to_abi_error(error: crate::ServiceError) -> AbiError {
+fn to_abi_error(error: crate::error::ServiceError) -> AbiError {
     PluginError::from(error).to_abi()
 }
 
@@ -208,7 +208,7 @@ impl LocalHook {
 fn refusing_next(_: &WrapperAbi) -> NextAbi {
     extern "C" fn call(_: CallbackState, _: RString) -> FfiFuture<AbiResult> {
         async {
-            RResult::RErr(to_abi_error(crate::ServiceError::Internal(
+            RResult::RErr(to_abi_error(crate::error::ServiceError::Internal(
                 "no next".into(),
             )))
         }

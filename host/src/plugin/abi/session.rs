@@ -42,7 +42,7 @@ use super::{
     convert::{to_abi, InRuntime},
     state_from,
 };
-use crate::{error::Result, session::SessionService, util::panic_message, ServiceError};
+use crate::{error::Result, error::ServiceError, session::SessionService, util::panic_message};
 
 /// One handler per method of the table, same name, same return type: the
 /// host's whole implementation of the session domain for plugins.
@@ -54,10 +54,7 @@ mod handlers {
     };
     use serde_json::Value;
 
-    use crate::{
-        error::Result,
-        session::{jobs::output::DEFAULT_OUTPUT_LIMIT, SessionService},
-    };
+    use crate::{error::Result, process::output::DEFAULT_OUTPUT_LIMIT, session::SessionService};
 
     pub(super) async fn list(service: &SessionService, _: Value) -> Result<Vec<Session>> {
         service.list().await

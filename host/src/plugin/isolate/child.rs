@@ -34,6 +34,7 @@ use super::{
 };
 use crate::{
     error::Result,
+    error::ServiceError,
     plugin::{
         abi::{
             self, block_on_host,
@@ -47,7 +48,6 @@ use crate::{
     session::{ServiceConfig, SessionService},
     tool::Owner,
     util::{BoxFuture, LockExt},
-    ServiceError,
 };
 
 /// The state of the plugin's process.
@@ -91,7 +91,7 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
         read_only,
         writable,
     } = args;
-    crate::cli::init_logging("warn");
+    crate::logging::init("warn");
     let config = PluginHostConfig {
         dirs: Vec::new(),
         data_dir: data_dir.clone(),

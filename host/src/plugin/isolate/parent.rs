@@ -30,6 +30,7 @@ use super::{
 };
 use crate::{
     error::Result,
+    error::ServiceError,
     plugin::{
         abi::{
             block_on_host,
@@ -40,7 +41,6 @@ use crate::{
         Inner, LoadError, PluginHost,
     },
     util::{BoxFuture, LockExt},
-    ServiceError,
 };
 
 /// Lines of a child's stderr kept for the cause of its death.

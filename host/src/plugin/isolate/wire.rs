@@ -29,10 +29,10 @@ use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use crate::{
     error::Result,
+    error::ServiceError,
     plugin::abi::{error_from_wire, error_to_wire},
     util::BoxFuture,
     util::LockExt,
-    ServiceError,
 };
 
 /// Largest frame either side accepts (a tool's whole output may cross).

@@ -492,7 +492,7 @@ mod tests {
     use offstage_plugin_api::types::{Session, SessionStatus};
 
     use super::*;
-    use crate::{session::jobs::output::OutputSink, store::Store};
+    use crate::{process::output::OutputSink, store::Store};
 
     const JOBS: usize = 3;
 

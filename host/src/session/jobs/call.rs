@@ -23,19 +23,19 @@ use tokio::sync::oneshot;
 
 use super::{
     background::{backgrounded_result, caller_message, MoveReason},
-    output::OutputSink,
     signal::SetOnce,
     CancelReason, JobRuntime,
 };
 use crate::{
     error::Result,
+    error::ServiceError,
     ids::{check_caller_id, new_id, now},
     permission::{Action, Permissions},
+    process::output::OutputSink,
     session::{JobEntry, SessionService},
     store::{self, StoreError, Ticket},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
     util::LockExt,
-    ServiceError,
 };
 
 /// A call that passed every check: what [`SessionService::start_job`]
@@ -329,10 +329,13 @@ impl SessionService {
             ..
         } = checked;
         let ctx = JobContext {
-            service: self.clone(),
             job_id: call.job_id.clone(),
             session_id: call.session_id.clone(),
             output: runtime.output.clone(),
+            processes: Arc::new(super::process::OfJob {
+                service: self.clone(),
+                job_id: call.job_id.clone(),
+            }),
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let service = self.clone();

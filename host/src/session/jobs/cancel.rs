@@ -7,7 +7,7 @@ use std::sync::Arc;
 use offstage_plugin_api::types::{Job, JobStatus};
 
 use super::{CancelReason, JobRuntime};
-use crate::{error::Result, session::SessionService, ServiceError};
+use crate::{error::Result, error::ServiceError, session::SessionService};
 
 impl SessionService {
     /// Cancels a running job, killing its process group; a user's cancel is

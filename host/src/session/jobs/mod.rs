@@ -50,11 +50,9 @@ pub(super) mod background;
 pub(super) mod beside;
 mod call;
 mod cancel;
-pub(crate) mod output;
 pub(crate) mod process;
 mod run;
 mod signal;
-pub(crate) mod tree;
 
 use std::sync::{
     atomic::{AtomicBool, Ordering},
@@ -66,10 +64,10 @@ use tokio::sync::watch;
 
 pub(super) use run::notice_message;
 
-use self::output::{read_range, OutputChunk, OutputSink};
 use self::signal::SetOnce;
 use super::SessionService;
-use crate::{error::Result, ServiceError};
+use crate::process::output::{read_range, OutputChunk, OutputSink};
+use crate::{error::Result, error::ServiceError};
 
 /// Why a job was cancelled. Only a timeout counts as the job's failure;
 /// the others are someone's decision and are recorded without a wake-up.
@@ -279,7 +277,7 @@ impl SessionService {
         }
     }
 
-    /// The [`tree::MARKER_VAR`] value for a new run of job `job_id`:
+    /// The [`MARKER_VAR`](crate::process::tree::MARKER_VAR) value for a new run of job `job_id`:
     /// [`marker_prefix`](Self::marker_prefix), the job id, and a fresh id.
     pub(crate) fn job_marker(&self, job_id: &str) -> String {
         format!(

@@ -20,8 +20,26 @@
 //! from a later one and is left alone, with a warning in the log. Linux
 //! only; elsewhere nothing is recorded and nothing is killed.
 
-use super::tree::read_stat;
-use crate::store::ProcessRecord;
+use crate::{
+    process::tree::read_stat, session::SessionService, store::ProcessRecord, tool::JobProcesses,
+};
+
+/// A job's processes, as its tool sees them: the marker for a new run, and
+/// the record of its main process (see the module docs).
+pub(crate) struct OfJob {
+    pub(crate) service: SessionService,
+    pub(crate) job_id: String,
+}
+
+impl JobProcesses for OfJob {
+    fn marker(&self) -> String {
+        self.service.job_marker(&self.job_id)
+    }
+
+    fn record(&self, pid: u32) {
+        self.service.record_job_process(&self.job_id, pid);
+    }
+}
 
 /// The record of process `pid`, the leader of its own group, or `None`
 /// where `/proc` cannot say (not Linux, or the process is gone).

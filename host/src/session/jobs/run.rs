@@ -11,7 +11,8 @@ use futures_util::FutureExt;
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, ToolCall, ToolResult, ToolStatus};
 use serde_json::json;
 
-use super::{output::OutputSink, CancelReason, JobRuntime};
+use super::{CancelReason, JobRuntime};
+use crate::process::output::OutputSink;
 use crate::{
     error::Result,
     ids::{new_id, now},

@@ -5,8 +5,13 @@ use offstage_plugin_api::types::{JobStatus, NewSession, Role};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{BoxFuture, JobContext, Tool, ToolOutcome};
-use crate::{error::Result, session::SessionService, ServiceError};
+use std::sync::{Arc, Weak};
+
+use super::{Inner, SessionService};
+use crate::{
+    error::{Result, ServiceError},
+    tool::{BoxFuture, ForegroundPolicy, JobContext, Owner, Tool, ToolOutcome, ToolRegistry},
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,9 +27,18 @@ fn parse(input: &Value) -> Result<SubagentInput> {
         .map_err(|e| ServiceError::InvalidInput(format!("subagent input: {e}")))
 }
 
-/// The `subagent` tool.
-#[derive(Debug, Default)]
-pub(crate) struct Subagent;
+/// The `subagent` tool. It drives the service that owns it, so it holds
+/// the service weakly.
+pub(super) struct Subagent {
+    service: Weak<Inner>,
+}
+
+/// Registers `subagent` with `tools`, for the service `service` will be.
+pub(super) fn register(tools: &ToolRegistry, service: Weak<Inner>) {
+    tools
+        .add("subagent", Owner::Host, Arc::new(Subagent { service }))
+        .expect("a fresh registry has no subagent tool");
+}
 
 /// Interrupts the child session if the job is cancelled mid-turn.
 struct InterruptOnDrop {
@@ -44,9 +58,9 @@ impl Drop for InterruptOnDrop {
 }
 
 impl Tool for Subagent {
-    fn policy(&self, input: &Value) -> Result<super::ForegroundPolicy> {
+    fn policy(&self, input: &Value) -> Result<ForegroundPolicy> {
         parse(input)?;
-        Ok(super::ForegroundPolicy::default())
+        Ok(ForegroundPolicy::default())
     }
 
     fn title(&self, input: &Value) -> String {
@@ -59,15 +73,16 @@ impl Tool for Subagent {
         input["agent"].as_str().unwrap_or_default().to_string()
     }
 
-    fn run(
-        self: std::sync::Arc<Self>,
-        ctx: JobContext,
-        input: Value,
-    ) -> BoxFuture<Result<ToolOutcome>> {
+    fn run(self: Arc<Self>, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
         Box::pin(async move {
             let input = parse(&input)?;
-            let child = ctx
-                .service
+            let Some(inner) = self.service.upgrade() else {
+                return Err(ServiceError::Unsupported(
+                    "the host is shutting down".into(),
+                ));
+            };
+            let service = SessionService { inner };
+            let child = service
                 .create(NewSession {
                     title: Some(
                         input
@@ -78,12 +93,12 @@ impl Tool for Subagent {
                     parent_id: Some(ctx.session_id.clone()),
                 })
                 .await?;
-            ctx.service.set_child_session(&ctx.job_id, &child.id);
+            service.set_child_session(&ctx.job_id, &child.id);
             let mut guard = InterruptOnDrop {
-                service: ctx.service.clone(),
+                service: service.clone(),
                 child: Some(child.id.clone()),
             };
-            let added = ctx.service.prompt(&child.id, &input.prompt, None).await?;
+            let added = service.prompt(&child.id, &input.prompt, None).await?;
             guard.child = None;
             let reply = added
                 .iter()

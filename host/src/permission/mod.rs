@@ -14,6 +14,10 @@
 //! `permission.replied` when answered, `permission.withdrawn` (with a
 //! `reason`) when its job ended first.
 
+pub(crate) mod rule;
+
+pub use self::rule::{Action, Rule};
+
 use crate::util::{LockExt, RwLockExt};
 use std::{
     collections::{BTreeMap, HashSet},
@@ -25,40 +29,11 @@ use tokio::sync::oneshot;
 
 use crate::{
     error::Result,
+    error::ServiceError,
     event::EventBus,
     ids::{new_id, now},
     store::Store,
-    ServiceError,
 };
-
-/// What a rule does to a matching call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Action {
-    /// Run without asking.
-    Allow,
-    /// Ask over the API and wait for the reply.
-    Ask,
-    /// Refuse.
-    Deny,
-}
-
-/// One permission rule, as written in the config's `[[permission]]` tables.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Rule {
-    /// The tool name, or a wildcard pattern of names.
-    pub tool: String,
-    #[serde(default = "any")]
-    /// The pattern the call is matched against (for `shell`, the command).
-    pub pattern: String,
-    /// What a match does.
-    pub action: Action,
-}
-
-fn any() -> String {
-    "*".to_string()
-}
 
 /// A reply to a permission question.
 // Also the body of `POST /api/permission/:id`; its OpenAPI schema keeps the
@@ -75,6 +50,21 @@ pub enum Reply {
     Reject,
 }
 
+/// A permission question's status.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[allow(dead_code)] // Only described: the status travels as a string.
+#[serde(rename_all = "lowercase")]
+pub(crate) enum PermissionStatus {
+    /// Waiting for a reply.
+    Pending,
+    /// Allowed (`once` or `always`).
+    Allowed,
+    /// Rejected.
+    Rejected,
+    /// Went away unanswered: its job ended first (see `reason`).
+    Withdrawn,
+}
+
 /// A question to the user, asked because a permission rule says `ask`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PermissionRequest {
@@ -89,7 +79,7 @@ pub struct PermissionRequest {
     /// The job waiting for the answer (the call's id).
     pub job_id: String,
     /// `pending`, `allowed`, `rejected` or `withdrawn`.
-    #[schema(value_type = crate::event::schema::PermissionStatus)]
+    #[schema(value_type = PermissionStatus)]
     pub status: String,
     /// Why a `withdrawn` question went away: `interrupted`, `cancelled`,
     /// `session_removed`, `timeout` or `shutdown`. Absent otherwise.

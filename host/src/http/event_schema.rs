@@ -198,17 +198,3 @@ pub(crate) enum NoticeReason {
     /// The host restarted while the job ran; recovery cancelled it.
     HostRestarted,
 }
-
-/// A permission question's status.
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum PermissionStatus {
-    /// Waiting for a reply.
-    Pending,
-    /// Allowed (`once` or `always`).
-    Allowed,
-    /// Rejected.
-    Rejected,
-    /// Went away unanswered: its job ended first (see `reason`).
-    Withdrawn,
-}

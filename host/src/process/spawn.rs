@@ -200,7 +200,7 @@ mod tests {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "tool::spawn::tests::descriptors_on_0_1_2_reach_the_right_stdio",
+                "process::spawn::tests::descriptors_on_0_1_2_reach_the_right_stdio",
             ])
             .env(LOW_FDS_VAR, "1")
             .stdout(std::process::Stdio::null())

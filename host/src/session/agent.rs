@@ -14,7 +14,8 @@ use std::{
 use offstage_plugin_api::types::{AgentTurn, Role, ToolRequest, ToolStatus};
 use serde_json::json;
 
-use crate::{error::Result, session::SessionService, tool::Owner, util::BoxFuture, ServiceError};
+use super::SessionService;
+use crate::{error::Result, error::ServiceError, tool::Owner, util::BoxFuture};
 
 /// Runs one turn of a session and returns the reply.
 pub trait Agent: Send + Sync {
