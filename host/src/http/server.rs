@@ -234,42 +234,29 @@ pub(crate) struct OpenFileLimit {
 /// Returns the limits, or why they could not be read or raised.
 #[cfg(unix)]
 pub(crate) fn raise_open_file_limit() -> Result<OpenFileLimit, (Option<OpenFileLimit>, io::Error)> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `limit` is a valid, writable `rlimit`.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err((None, io::Error::last_os_error()));
-    }
-    let before = to_u64(limit.rlim_cur);
-    let hard = to_u64(limit.rlim_max);
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let limit = getrlimit(Resource::Nofile);
+    // `None` is "unlimited".
+    let before = limit.current.unwrap_or(u64::MAX);
+    let hard = limit.maximum.unwrap_or(u64::MAX);
     let mut found = OpenFileLimit {
         before,
         now: before,
         hard,
     };
-    if limit.rlim_cur >= limit.rlim_max {
+    if before >= hard {
         return Ok(found);
     }
-    let raised = libc::rlimit {
-        rlim_cur: limit.rlim_max,
-        rlim_max: limit.rlim_max,
+    // Raising the soft limit up to the hard one is allowed to any process.
+    let raised = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
     };
-    // SAFETY: `raised` is a valid `rlimit`; lowering or raising the soft
-    // limit up to the hard one is allowed to any process.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-        return Err((Some(found), io::Error::last_os_error()));
+    if let Err(error) = setrlimit(Resource::Nofile, raised) {
+        return Err((Some(found), error.into()));
     }
     found.now = hard;
     Ok(found)
-}
-
-/// `rlim_t` is `u64` on Linux, other widths elsewhere.
-#[cfg(unix)]
-#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
-fn to_u64(value: libc::rlim_t) -> u64 {
-    value as u64
 }
 
 /// Not on this platform: nothing to raise.

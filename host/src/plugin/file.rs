@@ -84,8 +84,7 @@ fn check_entry(path: &Path, entry: &Path, what: &str, is_dir: bool) -> Result<()
     } else {
         format!("{what} {} (where it links to)", entry.display())
     };
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let us = unsafe { libc::geteuid() };
+    let us = rustix::process::geteuid().as_raw();
     if metadata.uid() != us && metadata.uid() != 0 {
         return Err(LoadError::ForeignOwner {
             path: path.to_path_buf(),

@@ -32,6 +32,36 @@ pub(crate) struct Launch<'a> {
 /// for.
 pub(crate) type Child = tokio::process::Child;
 
+/// Kills a command's process group (SIGKILL) when dropped, or when told
+/// to: the command started it, so its grandchildren die with it.
+pub(crate) struct GroupGuard {
+    pgid: Option<rustix::process::Pid>,
+}
+
+impl GroupGuard {
+    /// A guard of the group led by `pid` (the command's, which leads its
+    /// own group); `None` guards nothing.
+    pub(crate) fn new(pid: Option<u32>) -> GroupGuard {
+        GroupGuard {
+            pgid: pid.and_then(|pid| rustix::process::Pid::from_raw(pid.try_into().ok()?)),
+        }
+    }
+
+    /// Kills the group now, once.
+    pub(crate) fn kill(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            // A group that is gone already fails with ESRCH: nothing to do.
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Starts `launch` in a process group of its own. A command that cannot
 /// start (its working directory, its program) fails here.
 pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {

@@ -116,15 +116,10 @@ const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 fn flock(file: &File, path: &Path) -> Result<(), StoreError> {
     #[cfg(unix)]
     {
-        use std::os::unix::io::AsRawFd;
+        use rustix::fs::FlockOperation;
         let deadline = std::time::Instant::now() + LOCK_PATIENCE;
-        loop {
-            // SAFETY: flock on a descriptor we own; no memory is involved.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                break;
-            }
-            let source = std::io::Error::last_os_error();
+        while let Err(error) = rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+            let source = std::io::Error::from(error);
             if source.kind() != std::io::ErrorKind::WouldBlock {
                 return Err(StoreError::Io {
                     path: path.to_path_buf(),

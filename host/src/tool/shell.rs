@@ -22,7 +22,7 @@ use crate::{
     error::{Result, ServiceError},
     process::{
         output::OutputSink,
-        spawn::{self, Launch},
+        spawn::{self, GroupGuard, Launch},
         tree::{JobTree, MARKER_VAR},
     },
 };
@@ -108,28 +108,6 @@ impl Tool for Shell {
     }
 }
 
-/// Kills a process group when dropped, unless disarmed.
-struct GroupGuard {
-    pgid: Option<i32>,
-}
-
-impl GroupGuard {
-    fn kill(&mut self) {
-        if let Some(pgid) = self.pgid.take() {
-            // SAFETY: plain syscall; a stale group id fails with ESRCH.
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> {
     let (reader, writer) = std::io::pipe()?;
     // Registered before the spawn, so no process of the job is ever
@@ -148,9 +126,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     if let Some(pid) = child.id() {
         tree.set_main(pid as i32);
     }
-    let mut group = GroupGuard {
-        pgid: child.id().map(|pid| pid as i32),
-    };
+    let mut group = GroupGuard::new(child.id());
     let output = ctx.output.clone();
     let mut pump = tokio::spawn(pump(OwnedFd::from(reader), output));
 

@@ -11,6 +11,7 @@ use std::{
     sync::{
         atomic::{AtomicBool, Ordering},
         mpsc::Sender,
+        Arc,
     },
     thread,
     time::Duration,
@@ -339,28 +340,24 @@ pub(crate) fn read_terminal(tx: Sender<Msg>) {
     });
 }
 
-/// Set by the signal handler; the ticker turns it into [`Msg::Quit`].
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
-}
-
 /// Ticks every [`TICK`], and turns SIGTERM/SIGHUP/SIGINT into a clean quit
 /// (the terminal is restored on the way out).
 pub(crate) fn tick(tx: Sender<Msg>) {
+    // Set by the signal handlers; the ticker turns it into `Msg::Quit`.
+    let signalled = Arc::new(AtomicBool::new(false));
     #[cfg(unix)]
-    // SAFETY: the handler only stores to an atomic, which is
-    // async-signal-safe.
-    unsafe {
-        let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-        libc::signal(libc::SIGTERM, handler);
-        libc::signal(libc::SIGHUP, handler);
-        libc::signal(libc::SIGINT, handler);
+    for signal in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGINT,
+    ] {
+        if let Err(error) = signal_hook::flag::register(signal, signalled.clone()) {
+            tracing::debug!(%error, signal, "cannot watch for a signal");
+        }
     }
     thread::spawn(move || loop {
         thread::sleep(TICK);
-        let msg = if SIGNALLED.load(Ordering::SeqCst) {
+        let msg = if signalled.load(Ordering::SeqCst) {
             Msg::Quit
         } else {
             Msg::Tick

@@ -305,20 +305,20 @@ fn load_answer(result: std::result::Result<String, LoadError>) -> Result<String>
 
 /// Sets the process's own `RLIMIT_AS` and `RLIMIT_CPU` (before `init`).
 fn apply_limits((memory, cpu): (Option<u64>, Option<u64>)) -> Result<()> {
+    use rustix::process::{setrlimit, Resource, Rlimit};
     for (resource, value, what) in [
-        (libc::RLIMIT_AS, memory, "memory_limit"),
-        (libc::RLIMIT_CPU, cpu, "cpu_limit"),
+        (Resource::As, memory, "memory_limit"),
+        (Resource::Cpu, cpu, "cpu_limit"),
     ] {
         let Some(value) = value else { continue };
-        let limit = libc::rlimit {
-            rlim_cur: value as libc::rlim_t,
-            rlim_max: value as libc::rlim_t,
+        let limit = Rlimit {
+            current: Some(value),
+            maximum: Some(value),
         };
-        // SAFETY: a plain system call with a valid pointer.
-        if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+        if let Err(error) = setrlimit(resource, limit) {
             return Err(ServiceError::Unsupported(format!(
                 "cannot set {what}: {}",
-                std::io::Error::last_os_error()
+                std::io::Error::from(error)
             )));
         }
     }

@@ -56,29 +56,22 @@ pub(super) fn kill_seen(marker: &str, sighting: &Sighting) -> usize {
 /// SIGKILL to the process `pid` started at `start`, through a pidfd where
 /// the kernel has them, so a reused pid is never hit.
 pub(super) fn kill(pid: i32, start: u64) {
+    use rustix::process::{kill_process, pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
+    let Some(pid) = Pid::from_raw(pid) else {
+        return;
+    };
+    let same = || read_stat(pid.as_raw_nonzero().get()).is_some_and(|p| p.start == start);
+    // The pidfd names the process it was opened on, even if the pid is
+    // reused after the check.
     #[cfg(target_os = "linux")]
-    // SAFETY: plain syscalls; the fd is closed below.
-    unsafe {
-        let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as i32;
-        if fd >= 0 {
-            if read_stat(pid).is_some_and(|p| p.start == start) {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd,
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                );
-            }
-            libc::close(fd);
-            return;
+    if let Ok(pidfd) = pidfd_open(pid, PidfdFlags::empty()) {
+        if same() {
+            let _ = pidfd_send_signal(&pidfd, Signal::KILL);
         }
+        return;
     }
-    if read_stat(pid).is_some_and(|p| p.start == start) {
-        // SAFETY: a plain syscall on a pid checked just above.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-        }
+    if same() {
+        let _ = kill_process(pid, Signal::KILL);
     }
 }
 

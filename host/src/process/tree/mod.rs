@@ -141,8 +141,7 @@ impl Registry {
         if new.is_empty() {
             return;
         }
-        // SAFETY: a plain syscall.
-        let host_session = unsafe { libc::getsid(0) };
+        let host_session = host_session();
         let mains = self.main_pids();
         for (zombie, member) in new {
             let ours = *member || left_a_job(zombie, &mains, host_session);
@@ -177,12 +176,23 @@ impl Registry {
             // holders reap it: still so. Read again all the same, since a
             // wrong pid here would take another child's exit status.
             if read_stat(pid).is_some_and(|p| p.start == start && p.zombie) {
-                let mut status = 0;
-                // SAFETY: waits for one specific child, without blocking.
-                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                reap_child(pid);
             }
             self.to_reap.remove(&(pid, start));
         }
+    }
+}
+
+/// The host's session id (its own process's).
+fn host_session() -> i32 {
+    rustix::process::getsid(None).map_or(-1, |sid| sid.as_raw_nonzero().get())
+}
+
+/// Reaps child `pid`, if it has exited, without blocking: by pid only, so
+/// no other child's exit status is taken.
+fn reap_child(pid: i32) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
     }
 }
 
@@ -257,8 +267,7 @@ fn child_lists_readable(host: i32) -> bool {
 
 #[cfg(target_os = "linux")]
 fn set_subreaper() -> bool {
-    // SAFETY: a plain prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok()
 }
 
 #[cfg(not(target_os = "linux"))]

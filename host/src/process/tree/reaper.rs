@@ -35,7 +35,7 @@ use std::{collections::HashSet, time::Duration};
 use super::kill::{forget, kill_seen};
 use super::proc::{read_stat, Proc};
 use super::sighting::{fresh_sighting, Sighting};
-use super::{finder, Finder, ProcId, REGISTRY, WAKE};
+use super::{finder, host_session, reap_child, Finder, ProcId, REGISTRY, WAKE};
 use crate::util::LockExt;
 
 /// How often the reaper thread looks while there is something to watch,
@@ -107,14 +107,15 @@ pub(super) fn wake_on_child_exit() {
 /// ended jobs, and reaps the zombies the host adopted from them — all
 /// from one sighting per tick.
 pub(super) fn reaper() {
+    // With a thread id, `getpriority`/`setpriority` read and set that
+    // thread's nice value on Linux (raising it needs no privilege).
     #[cfg(target_os = "linux")]
-    // SAFETY: plain syscalls; `getpriority`/`setpriority` with a thread
-    // id read and set that thread's nice value on Linux (raising it needs
-    // no privilege).
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        let own = libc::getpriority(libc::PRIO_PROCESS, tid);
-        libc::setpriority(libc::PRIO_PROCESS, tid, (own + REAPER_NICE).min(19));
+    {
+        use rustix::process::{getpriority_process, setpriority_process};
+        let tid = Some(rustix::thread::gettid());
+        if let Ok(own) = getpriority_process(tid) {
+            let _ = setpriority_process(tid, (own + REAPER_NICE).min(19));
+        }
     }
     let mut tick = SCAN_EVERY;
     loop {
@@ -171,8 +172,7 @@ pub(super) fn reaper() {
 /// is known by where it lived ([`left_a_job`]); a child the host itself
 /// started is left to whoever waits for it.
 pub(super) fn reap(sighting: &Sighting) {
-    // SAFETY: a plain syscall.
-    let host_session = unsafe { libc::getsid(0) };
+    let host_session = host_session();
     let procs = &sighting.procs;
     let mut registry = REGISTRY.lock_unpoisoned();
     let mains = registry.main_pids();
@@ -210,9 +210,7 @@ pub(super) fn reap(sighting: &Sighting) {
                 // its pid is free. Read again, under the lock, before the
                 // wait.
                 if reapable(&p, &mains) && still_zombie(&p) {
-                    let mut status = 0;
-                    // SAFETY: waits for one specific child, without blocking.
-                    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                    reap_child(pid);
                     registry.to_reap.remove(&(pid, start));
                     registry.adopted_zombies.remove(&pid);
                 }

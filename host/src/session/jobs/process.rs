@@ -85,9 +85,10 @@ pub(crate) fn kill_leftover(job_id: &str, record: &ProcessRecord) -> Leftover {
         }
         return Leftover::Gone;
     }
-    // SAFETY: a plain syscall on a group id checked just above.
-    let rc = unsafe { libc::kill(-record.pgid, libc::SIGKILL) };
-    if rc == 0 {
+    let killed = rustix::process::Pid::from_raw(record.pgid).is_some_and(|pgid| {
+        rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL).is_ok()
+    });
+    if killed {
         tracing::info!(
             job_id,
             pgid = record.pgid,
