@@ -46,8 +46,9 @@
 //!
 //! ## What you never write
 //!
-//! `extern "C"`, `R*` types, `FfiFuture`: the [`abi`] module and the macro
-//! hold all of it. Your code uses `async fn`, `?` and [`Result`].
+//! `extern "C"`, `R*` types, `FfiFuture`: the crate's internal `abi`
+//! module and the macro hold all of it. Your code uses `async fn`, `?` and
+//! [`Result`].
 //!
 //! ## Rules of the road
 //!
@@ -55,9 +56,10 @@
 //!   crate, so tokio's runtime is not there: use [`Context::sleep`],
 //!   [`Context::timeout`] and [`Context::spawn`], which run on the host's.
 //! - **Panics are contained** — in `init`, in hooks, in futures — and come
-//!   back as [`ErrorKind::PluginFailure`]; the host marks the plugin failed
-//!   and keeps serving. That needs unwinding: a plugin built with
-//!   `panic = "abort"` is refused at load.
+//!   back as [`ErrorKind::PluginPanic`], saying where; the host marks the
+//!   plugin failed and keeps serving. That needs unwinding: a plugin built
+//!   with `panic = "abort"` is refused at load, unless it runs isolated
+//!   (`isolation = "process"`), where an abort ends only its own process.
 //! - **`tracing` works**: events go to the host's log under the plugin's name.
 //! - **Compatibility**: a plugin built against 1.x loads in any 1.y host. A
 //!   method the host is too old for returns [`ErrorKind::Unsupported`]; a
@@ -68,6 +70,7 @@
 
 #![warn(missing_docs)]
 
+#[doc(hidden)]
 pub mod abi;
 mod context;
 mod error;

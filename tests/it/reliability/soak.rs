@@ -30,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use offstage::PluginStatus;
+use offstage::{Delivery, PluginStatus};
 use offstage_plugin_api::types::{BackgroundRequest, JobStatus, Role, ToolRequest, ToolStatus};
 use offstage_tests::loader::*;
 use offstage_tests::proc::{processes_of, rss_bytes};
@@ -355,25 +355,28 @@ async fn soak() {
     host.assert_loaded("faulty");
     let _watchdog = watchdog("soak");
 
-    // Every event, counted per job, by a task that only drains.
+    // Every event, counted per job, by a task that only drains; `read` is
+    // the id of the last event it has counted.
     let finished: Arc<Mutex<HashMap<String, usize>>> = Default::default();
     let lagged = Arc::new(AtomicU64::new(0));
+    let read = Arc::new(AtomicU64::new(0));
     let drain = {
         let mut events = host.service.events().subscribe();
-        let (finished, lagged) = (finished.clone(), lagged.clone());
+        let (finished, lagged, read) = (finished.clone(), lagged.clone(), read.clone());
         tokio::spawn(async move {
-            loop {
-                match events.recv().await {
-                    Ok(event) if event.kind == "job.finished" => {
-                        if let Some(id) = event.properties["id"].as_str() {
-                            *finished.lock().unwrap().entry(id.to_string()).or_default() += 1;
+            while let Some(delivery) = events.next().await {
+                match delivery {
+                    Delivery::Event(event) => {
+                        if event.kind() == "job.finished" {
+                            if let Some(id) = event.event().properties["id"].as_str() {
+                                *finished.lock().unwrap().entry(id.to_string()).or_default() += 1;
+                            }
                         }
+                        read.store(event.id(), Ordering::Release);
                     }
-                    Ok(_) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        lagged.fetch_add(n, Ordering::Relaxed);
+                    Delivery::Lagged { missed } => {
+                        lagged.fetch_add(missed.unwrap_or(1), Ordering::Relaxed);
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
                 }
             }
         })
@@ -445,9 +448,21 @@ async fn soak() {
     // Removed sessions took their ended jobs with them.
     let kept = service.jobs(None).await.unwrap().len();
     assert!(kept <= SESSIONS * BATCH as usize + 16, "{kept} jobs kept");
-    // job.finished: once per job (the drain task may lag only if the bus
-    // overflowed; that would be reported, not hidden).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // job.finished: once per job. Every job has ended, and a job's end is
+    // published under the state lock that `jobs` read it through; so once
+    // the drain task has read up to the newest event published now, it has
+    // read them all (it may lag only if the bus overflowed; that would be
+    // reported, not hidden).
+    let published = service.events().last_id().unwrap_or(0);
+    poll_showing("the event drain to catch up", async || {
+        let read = read.load(Ordering::Acquire);
+        if read >= published {
+            Ok(())
+        } else {
+            Err(format!("read up to event {read} of {published}"))
+        }
+    })
+    .await;
     assert_eq!(lagged.load(Ordering::Relaxed), 0, "event subscriber lagged");
     {
         let finished = finished.lock().unwrap();

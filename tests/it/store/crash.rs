@@ -195,9 +195,12 @@ fn crash_child_half_committed() {
             |_| {},
         );
         entered.recv().unwrap();
+        // Each thread says which it is (its id in `/proc`) before it calls.
+        let (tids_tx, tids) = std::sync::mpsc::channel::<u32>();
         let ender = {
-            let (store, job_id) = (store.clone(), job_id.clone());
+            let (store, job_id, tids_tx) = (store.clone(), job_id.clone(), tids_tx.clone());
             std::thread::spawn(move || {
+                tids_tx.send(this_thread_id()).unwrap();
                 let mut job = half_job(&job_id);
                 job.status = JobStatus::Completed;
                 job.exit_code = Some(0);
@@ -209,6 +212,7 @@ fn crash_child_half_committed() {
         let appender = {
             let (store, message_id) = (store.clone(), message_id.clone());
             std::thread::spawn(move || {
+                tids_tx.send(this_thread_id()).unwrap();
                 store
                     .append_message(&Message {
                         id: message_id.clone(),
@@ -222,8 +226,18 @@ fn crash_child_half_committed() {
                 println!("acked message {message_id}");
             })
         };
-        // Give both threads time to queue; the probe below checks.
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        // Wait until both threads sleep in their calls: with the writer
+        // held by the gate, a call sleeps once its write is queued and it
+        // waits for the commit. (It could also sleep an instant on a lock
+        // before that; the probe below checks, and such a round starts
+        // again.)
+        let waiting = [tids.recv().unwrap(), tids.recv().unwrap()];
+        offstage_tests::wait::eventually("both writes queued behind the gate", || {
+            waiting
+                .iter()
+                .all(|&tid| offstage_tests::proc::pid_sleeping(tid))
+                .then_some(())
+        });
         let (probe_job, probe_message) = (job_id.clone(), message_id.clone());
         let _ = store.submit(
             move |conn| {
@@ -256,6 +270,13 @@ fn crash_child_half_committed() {
         appender.join().unwrap();
     }
     panic!("no round had its writes in one group");
+}
+
+/// The calling thread's id, as `/proc/TID` names it (from the
+/// `/proc/thread-self` link, `PID/task/TID`).
+fn this_thread_id() -> u32 {
+    let link = std::fs::read_link("/proc/thread-self").unwrap();
+    link.file_name().unwrap().to_str().unwrap().parse().unwrap()
 }
 
 /// Kills the child while a group is half-committed: its writes ran inside
