@@ -50,11 +50,13 @@
 //! # Layout
 //!
 //! This file is the facade ([`Store`]: opening, submitting writes, the
-//! blocking calls). The SQL is in
+//! few blocking calls start-up and permissions make). The SQL is in
 //! `sql.rs`, the records and their row mapping in `rows.rs`, restart
 //! recovery in `recover.rs`, the errors in `error.rs`; opening and
 //! refusing files in `open.rs`, the schema in `schema.rs`, the writer and
-//! its checkpoints in `writer.rs` and `checkpoint.rs`.
+//! its checkpoints in `writer.rs` and `checkpoint.rs`. The blocking calls
+//! only tests and benchmarks make are
+//! [`StoreTestExt`](testing::StoreTestExt), in `testing.rs`.
 
 mod checkpoint;
 mod error;
@@ -63,6 +65,7 @@ mod recover;
 mod rows;
 mod schema;
 mod sql;
+pub(crate) mod testing;
 mod writer;
 
 use crate::util::LockExt;
@@ -71,7 +74,7 @@ use std::{
     sync::{atomic::Ordering, Arc, Mutex, MutexGuard},
 };
 
-use offstage_plugin_api::types::{Job, Message, Session};
+use offstage_plugin_api::types::Message;
 use rusqlite::Connection;
 
 pub use error::StoreError;
@@ -80,7 +83,7 @@ pub use open::DB_FILE;
 use open::LOCK_FILE;
 use recover::Recovery;
 pub use rows::NoticeReason;
-pub(crate) use rows::{PendingNotice, ProcessRecord};
+pub(crate) use rows::ProcessRecord;
 pub use schema::SCHEMA_VERSION;
 pub(crate) use sql::{
     delete_session, end_job, insert_job, insert_message, insert_messages, insert_notice,
@@ -309,81 +312,7 @@ impl Store {
         self.conn.lock_unpoisoned()
     }
 
-    // ----- sessions ------------------------------------------------------
-
-    /// Inserts or updates a session (never touching its messages or jobs).
-    pub fn put_session(&self, session: &Session) -> Result<(), StoreError> {
-        let session = session.clone();
-        self.write(move |conn| sql::put_session(conn, &session))
-    }
-
-    /// Deletes a session with its child sessions (recursively), and their
-    /// messages, jobs and owed notices. Returns whether it existed. Output
-    /// files are the caller's to remove.
-    pub fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
-        let id = id.to_string();
-        self.write(move |conn| sql::delete_session(conn, &id))
-    }
-
-    /// Every session, ordered by id (which orders by creation).
-    pub fn sessions(&self) -> Result<Vec<Session>, StoreError> {
-        let conn = self.conn();
-        sql::read_sessions(&conn)
-    }
-
-    // ----- messages ------------------------------------------------------
-
-    /// Appends a message to its session, whose `updated_at` then reads as
-    /// the message's time (see `SESSION_COLUMNS` in `rows.rs`). A `user` or
-    /// `notice` message starts in the session's inbox (undelivered), as in
-    /// the service; see [`Store::mark_delivered`].
-    pub fn append_message(&self, message: &Message) -> Result<(), StoreError> {
-        let message = message.clone();
-        self.write(move |conn| sql::insert_message(conn, &message))
-    }
-
-    /// A session's messages, oldest first (empty for an unknown session).
-    pub fn messages(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
-        let conn = self.conn();
-        sql::read_messages(&conn, session_id)
-    }
-
-    /// Records that these messages were handed to an agent turn (they leave
-    /// the inbox). Unknown ids are ignored. One commit for all.
-    pub fn mark_delivered<S: AsRef<str>>(&self, message_ids: &[S]) -> Result<(), StoreError> {
-        if message_ids.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<String> = message_ids.iter().map(|i| i.as_ref().to_string()).collect();
-        self.write(move |conn| sql::mark_delivered(conn, &ids))
-    }
-
-    /// A session's undelivered prompts and notices, oldest first.
-    pub fn inbox(&self, session_id: &str) -> Result<Vec<Message>, StoreError> {
-        let conn = self.conn();
-        sql::read_inbox(&conn, session_id)
-    }
-
     // ----- jobs ----------------------------------------------------------
-
-    /// Inserts or updates a job (start, background move, child session).
-    pub fn put_job(&self, job: &Job) -> Result<(), StoreError> {
-        let job = job.clone();
-        self.write(move |conn| sql::upsert_job(conn, &job))
-    }
-
-    /// Inserts or updates many jobs in one commit (an import, a
-    /// benchmark's history).
-    pub fn put_jobs(&self, jobs: Vec<Job>) -> Result<(), StoreError> {
-        self.write(move |conn| jobs.iter().try_for_each(|job| sql::upsert_job(conn, job)))
-    }
-
-    /// Records the process group of a running job (replacing an earlier
-    /// record). It is forgotten when the job's end is recorded.
-    pub fn set_job_process(&self, job_id: &str, process: &ProcessRecord) -> Result<(), StoreError> {
-        let (job_id, process) = (job_id.to_string(), process.clone());
-        self.write(move |conn| sql::set_job_process(conn, &job_id, &process))
-    }
 
     /// Drops the process records of `job_ids` (after restart recovery dealt
     /// with them). One commit for all.
@@ -392,50 +321,7 @@ impl Store {
         self.write(move |conn| sql::forget_job_processes(conn, &ids))
     }
 
-    /// Records a job's end and, for a job that owes one, its notice — in
-    /// one commit, so that neither is seen without the other. Returns
-    /// whether the notice was written (`false` if the job already had one,
-    /// or none was given). A final status also drops the job's process
-    /// record.
-    pub fn finish_job(&self, job: &Job, notice: Option<&Message>) -> Result<bool, StoreError> {
-        let (job, notice) = (job.clone(), notice.cloned());
-        self.write(move |conn| sql::finish_job(conn, &job, notice.as_ref()))
-    }
-
-    /// One job.
-    pub fn job(&self, id: &str) -> Result<Option<Job>, StoreError> {
-        let conn = self.conn();
-        sql::read_job(&conn, id)
-    }
-
-    /// Every job, oldest first.
-    pub fn jobs(&self) -> Result<Vec<Job>, StoreError> {
-        let conn = self.conn();
-        sql::read_jobs(&conn)
-    }
-
     // ----- notices -------------------------------------------------------
-
-    /// Marks a notice as owed for a job whose end was recorded without it
-    /// (reason [`NoticeReason::JobEnded`]). Returns `false`, changing
-    /// nothing, if the job's notice was already written.
-    pub fn mark_notice_pending(&self, job_id: &str) -> Result<bool, StoreError> {
-        let job_id = job_id.to_string();
-        self.write(move |conn| sql::mark_notice_pending(conn, &job_id))
-    }
-
-    /// Drops an owed notice without writing it (e.g. its session is going
-    /// away). Returns whether one was owed.
-    pub fn clear_notice_pending(&self, job_id: &str) -> Result<bool, StoreError> {
-        let job_id = job_id.to_string();
-        self.write(move |conn| sql::clear_notice_pending(conn, &job_id))
-    }
-
-    /// Every owed notice, with its job, oldest job first.
-    pub fn pending_notices(&self) -> Result<Vec<PendingNotice>, StoreError> {
-        let conn = self.conn();
-        sql::read_pending(&conn)
-    }
 
     /// Writes a job's notice and clears its owed mark, in one commit.
     /// Returns `false`, writing nothing, if the job already has its notice:
@@ -456,13 +342,6 @@ impl Store {
     pub fn add_always_rule(&self, rule: &Rule) -> Result<(), StoreError> {
         let rule = rule.clone();
         self.write(move |conn| sql::add_always_rule(conn, &rule))
-    }
-
-    /// The remembered `always` rules, oldest first (append them after the
-    /// configured rules: the last match wins).
-    pub fn always_rules(&self) -> Result<Vec<Rule>, StoreError> {
-        let conn = self.conn();
-        sql::read_rules(&conn)
     }
 
     // ----- recovery ------------------------------------------------------

@@ -12,6 +12,7 @@ use super::checkpoint::COMMITS_PER_CHECKPOINT;
 use super::recover::LeftoverProcess;
 use super::rows::{role_word, status_word, word, PendingNotice};
 use super::sql::MESSAGES_PER_INSERT;
+use super::testing::StoreTestExt;
 use super::*;
 use crate::{
     permission::{Action, Rule},

@@ -492,7 +492,10 @@ mod tests {
     use offstage_plugin_api::types::{Session, SessionStatus};
 
     use super::*;
-    use crate::{session::jobs::output::OutputSink, store::Store};
+    use crate::{
+        session::jobs::output::OutputSink,
+        store::{testing::StoreTestExt, Store},
+    };
 
     const JOBS: usize = 3;
 
