@@ -644,7 +644,7 @@ where
 /// A data dir whose store already holds `jobs` ended jobs spread over
 /// `sessions` sessions (written straight to the store, one commit).
 fn history_dir(jobs: usize, sessions: usize) -> tempfile::TempDir {
-    use offstage::testing::Store;
+    use offstage::testing::{Store, StoreTestExt};
     use offstage_plugin_api::types::{Job, JobStatus, Session, SessionStatus};
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("data")).unwrap();

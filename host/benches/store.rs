@@ -30,7 +30,7 @@ use std::{
 };
 
 use offstage::{
-    testing::{Durability, Store},
+    testing::{Durability, Store, StoreTestExt},
     ServiceConfig, SessionService,
 };
 use offstage_plugin_api::types::{Message, NewSession, Role, Session, SessionStatus, ToolRequest};

@@ -68,11 +68,13 @@ pub use crate::plugin::watch::{watch as watch_plugins, DevWatcher, DEBOUNCE as W
 pub use crate::demo::{run_with as run_demo, DemoError, DemoOptions, EXAMPLE_PLUGINS};
 
 /// Store internals for the end-to-end tests and benchmarks: opening the
-/// store directly, its file names and schema version, the tail size of a
-/// job's output. Not a stable API.
+/// store directly, its blocking reads and writes (`StoreTestExt`), its
+/// file names and schema version, the tail size of a job's output. Not a
+/// stable API.
 #[doc(hidden)]
 pub mod testing {
     pub use crate::http::error::status_of;
     pub use crate::process::output::TAIL_BYTES;
+    pub use crate::store::testing::StoreTestExt;
     pub use crate::store::{Durability, NoticeReason, Store, StoreError, DB_FILE, SCHEMA_VERSION};
 }

@@ -78,7 +78,7 @@
 //! - `generation.rs`: one generation's life (staged, committed, retired,
 //!   drained).
 //! - `check.rs`: `offstage plugin check`; `file.rs`: permission and format
-//!   checks; `watch.rs`: `offstage dev`'s watcher; `error.rs`: [`LoadError`].
+//!   checks; `watch/`: `offstage dev`'s watcher; `error.rs`: [`LoadError`].
 //! - `abi/`: the only code that touches the raw ABI, behind safe wrappers.
 
 mod abi;

@@ -8,6 +8,7 @@ use offstage_plugin_api::types::{
 use serde_json::{json, Value};
 
 use super::{ServiceConfig, SessionService};
+use crate::store::testing::StoreTestExt;
 use crate::tool::{BoxFuture, JobContext, Owner, Tool, ToolOutcome};
 
 /// A bound on any wait: reaching it fails the test, it measures nothing.

@@ -47,7 +47,7 @@ pub(super) const LOCK_FILE: &str = "offstage.lock";
 const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
 /// Prepared statements the writer's connection keeps: more than the
-/// store has (`prepare_cached` in `store/mod.rs`, one multi-row message
+/// store has (`prepare_cached` in `store/sql.rs`, one multi-row message
 /// `INSERT` per row count up to 32, and the writer's transaction
 /// statements: about 70), so none is ever prepared twice.
 const STATEMENT_CACHE: usize = 128;

@@ -9,8 +9,15 @@ use rusqlite::Connection;
 use serde_json::json;
 
 use super::checkpoint::COMMITS_PER_CHECKPOINT;
+use super::recover::LeftoverProcess;
+use super::rows::{role_word, status_word, word, PendingNotice};
+use super::sql::MESSAGES_PER_INSERT;
+use super::testing::StoreTestExt;
 use super::*;
-use crate::permission::{Action, Rule};
+use crate::{
+    error::ServiceError,
+    permission::{Action, Rule},
+};
 
 fn session(id: &str, parent: Option<&str>) -> Session {
     Session {

@@ -14,7 +14,7 @@ use std::{
     process::Stdio,
 };
 
-use offstage::testing::{NoticeReason, Store};
+use offstage::testing::{NoticeReason, Store, StoreTestExt};
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};
 use serde_json::json;
 

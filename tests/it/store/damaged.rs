@@ -2,7 +2,9 @@
 //! fails while restart recovery reads it: the message that stops the start
 //! names the database file, as one for a file that does not open does.
 
-use offstage::{testing::Store, testing::DB_FILE, ServiceConfig, SessionService};
+use offstage::{
+    testing::Store, testing::StoreTestExt, testing::DB_FILE, ServiceConfig, SessionService,
+};
 use offstage_plugin_api::types::{Message, Role, Session, SessionStatus};
 use serde_json::json;
 

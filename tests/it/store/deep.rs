@@ -2,7 +2,7 @@
 //! public API on a real SQLite file (and it stays deleted after a reopen),
 //! and through `DELETE /api/session/:id` of a real host.
 
-use offstage::testing::Store;
+use offstage::testing::{Store, StoreTestExt};
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};
 use offstage_tests::server::Server;
 use serde_json::json;

@@ -12,7 +12,7 @@
 //! - everything resumes once there is room again.
 
 use offstage::{
-    testing::{status_of, StoreError},
+    testing::{status_of, StoreError, StoreTestExt},
     ServiceConfig, ServiceError, SessionService,
 };
 use offstage_plugin_api::types::{NewSession, Role};

@@ -13,7 +13,7 @@ use std::{
 };
 
 use offstage::{
-    testing::{NoticeReason, Store, StoreError, DB_FILE, SCHEMA_VERSION},
+    testing::{NoticeReason, Store, StoreError, StoreTestExt, DB_FILE, SCHEMA_VERSION},
     Action, Rule,
 };
 use offstage_plugin_api::types::{Job, JobStatus, Message, Role, Session, SessionStatus};

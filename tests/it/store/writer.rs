@@ -26,7 +26,10 @@ use std::{
     process::Stdio,
 };
 
-use offstage::{testing::Store, ServiceConfig, SessionService};
+use offstage::{
+    testing::{Store, StoreTestExt},
+    ServiceConfig, SessionService,
+};
 use offstage_plugin_api::types::{
     BackgroundRequest, JobStatus, Message, NewSession, Role, ToolRequest,
 };

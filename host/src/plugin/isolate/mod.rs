@@ -21,7 +21,7 @@
 //!   each hook the child registers becomes a `CallbackAbi` or
 //!   `WrapperAbi` that forwards, handed to the *same* registration entries
 //!   an in-process plugin calls, so grants are checked and hooks staged,
-//!   committed, retired and drained exactly as in process (`parent.rs`).
+//!   committed, retired and drained exactly as in process (`parent/`).
 //! - The channel is a socket pair with length-delimited JSON frames and
 //!   request ids in both directions (`wire.rs`); one generic forwarder per
 //!   direction serves every method of the method table.

@@ -492,7 +492,10 @@ mod tests {
     use offstage_plugin_api::types::{Session, SessionStatus};
 
     use super::*;
-    use crate::{process::output::OutputSink, store::Store};
+    use crate::{
+        process::output::OutputSink,
+        store::{testing::StoreTestExt, Store},
+    };
 
     const JOBS: usize = 3;
 
