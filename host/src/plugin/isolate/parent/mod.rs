@@ -94,8 +94,9 @@ impl Link {
     fn kill(&self) {
         // Only while not reaped: the pid is ours until then.
         if self.exited.borrow().is_none() {
-            // SAFETY: sending a signal to a pid we spawned and have not reaped.
-            unsafe { libc::kill(self.pid as libc::pid_t, libc::SIGKILL) };
+            if let Some(pid) = rustix::process::Pid::from_raw(self.pid as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
         }
     }
 
