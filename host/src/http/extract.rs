@@ -80,7 +80,7 @@ where
 /// tokio then queues it again as a yield and wakes another worker for it,
 /// a `futex` call and a cross-CPU wake-up that, for `POST …/background`,
 /// came between the commit and the held caller's answer, in every request
-/// (BENCHMARKS.md, 2026-12-04). Read from another task, the wake is an
+/// (ARCHITECTURE.md §PERF). Read from another task, the wake is an
 /// ordinary one of a task that waits, and no other worker is woken.
 ///
 /// The task ends with the body: read to its end, cut by the size limit or

@@ -8,7 +8,8 @@
 //! Every statement is prepared once and cached on the connection
 //! (`prepare_cached`; the cache is sized for them in `open.rs`), and the
 //! ones a shell call or a background move runs were measured
-//! (BENCHMARKS.md): their shape, not only their result, is deliberate.
+//! (ARCHITECTURE.md §PERF): their shape, not only their result, is
+//! deliberate.
 
 use std::sync::LazyLock;
 
@@ -542,8 +543,7 @@ pub(crate) fn insert_job(conn: &Connection, job: &Job) -> Result<(), StoreError>
 /// case is one `UPDATE` that only a foreground job matches; a job it did
 /// not match takes a second. `RETURNING backgrounded` did it in one
 /// statement, but SQLite builds a temporary B-tree for every statement
-/// with `RETURNING`: 3% of the host's CPU per shell call
-/// (BENCHMARKS.md, 2026-12-03 sixth round).
+/// with `RETURNING`: 3% of the host's CPU per shell call.
 pub(crate) fn end_job(conn: &Connection, job: &Job) -> Result<Option<bool>, StoreError> {
     let end = |sql: &str| -> Result<bool, StoreError> {
         let changed = conn.prepare_cached(sql)?.execute(params![
