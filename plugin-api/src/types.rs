@@ -336,13 +336,32 @@ pub struct AgentTurn {
 }
 
 /// A tool a plugin adds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// ```
+/// use offstage_plugin_api::types::ToolSpec;
+/// use serde_json::json;
+///
+/// let spec = ToolSpec::new("echo", "answers with its input's text").with_input_schema(json!({
+///     "type": "object",
+///     "properties": { "text": { "type": "string", "description": "what to echo" } },
+///     "required": ["text"],
+/// }));
+/// assert!(spec.input_schema.is_some());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolSpec {
     /// The name calls use; unique among the host's tools.
     pub name: String,
     /// What the tool does, for humans and agents.
     #[serde(default)]
     pub description: String,
+    /// The JSON Schema of the tool's input (an object schema), shown by
+    /// `GET /api/tool` and given to models and MCP clients so that they
+    /// call the tool with the right arguments. `None` says nothing about
+    /// the input. *Since 1.3;* an older host ignores it.
+    #[cfg(not(offstage_api_variant = "older"))]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<Value>,
 }
 
 impl ToolSpec {
@@ -352,7 +371,16 @@ impl ToolSpec {
         ToolSpec {
             name: name.into(),
             description: description.into(),
+            ..ToolSpec::default()
         }
+    }
+
+    /// The same tool, with `schema` as the JSON Schema of its input.
+    /// *Since 1.3.*
+    #[cfg(not(offstage_api_variant = "older"))]
+    pub fn with_input_schema(mut self, schema: Value) -> Self {
+        self.input_schema = Some(schema);
+        self
     }
 }
 

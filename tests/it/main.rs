@@ -46,6 +46,7 @@ mod http {
     mod keepalive;
     mod limits;
     mod plugins;
+    mod tools;
 }
 
 /// The `offstage` client commands and serve's refusals.

@@ -158,11 +158,67 @@ fn tool_input(args: &ToolArgs) -> Result<Value, ClientError> {
     Ok(input)
 }
 
+/// `offstage tool list`: each tool with its owner, what it does and the
+/// fields its input takes (required ones marked `*`).
+fn tool_list(args: &ClientArgs) -> ExitCode {
+    report(|| {
+        let tools: Vec<Value> = client(args)?.get("/api/tool")?;
+        if args.json {
+            print_json(&tools);
+            return Ok(ExitCode::SUCCESS);
+        }
+        for tool in &tools {
+            let text = |key: &str| tool[key].as_str().unwrap_or_default().to_string();
+            println!(
+                "{:<16} {:<16} {}",
+                text("name"),
+                text("owner"),
+                text("description")
+            );
+            let schema = &tool["input_schema"];
+            let required: Vec<&str> = schema["required"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            if let Some(properties) = schema["properties"].as_object() {
+                // Required fields first, in the schema's order.
+                let mut named: Vec<(&String, &Value)> = properties.iter().collect();
+                named.sort_by_key(|(name, _)| !required.contains(&name.as_str()));
+                let fields: Vec<String> = named
+                    .into_iter()
+                    .map(|(name, property)| {
+                        let kind = property["type"].as_str().unwrap_or("any");
+                        let mark = if required.contains(&name.as_str()) {
+                            "*"
+                        } else {
+                            ""
+                        };
+                        format!("{name}{mark}: {kind}")
+                    })
+                    .collect();
+                println!("{:<16} input: {}", "", fields.join(", "));
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 pub(super) fn tool(args: ToolArgs) -> ExitCode {
+    let Some(tool) = args.tool.clone() else {
+        if args.session == "list" {
+            return tool_list(&args.client);
+        }
+        eprintln!(
+            "offstage: name the tool to run: offstage tool SESSION TOOL (or `offstage tool list`)"
+        );
+        return ExitCode::from(2);
+    };
     report(|| {
         let client = client(&args.client)?;
         let input = tool_input(&args)?;
-        let body = json!({ "tool": args.tool, "input": input, "call_id": args.call_id });
+        let body = json!({ "tool": tool, "input": input, "call_id": args.call_id });
         let path = format!("/api/session/{}/tool", segment(&args.session));
         let result: ToolResult = client.call(Method::POST, &path, Some(&body))?;
         if args.client.json {

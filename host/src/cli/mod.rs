@@ -72,7 +72,8 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: SessionCommand,
     },
-    /// Run a tool in a session and wait until it ends or is backgrounded.
+    /// Run a tool in a session and wait until it ends or is backgrounded;
+    /// `offstage tool list` lists the host's tools and their inputs.
     ///
     /// For `shell`, the words after `--` are joined with spaces into the
     /// command line, as ssh does: `offstage tool S shell -- 'ls | wc -l'`.
@@ -222,14 +223,15 @@ pub(crate) enum SessionCommand {
     Rm { id: String },
 }
 
-/// `offstage tool SESSION TOOL [-- ARGS...]`.
+/// `offstage tool SESSION TOOL [-- ARGS...]`, or `offstage tool list`.
 #[derive(Debug, Args)]
 pub(crate) struct ToolArgs {
     #[command(flatten)]
     pub client: ClientArgs,
+    /// The session, or `list` to list the host's tools.
     pub session: String,
     /// `shell`, `subagent`, or a plugin's tool.
-    pub tool: String,
+    pub tool: Option<String>,
     /// The tool's input as a JSON object; for `shell`, the command after
     /// `--` is merged into it as `command`.
     #[arg(long, value_name = "JSON")]

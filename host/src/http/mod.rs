@@ -34,6 +34,7 @@ pub(crate) mod permissions;
 pub(crate) mod plugins;
 pub(crate) mod server;
 pub(crate) mod sessions;
+pub(crate) mod tools;
 
 use std::{
     future::Future,
@@ -76,6 +77,7 @@ fn api() -> OpenApiRouter<AppState> {
     let api = jobs::routes(api);
     let api = permissions::routes(api);
     let api = plugins::routes(api);
+    let api = tools::routes(api);
     events::routes(api)
 }
 

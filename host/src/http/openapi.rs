@@ -47,6 +47,7 @@ use super::event_schema as schema;
         (name = "job", description = "Jobs started by tool calls"),
         (name = "permission", description = "Questions asked by `ask` rules"),
         (name = "plugin", description = "Loaded native plugins"),
+        (name = "tool", description = "The tools sessions can call, with their input schemas"),
         (name = "event", description = "The event stream"),
     ),
 )]

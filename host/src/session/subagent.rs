@@ -58,6 +58,34 @@ impl Drop for InterruptOnDrop {
 }
 
 impl Tool for Subagent {
+    fn description(&self) -> String {
+        "Runs a prompt in a new child session with the named agent and returns that agent's \
+         reply."
+            .to_string()
+    }
+
+    fn input_schema(&self) -> Option<Value> {
+        Some(serde_json::json!({
+            "type": "object",
+            "properties": {
+                "agent": {
+                    "type": "string",
+                    "description": "The agent that runs the child session's turn."
+                },
+                "prompt": {
+                    "type": "string",
+                    "description": "What the child session's agent is asked."
+                },
+                "description": {
+                    "type": "string",
+                    "description": "A short title for the child session and the job."
+                }
+            },
+            "required": ["agent", "prompt"],
+            "additionalProperties": false
+        }))
+    }
+
     fn policy(&self, input: &Value) -> Result<ForegroundPolicy> {
         parse(input)?;
         Ok(ForegroundPolicy::default())

@@ -107,6 +107,34 @@ pub trait Tool: Send + Sync {
     fn permission_pattern(&self, input: &Value) -> String {
         self.title(input)
     }
+
+    /// What the tool does, for humans and models.
+    fn description(&self) -> String {
+        String::new()
+    }
+
+    /// The JSON Schema of the tool's input, if it declares one: what
+    /// `GET /api/tool` shows and what models and MCP clients are given.
+    fn input_schema(&self) -> Option<Value> {
+        None
+    }
+}
+
+/// A tool as `GET /api/tool` lists it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ToolInfo {
+    /// The name calls use.
+    pub name: String,
+    /// `host` for a built-in tool, else the plugin that added it.
+    pub owner: String,
+    /// What the tool does.
+    pub description: String,
+    /// The JSON Schema of the tool's input; absent if it declares none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub input_schema: Option<Value>,
+    /// Plugins that wrap the tool, outermost first.
+    pub wrapped_by: Vec<String>,
 }
 
 /// A tool and its wrappers, outermost first: what one call runs.
@@ -374,6 +402,35 @@ impl ToolRegistry {
             .map(|ws| ws.iter().map(|w| w.item.clone()).collect())
             .unwrap_or_default();
         Some((tool, wrappers))
+    }
+
+    /// Every tool, by name, with its owner, description, input schema and
+    /// wrappers.
+    pub fn list(&self) -> Vec<ToolInfo> {
+        let registry = self.inner.read_unpoisoned();
+        let owner_name = |owner: &Owner| match owner {
+            Owner::Host => "host".to_string(),
+            Owner::Plugin { name, .. } => name.clone(),
+        };
+        let mut tools: Vec<ToolInfo> = registry
+            .tools
+            .iter()
+            .map(|(name, registered)| ToolInfo {
+                name: name.clone(),
+                owner: owner_name(&registered.owner),
+                description: registered.item.description(),
+                input_schema: registered.item.input_schema(),
+                wrapped_by: registry
+                    .wrappers
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .map(|w| owner_name(&w.owner))
+                    .collect(),
+            })
+            .collect();
+        tools.sort_by(|a, b| a.name.cmp(&b.name));
+        tools
     }
 
     /// Names of every tool.

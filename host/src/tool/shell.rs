@@ -54,6 +54,53 @@ struct ShellInput {
     background: bool,
     #[serde(default)]
     on_timeout: Option<String>,
+    #[serde(default)]
+    background_after_ms: Option<u64>,
+}
+
+/// What `shell` does, for humans and models.
+const DESCRIPTION: &str = "Runs a command line with /bin/sh -c in its own process group and \
+returns its output (stdout and stderr together) and exit code. A call that runs longer than \
+`background_after_ms` moves to the background: the caller gets the output so far at once, and \
+a notice when the command ends.";
+
+/// The JSON Schema of `shell`'s input: [`ShellInput`], for models and
+/// `GET /api/tool`. A test checks that it accepts what `parse` accepts.
+fn input_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "command": {
+                "type": "string",
+                "description": "The command line, run with /bin/sh -c."
+            },
+            "workdir": {
+                "type": "string",
+                "description": "The working directory; the host's when absent."
+            },
+            "timeout_ms": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "How long the caller waits before `on_timeout` applies (default 120000)."
+            },
+            "on_timeout": {
+                "type": "string",
+                "enum": ["kill", "background"],
+                "description": "What a timeout does: kill the command (default) or move it to the background."
+            },
+            "background": {
+                "type": "boolean",
+                "description": "Start in the background: the call returns at once with the job's id."
+            },
+            "background_after_ms": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Move the call to the background once it has run this long; the output so far is returned then, and a notice follows when it ends. Instead of timeout_ms and on_timeout."
+            }
+        },
+        "required": ["command"],
+        "additionalProperties": false
+    })
 }
 
 fn parse(input: &Value) -> Result<ShellInput> {
@@ -72,8 +119,30 @@ fn parse(input: &Value) -> Result<ShellInput> {
 pub(crate) struct Shell;
 
 impl Tool for Shell {
+    fn description(&self) -> String {
+        DESCRIPTION.to_string()
+    }
+
+    fn input_schema(&self) -> Option<Value> {
+        Some(input_schema())
+    }
+
     fn policy(&self, input: &Value) -> Result<ForegroundPolicy> {
         let input = parse(input)?;
+        if let Some(after) = input.background_after_ms {
+            // Sugar for a timeout that moves, so it cannot be combined
+            // with another timeout or another outcome.
+            if input.timeout_ms.is_some() || input.on_timeout.is_some() {
+                return Err(ServiceError::InvalidInput(
+                    "shell input: background_after_ms replaces timeout_ms and on_timeout; give one or the other".into(),
+                ));
+            }
+            return Ok(ForegroundPolicy {
+                background: input.background,
+                timeout: Some(Duration::from_millis(after)),
+                on_timeout: OnTimeout::Background,
+            });
+        }
         let on_timeout = match input.on_timeout.as_deref() {
             None | Some("kill") => OnTimeout::Kill,
             Some("background") => OnTimeout::Background,
@@ -266,5 +335,75 @@ async fn pump(reader: OwnedFd, output: std::sync::Arc<OutputSink>) {
         // an awaited one does: without this, a command that floods its
         // output would keep this thread from its other tasks.
         tokio::task::coop::consume_budget().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A value of the schema's type for `property`, as an input would
+    /// carry it.
+    fn sample(property: &Value) -> Value {
+        match property["type"].as_str() {
+            Some("string") => match property["enum"].as_array() {
+                Some(values) => values[0].clone(),
+                None => json!("/"),
+            },
+            Some("integer") => json!(10),
+            Some("boolean") => json!(true),
+            other => panic!("no sample for {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_schema_names_exactly_what_the_input_accepts() {
+        let schema = input_schema();
+        let properties = schema["properties"].as_object().unwrap();
+        assert_eq!(schema["required"], json!(["command"]));
+        for (name, property) in properties {
+            let mut input = json!({ "command": "true" });
+            input[name] = sample(property);
+            parse(&input).unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        // A field the schema leaves out is refused by the tool too, as
+        // `additionalProperties: false` says.
+        assert_eq!(schema["additionalProperties"], json!(false));
+        assert!(parse(&json!({ "command": "true", "cwd": "/" })).is_err());
+        // Every field the input type has is in the schema: one that is not
+        // would be refused by a model's strict client before it got here.
+        let every: Vec<&str> = [
+            "command",
+            "workdir",
+            "timeout_ms",
+            "background",
+            "on_timeout",
+            "background_after_ms",
+        ]
+        .into();
+        let mut named: Vec<&str> = properties.keys().map(String::as_str).collect();
+        named.sort_unstable();
+        let mut every = every;
+        every.sort_unstable();
+        assert_eq!(named, every);
+    }
+
+    #[test]
+    fn background_after_ms_is_a_timeout_that_moves_and_stands_alone() {
+        let policy = Shell
+            .policy(&json!({ "command": "sleep 1", "background_after_ms": 250 }))
+            .unwrap();
+        assert_eq!(policy.timeout, Some(Duration::from_millis(250)));
+        assert_eq!(policy.on_timeout, OnTimeout::Background);
+        assert!(!policy.background);
+        for clash in [
+            json!({ "command": "true", "background_after_ms": 1, "timeout_ms": 5 }),
+            json!({ "command": "true", "background_after_ms": 1, "on_timeout": "kill" }),
+        ] {
+            let error = Shell.policy(&clash).unwrap_err().to_string();
+            assert!(error.contains("background_after_ms"), "{error}");
+        }
     }
 }

@@ -8,6 +8,7 @@
 
 use offstage_plugin_api::prelude::*;
 use serde::Deserialize;
+use serde_json::json;
 
 /// The keys of `[plugin.my-plugin]` in the host config (but `enabled` and
 /// `grant`, which are the host's).
@@ -59,8 +60,13 @@ impl Plugin for MyPlugin {
                 }
             })?;
 
-        // 2. Add a tool.
-        let spec = ToolSpec::new("my_tool", "echoes input.text");
+        // 2. Add a tool, with the JSON Schema of its input: models and
+        //    `GET /api/tool` show it, so callers know what to send.
+        let spec = ToolSpec::new("my_tool", "echoes input.text").with_input_schema(json!({
+            "type": "object",
+            "properties": { "text": { "type": "string", "description": "what to echo" } },
+            "required": ["text"],
+        }));
         ctx.tools().add(spec, |call: ToolCall| async move {
             let text = call.input["text"].as_str().unwrap_or_default().to_string();
             Ok(ToolResult::completed(&call, text))

@@ -24,10 +24,7 @@ impl Plugin for Compat {
     fn init(ctx: Context) -> Result<Self> {
         let host = ctx.clone();
         ctx.tools().add(
-            ToolSpec {
-                name: name().into(),
-                description: "calls the session domain".into(),
-            },
+            ToolSpec::new(name(), "calls the session domain"),
             move |call: ToolCall| {
                 let ctx = host.clone();
                 async move {

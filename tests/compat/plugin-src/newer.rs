@@ -27,10 +27,7 @@ impl Plugin for Newer {
     fn init(ctx: Context) -> Result<Self> {
         let host = ctx.clone();
         ctx.tools().add(
-            ToolSpec {
-                name: "compat-newer".into(),
-                description: "calls a method the host lacks, and some it has".into(),
-            },
+            ToolSpec::new("compat-newer", "calls a method the host lacks, and some it has"),
             move |call: ToolCall| {
                 let ctx = host.clone();
                 async move {

@@ -131,9 +131,19 @@ impl ToolWrapper for Wrapper {
 struct PluginTool {
     callback: Callback,
     name: String,
+    description: String,
+    input_schema: Option<Value>,
 }
 
 impl Tool for PluginTool {
+    fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn input_schema(&self) -> Option<Value> {
+        self.input_schema.clone()
+    }
+
     fn run(self: Arc<Self>, ctx: JobContext, input: Value) -> BoxFuture<Result<ToolOutcome>> {
         Box::pin(async move {
             let call = ToolCall {
@@ -220,12 +230,35 @@ pub(in crate::plugin) extern "C" fn add_tool(
             .service
             .tools()
             .check_add(&spec.name, &plugin.owner)?;
+        if let Some(schema) = &spec.input_schema {
+            check_input_schema(&spec.name, schema)?;
+        }
         let tool = Arc::new(PluginTool {
             callback,
             name: spec.name.clone(),
+            description: spec.description,
+            input_schema: spec.input_schema,
         });
         plugin.register(Staged::Tool(spec.name, tool))
     })())
+}
+
+/// A tool's input schema must at least be a JSON object describing an
+/// object: models and MCP clients are given it as the shape of the
+/// arguments, which are always an object.
+fn check_input_schema(tool: &str, schema: &Value) -> Result<()> {
+    let Some(object) = schema.as_object() else {
+        return Err(ServiceError::InvalidInput(format!(
+            "tool {tool}: its input schema must be a JSON object, not {schema}"
+        )));
+    };
+    match object.get("type") {
+        None => Ok(()),
+        Some(Value::String(kind)) if kind == "object" => Ok(()),
+        Some(other) => Err(ServiceError::InvalidInput(format!(
+            "tool {tool}: its input schema must describe an object (\"type\": \"object\"), not {other}"
+        ))),
+    }
 }
 
 pub(in crate::plugin) extern "C" fn register_agent(
@@ -274,4 +307,24 @@ pub(in crate::plugin) extern "C" fn subscribe(
         let types: Vec<String> = parse("subscribe", types.as_str())?;
         plugin.register(Staged::Subscription(types, callback, plugin.new_queue()))
     })())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::check_input_schema;
+
+    #[test]
+    fn an_input_schema_must_describe_an_object() {
+        check_input_schema("t", &json!({ "type": "object", "properties": {} })).unwrap();
+        check_input_schema("t", &json!({ "properties": {} })).unwrap();
+        for bad in [json!("object"), json!({ "type": "string" }), json!([])] {
+            let error = check_input_schema("t", &bad).unwrap_err().to_string();
+            assert!(
+                error.starts_with("tool t: its input schema must"),
+                "{error}"
+            );
+        }
+    }
 }

@@ -16,7 +16,10 @@ impl Plugin for Hello {
     fn init(ctx: Context) -> Result<Self> {
         tracing::info!("hello plugin ready");
         ctx.tools().add(
-            ToolSpec::new("hello", "greets"),
+            ToolSpec::new("hello", "greets").with_input_schema(serde_json::json!({
+                "type": "object",
+                "properties": { "name": { "type": "string", "description": "who to greet" } },
+            })),
             |call: ToolCall| async move {
                 let name = call.input["name"].as_str().unwrap_or("world").to_string();
                 tracing::debug!("hello greets {name}");
