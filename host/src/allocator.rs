@@ -30,7 +30,9 @@ const MMAP_THRESHOLD: usize = 4 << 20;
 pub fn configure() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        if std::env::var("GLIBC_TUNABLES").is_ok_and(|tunables| tunables.contains("glibc.malloc")) {
+        if std::env::var("GLIBC_TUNABLES").is_ok_and(|tunables| tunables.contains("glibc.malloc"))
+            || crate::perf::off(crate::perf::Mechanism::Allocator)
+        {
             return;
         }
         // SAFETY: `mallopt` only sets glibc's malloc parameters; both
@@ -55,7 +57,9 @@ mod tests {
         // is what this burst made of it; the minor faults counted are this
         // thread's alone.
         std::thread::spawn(|| {
-            if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc")) {
+            if std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc"))
+                || crate::perf::off(crate::perf::Mechanism::Allocator)
+            {
                 return;
             }
             super::configure();

@@ -28,6 +28,7 @@ mod error;
 mod event;
 mod http;
 mod ids;
+mod perf;
 mod permission;
 mod plugin;
 mod session;

@@ -347,4 +347,5 @@ pub(crate) fn init_logging(default: &str) {
     if let Some(bad) = bad {
         tracing::warn!("{bad}");
     }
+    crate::perf::warn_unknown();
 }

@@ -295,7 +295,9 @@ impl SessionService {
     /// A service on `store`, empty (nothing is read from the store),
     /// publishing on `events`.
     fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
-        jobs::beside::start();
+        if !crate::perf::off(crate::perf::Mechanism::Beside) {
+            jobs::beside::start();
+        }
         let tools = ToolRegistry::default();
         crate::tool::register_builtin(&tools);
         let agents = AgentRegistry::default();
@@ -426,7 +428,7 @@ impl SessionService {
             let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
             hook(&service, value);
         };
-        if now {
+        if now && !crate::perf::off(crate::perf::Mechanism::SubmitNow) {
             self.inner.store.submit_now(write, hook)
         } else {
             self.inner.store.submit(write, hook)

@@ -115,6 +115,11 @@ impl Repoller {
         cx: &mut Context<'_>,
         mut poll: impl FnMut(&mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
+        // Switched off: every poll is one poll of the plugin's future with
+        // the task's waker, and a self-wake goes through the scheduler.
+        if crate::perf::off(crate::perf::Mechanism::Repoll) {
+            return poll(cx);
+        }
         let Some((shared, waker)) = &self.wake else {
             let first = poll(cx);
             if first.is_pending() {

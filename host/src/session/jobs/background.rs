@@ -134,7 +134,9 @@ impl SessionService {
                     return Ok((Vec::new(), Vec::new()));
                 }
                 let work = MoveWork::new(candidates, record_replies);
-                let work = if work.candidates.len() >= EVENTS_BESIDE {
+                let work = if work.candidates.len() >= EVENTS_BESIDE
+                    && !crate::perf::off(crate::perf::Mechanism::Beside)
+                {
                     beside::lend(work, MoveWork::work_beside)
                 } else {
                     beside::keep(work)
