@@ -116,41 +116,6 @@ struct State {
     reserved_job_ids: HashSet<String>,
 }
 
-thread_local! {
-    /// How many [`StateGuard`]s this thread holds (0 or 1: the lock is
-    /// not reentrant), for [`state_lock_held`].
-    static STATE_HELD: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-}
-
-/// The session state, locked ([`SessionService::state`]); counts itself
-/// in [`STATE_HELD`] while held.
-struct StateGuard<'a>(MutexGuard<'a, State>);
-
-impl std::ops::Deref for StateGuard<'_> {
-    type Target = State;
-
-    fn deref(&self) -> &State {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for StateGuard<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.0
-    }
-}
-
-impl Drop for StateGuard<'_> {
-    fn drop(&mut self) {
-        STATE_HELD.with(|held| held.set(held.get().saturating_sub(1)));
-    }
-}
-
-/// Whether this thread holds the session state lock.
-fn state_lock_held() -> bool {
-    STATE_HELD.with(|held| held.get() > 0)
-}
-
 /// One session's jobs, indexed: what `jobs`, `background`, `interrupt`
 /// and removal read, so their cost follows the session's jobs (or its
 /// running ones), not the host's history.
@@ -330,9 +295,6 @@ impl SessionService {
     /// A service on `store`, empty (nothing is read from the store),
     /// publishing on `events`.
     fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
-        if !crate::perf::off(crate::perf::Mechanism::Beside) {
-            jobs::beside::start();
-        }
         let tools = ToolRegistry::default();
         crate::tool::register_builtin(&tools);
         let agents = AgentRegistry::default();
@@ -429,10 +391,8 @@ impl SessionService {
         &self.inner.store
     }
 
-    fn state(&self) -> StateGuard<'_> {
-        let guard = self.inner.state.lock_unpoisoned();
-        STATE_HELD.with(|held| held.set(held.get() + 1));
-        StateGuard(guard)
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock_unpoisoned()
     }
 
     /// Submits a write to the store (see [`Store::submit`]); `hook` runs
@@ -446,36 +406,13 @@ impl SessionService {
         W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
         H: FnOnce(&SessionService, &R) + Send + 'static,
     {
-        self.submit_with(write, hook, false)
-    }
-
-    /// [`submit`](Self::submit), or with `now`, for a caller whose
-    /// answer waits on the write, [`Store::submit_now`]: when the writer is
-    /// idle, the write commits (SQLite on this thread: a runtime worker)
-    /// and its hook runs on this thread before this returns. Never with
-    /// `now` while holding the state lock: debug builds assert it.
-    fn submit_with<R, W, H>(&self, write: W, hook: H, now: bool) -> Ticket<R>
-    where
-        R: Send + 'static,
-        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
-        H: FnOnce(&SessionService, &R) + Send + 'static,
-    {
         let service = self.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
         let hook = move |value: &R| {
             let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
             hook(&service, value);
         };
-        // The hook may run on this thread, and hooks take the state lock.
-        debug_assert!(
-            !(now && state_lock_held()),
-            "submit_now with the session state lock held by this thread"
-        );
-        if now && !crate::perf::off(crate::perf::Mechanism::SubmitNow) {
-            self.inner.store.submit_now(write, hook)
-        } else {
-            self.inner.store.submit(write, hook)
-        }
+        self.inner.store.submit(write, hook)
     }
 
     /// The event bus every change is published on.

@@ -337,15 +337,3 @@ async fn a_panicking_background_job_still_gets_its_notice() {
     service.wait_idle(&session).await.unwrap();
     assert_eq!(notices_of(&service, &session, "job_panics").len(), 1);
 }
-
-/// `submit_now` may run its hook on the calling thread, and hooks take the
-/// state lock: a caller holding it would deadlock. Debug builds catch it.
-#[cfg(debug_assertions)]
-#[tokio::test]
-#[should_panic(expected = "submit_now with the session state lock held")]
-async fn submitting_now_with_the_state_lock_held_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
-    let service = service(&dir);
-    let _state = service.state();
-    let _ = service.submit_with(|_| Ok(()), |_, _: &()| {}, true);
-}
