@@ -218,6 +218,12 @@ impl PreparedEvent {
         }
         PreparedEvent { kind, buf }
     }
+
+    /// The event as it will be sent.
+    #[cfg(test)]
+    pub(crate) fn body(&self) -> &str {
+        std::str::from_utf8(&self.buf[FRAME_HEADROOM..]).expect("serialised JSON is UTF-8")
+    }
 }
 
 impl EventBus {

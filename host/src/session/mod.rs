@@ -295,6 +295,9 @@ impl SessionService {
     /// A service on `store`, empty (nothing is read from the store),
     /// publishing on `events`.
     fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
+        if !crate::perf::off(crate::perf::Mechanism::Beside) {
+            jobs::beside::start();
+        }
         let tools = ToolRegistry::default();
         crate::tool::register_builtin(&tools);
         let agents = AgentRegistry::default();

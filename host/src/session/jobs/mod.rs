@@ -27,6 +27,7 @@
 //! | `call.rs` | `call_tool`: check, start, wait for the caller, record |
 //! | `run.rs` | the job's task: the chain, the end, the notice |
 //! | `background.rs` | `background` and the move every release goes through |
+//! | `beside.rs` | the thread a large move builds its replies and events on |
 //! | `cancel.rs` | cancel one job, a session's foreground jobs, or all |
 //! | `output.rs` | the output file and its bounded tail |
 //! | `signal.rs` | `SetOnce`: released, running, finished, which callers wait for |
@@ -46,6 +47,7 @@
 //! recovery.
 
 pub(super) mod background;
+pub(super) mod beside;
 mod call;
 mod cancel;
 pub(crate) mod output;
