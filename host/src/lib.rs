@@ -20,7 +20,6 @@
 //! module.
 
 mod agent;
-mod allocator;
 mod cli;
 mod config;
 mod demo;
@@ -37,7 +36,6 @@ mod tool;
 mod util;
 
 pub use crate::{
-    allocator::configure as configure_allocator,
     cli::main,
     config::FileConfig,
     error::{Result, ServiceError},

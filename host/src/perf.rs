@@ -6,17 +6,8 @@
 //! variable is read once, the first time any switch is asked about, and
 //! never again. Names ([`Mechanism::name`]):
 //!
-//! - `repoll`: a plugin future that woke itself during a poll goes back
-//!   through tokio's scheduler instead of being polled again at once
-//!   (`plugin/abi/repoll.rs`).
-//! - `submit-now`: a write whose caller waits for it is queued for the
-//!   store's writer thread like any other, never committed on the
-//!   caller's thread (`Store::submit_now`).
 //! - `flush-thread`: no thread writes the WAL out ahead of a checkpoint;
 //!   the checkpoint syncs the log itself (`store/checkpoint.rs`).
-//! - `allocator`: glibc's malloc keeps its default thresholds
-//!   (`allocator.rs`), as it already does when `GLIBC_TUNABLES` sets any
-//!   `glibc.malloc` tunable.
 //! - `beside`: a large move of jobs does all its work on the thread that
 //!   runs its write (`session/jobs/beside.rs`).
 //!
@@ -32,30 +23,18 @@ pub(crate) const VAR: &str = "OFFSTAGE_PERF_OFF";
 /// A mechanism that can be switched off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mechanism {
-    Repoll,
-    SubmitNow,
     FlushThread,
-    Allocator,
     Beside,
 }
 
 impl Mechanism {
     /// Every mechanism, in the order documented above.
-    pub(crate) const ALL: [Mechanism; 5] = [
-        Mechanism::Repoll,
-        Mechanism::SubmitNow,
-        Mechanism::FlushThread,
-        Mechanism::Allocator,
-        Mechanism::Beside,
-    ];
+    pub(crate) const ALL: [Mechanism; 2] = [Mechanism::FlushThread, Mechanism::Beside];
 
     /// Its name in [`VAR`].
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Mechanism::Repoll => "repoll",
-            Mechanism::SubmitNow => "submit-now",
             Mechanism::FlushThread => "flush-thread",
-            Mechanism::Allocator => "allocator",
             Mechanism::Beside => "beside",
         }
     }
@@ -113,11 +92,17 @@ mod tests {
     fn names_are_parsed_by_comma_and_unknown_ones_kept_for_the_warning() {
         assert_eq!(parse(""), Switches::default());
         assert_eq!(parse(" , "), Switches::default());
-        let switches = parse("repoll, flush-thread,bogus,,beside");
-        assert_eq!(switches.off, [true, false, true, false, true]);
+        let switches = parse(" flush-thread,bogus,,");
+        assert_eq!(switches.off, [true, false]);
         assert_eq!(switches.unknown, ["bogus"]);
+        assert_eq!(parse("beside,flush-thread").off, [true, true]);
         let all: Vec<&str> = Mechanism::ALL.iter().map(|m| m.name()).collect();
         assert_eq!(parse(&all.join(",")).off, [true; Mechanism::ALL.len()]);
-        assert_eq!(parse("Repoll").unknown, ["Repoll"], "names are exact");
+        assert_eq!(parse("Beside").unknown, ["Beside"], "names are exact");
+        assert_eq!(
+            parse("allocator").unknown,
+            ["allocator"],
+            "a mechanism removed"
+        );
     }
 }
