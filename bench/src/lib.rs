@@ -64,12 +64,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// `<dir>/data/offstage.db` on disk (`dir` is a temp dir on the same
 /// disk a data dir would be), default durability. Benchmarks never use
 /// the in-memory store unless a row's name says so.
-///
-/// The process gets the `offstage` binary's allocator policy first
-/// ([`offstage::configure_allocator`]): the service runs here as it
-/// would in `offstage serve`.
 pub fn service(dir: &std::path::Path) -> offstage::SessionService {
-    offstage::configure_allocator();
     offstage::SessionService::open(offstage::ServiceConfig {
         data_dir: dir.join("data"),
         permissions: Vec::new(),

@@ -19,7 +19,7 @@ const LAYERS: &[&str] = &[
     "error",
     "ids",
     "logging",
-    "allocator",
+    "perf",
     // Processes: starting commands, their output, their trees.
     "process",
     // What the store persists of permissions, below the store.

@@ -5,7 +5,7 @@
 //! design; module docs explain each part.
 //!
 //! Layers run one way, bottom first: foundations (`util`, `error`, `ids`,
-//! `logging`, `allocator`); `process` (commands, their output and process
+//! `logging`, `perf`); `process` (commands, their output and process
 //! trees); `store`; `event`; `permission`; `tool`; `session` (sessions,
 //! jobs, agents and the `subagent` tool); `plugin`; `config`; `http`;
 //! `demo`; `cli`. A module imports only from layers below its own, which a
@@ -23,7 +23,6 @@
 //! that only tests and benchmarks reach sit in the hidden [`testing`]
 //! module.
 
-mod allocator;
 mod cli;
 mod config;
 mod demo;
@@ -34,6 +33,7 @@ mod ids;
 #[cfg(test)]
 mod layers;
 mod logging;
+mod perf;
 mod permission;
 mod plugin;
 mod process;
@@ -43,7 +43,6 @@ mod tool;
 mod util;
 
 pub use crate::{
-    allocator::configure as configure_allocator,
     cli::main,
     config::FileConfig,
     error::{Result, ServiceError},

@@ -260,7 +260,6 @@ pub(crate) struct BackgroundArgs {
 
 /// Runs the command line and returns the process's exit status.
 pub fn main() -> ExitCode {
-    crate::allocator::configure();
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args, None),

@@ -32,6 +32,7 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// watcher, rebuilding the crates in `watch_src`.
 pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode {
     crate::logging::init("info");
+    crate::perf::warn_unknown();
     let overrides = Overrides {
         config: args.config,
         addr: args.addr,

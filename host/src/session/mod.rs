@@ -297,7 +297,9 @@ impl SessionService {
     /// A service on `store`, empty (nothing is read from the store),
     /// publishing on `events`.
     fn with_store(config: ServiceConfig, store: Arc<Store>, events: EventBus) -> Self {
-        jobs::beside::start();
+        if !crate::perf::off(crate::perf::Mechanism::Beside) {
+            jobs::beside::start();
+        }
         let agents = AgentRegistry::default();
         agent::register_builtin(&agents);
         SessionService {
@@ -414,30 +416,13 @@ impl SessionService {
         W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
         H: FnOnce(&SessionService, &R) + Send + 'static,
     {
-        self.submit_with(write, hook, false)
-    }
-
-    /// [`submit`](Self::submit), or with `now`, for a caller whose
-    /// answer waits on the write, [`Store::submit_now`]: when the writer is
-    /// idle, the write commits and its hook runs on this thread before
-    /// this returns. Never with `now` while holding the state lock.
-    fn submit_with<R, W, H>(&self, write: W, hook: H, now: bool) -> Ticket<R>
-    where
-        R: Send + 'static,
-        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
-        H: FnOnce(&SessionService, &R) + Send + 'static,
-    {
         let service = self.clone();
         let runtime = tokio::runtime::Handle::try_current().ok();
         let hook = move |value: &R| {
             let _runtime = runtime.as_ref().map(tokio::runtime::Handle::enter);
             hook(&service, value);
         };
-        if now {
-            self.inner.store.submit_now(write, hook)
-        } else {
-            self.inner.store.submit(write, hook)
-        }
+        self.inner.store.submit(write, hook)
     }
 
     /// The event bus every change is published on.

@@ -22,7 +22,7 @@
 //! `open::connect`): its wal-index lives in its own memory rather than in
 //! a shared `-shm` file, and a transaction takes no file locks. That took
 //! about 20 µs (8%) off the held caller's answer to `background`, whose
-//! commit made six `fcntl` calls (BENCHMARKS.md, 2026-12-03 fifth round).
+//! commit made six `fcntl` calls (ARCHITECTURE.md §PERF).
 //! The price is that no other connection can open the file while the host
 //! runs — a checkpoint thread with a connection of its own, as earlier
 //! versions had, included. The data dir's lock already keeps a second host
@@ -70,7 +70,7 @@
 //! The likely cause: for four times as many commits a new log grows
 //! instead of starting over, and a commit that extends the file cost 25–33
 //! µs against 18–22 µs for one that overwrites it (measured apart, same
-//! settings). So the count stays 256 (BENCHMARKS.md, seventh round).
+//! settings). So the count stays 256 (ARCHITECTURE.md §PERF).
 //!
 //! [`Store::submit_now`]: super::Store::submit_now
 

@@ -235,7 +235,7 @@ impl Store {
     /// caller's thread waits for a sync.
     ///
     /// For callers on a path whose latency counts, holding no lock that
-    /// the hook (or any hook) takes.
+    /// the hook (or any hook) takes. It runs SQLite on the caller's thread: from the service, a tokio runtime worker.
     pub fn submit_now<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
     where
         R: Send + 'static,

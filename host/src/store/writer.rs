@@ -189,6 +189,10 @@ struct Shared {
     /// The log file, if the writer runs checkpoints (a file store; see
     /// [`checkpoint`](super::checkpoint)).
     log: Option<PathBuf>,
+    /// Whether the flusher thread writes the log out ahead of each
+    /// checkpoint; without it (`OFFSTAGE_PERF_OFF=flush-thread`) the
+    /// checkpoint syncs the whole log itself.
+    flush_ahead: bool,
     /// Held by a test to keep the flusher from flushing.
     #[cfg(test)]
     flush_gate: Mutex<()>,
@@ -234,6 +238,7 @@ impl Writer {
             flush_wake: Condvar::new(),
             conn,
             stats,
+            flush_ahead: log.is_some() && !crate::perf::off(crate::perf::Mechanism::FlushThread),
             log,
             #[cfg(test)]
             flush_gate: Mutex::new(()),
@@ -243,7 +248,7 @@ impl Writer {
             .name("offstage-store".into())
             .spawn(move || run(&thread_shared))
             .expect("the store writer thread starts");
-        let flusher = shared.log.is_some().then(|| {
+        let flusher = shared.flush_ahead.then(|| {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("offstage-flush".into())
@@ -346,8 +351,13 @@ fn run(shared: &Shared) {
             loop {
                 if checkpoints && queue.schedule.due() && queue.schedule.flush == LogFlush::NotAsked
                 {
-                    queue.schedule.flush = LogFlush::Asked;
-                    shared.flush_wake.notify_one();
+                    if shared.flush_ahead {
+                        queue.schedule.flush = LogFlush::Asked;
+                        shared.flush_wake.notify_one();
+                    } else {
+                        // No flusher: the checkpoint syncs the log itself.
+                        queue.schedule.flush = LogFlush::Flushed;
+                    }
                 }
                 // Marked busy under this lock, before it is let go: a write
                 // submitted from now on queues for the next group. A

@@ -23,7 +23,6 @@ use offstage_plugin_api::{
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
-use super::repoll::Repoller;
 use crate::{error::Result, error::ServiceError, util::panic_message};
 
 pub(in crate::plugin) fn to_abi(result: Result<String>) -> AbiResult {
@@ -113,19 +112,14 @@ impl<F: Future<Output = Result<String>>, H: Borrow<Handle>> Future for InRuntime
 
 /// Awaits a future a plugin returned; a panic that escaped the plugin's own
 /// guard (async-ffi re-raises it here) becomes an error. A plugin future
-/// that wakes itself while polled is polled again at once, within a budget
-/// ([`Repoller`], `repoll.rs`).
+/// that wakes itself goes back through tokio's scheduler like any task.
 pub(in crate::plugin) struct FromPlugin {
     inner: FfiFuture<AbiResult>,
-    repoller: Repoller,
 }
 
 impl FromPlugin {
     pub(in crate::plugin) fn new(inner: FfiFuture<AbiResult>) -> Self {
-        FromPlugin {
-            inner,
-            repoller: Repoller::default(),
-        }
+        FromPlugin { inner }
     }
 }
 
@@ -133,19 +127,17 @@ impl Future for FromPlugin {
     type Output = Result<String>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<String>> {
-        let FromPlugin { inner, repoller } = &mut *self;
-        repoller.poll(cx, |cx| {
-            match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *inner).poll(cx))) {
-                Ok(poll) => poll.map(from_abi),
-                Err(payload) => Poll::Ready(Err(ServiceError::PluginPanic {
-                    plugin: None,
-                    message: format!(
-                        "panicked in its code: plugin future panicked: {}",
-                        panic_message(payload.as_ref())
-                    ),
-                })),
-            }
-        })
+        let inner = &mut self.inner;
+        match catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+            Ok(poll) => poll.map(from_abi),
+            Err(payload) => Poll::Ready(Err(ServiceError::PluginPanic {
+                plugin: None,
+                message: format!(
+                    "panicked in its code: plugin future panicked: {}",
+                    panic_message(payload.as_ref())
+                ),
+            })),
+        }
     }
 }
 

@@ -78,12 +78,6 @@ impl SessionService {
             .wait()
             .await?
             .0;
-        if !moved.is_empty() {
-            // The callers this move released were woken on this thread
-            // and wait for it: let them answer first, since their answers
-            // are what the move was for.
-            tokio::task::yield_now().await;
-        }
         Ok(moved)
     }
 
@@ -125,16 +119,15 @@ impl SessionService {
         // `EVENTS_BESIDE`); the hook takes them.
         let prepared: Arc<Mutex<Option<MoveEvents>>> = Arc::default();
         let prepared_beside = prepared.clone();
-        // A requested move is awaited by its caller (and the callers it
-        // releases): committed on this thread when the writer is idle.
-        // The other moves start from drops and timers, queued.
-        self.submit_with(
+        self.submit(
             move |conn| {
                 if candidates.is_empty() {
                     return Ok((Vec::new(), Vec::new()));
                 }
                 let work = MoveWork::new(candidates, record_replies);
-                let work = if work.candidates.len() >= EVENTS_BESIDE {
+                let work = if work.candidates.len() >= EVENTS_BESIDE
+                    && !crate::perf::off(crate::perf::Mechanism::Beside)
+                {
                     beside::lend(work, MoveWork::work_beside)
                 } else {
                     beside::keep(work)
@@ -207,7 +200,6 @@ impl SessionService {
                     .events
                     .publish_all(jobs.into_iter().chain(messages));
             },
-            reason == MoveReason::Request,
         )
     }
 }

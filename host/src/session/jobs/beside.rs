@@ -4,19 +4,10 @@
 //! A move of a thousand jobs builds a thousand caller results and
 //! serialises two thousand events, 1.5–2 ms each, while its own thread is
 //! busy in SQLite; the machine has another core. A thread started for
-//! each move did not get that core in time: on this 2-core VM a new
-//! thread waited 0.2–3.5 ms on its parent's core while the other one sat
-//! idle (a `perf sched` trace, BENCHMARKS.md 2026-12-03 sixth round),
-//! where a thread already started and woken from its wait runs on the
-//! idle core at once. So one thread is started once per process and kept.
-//!
-//! Woken, even the kept thread did not always get the idle core: on this
-//! VM's kernel a woken thread is often placed on its waker's core, where
-//! it preempts the waker, and the two took turns on one core for the
-//! whole move (3–4 ms at a stretch, the other core idle throughout: a
-//! `sched_switch` trace, BENCHMARKS.md 2026-12-04 tenth round). So on
-//! Linux each lend first moves the kept thread off the lender's core
-//! ([`placement`]): the scheduler must then run it elsewhere.
+//! each move did not get that core in time (a new thread waits on its
+//! parent's core), where a thread already started and woken from its wait
+//! usually runs on the idle core at once. So one thread is started once
+//! per process and kept (ARCHITECTURE.md §PERF).
 //!
 //! Nothing waits for it to start: each piece of work is [`Claim`]ed by
 //! whichever thread gets to it first, so a busy or late kept thread costs
@@ -35,7 +26,6 @@ static QUEUE: LazyLock<Option<Mutex<mpsc::Sender<Task>>>> = LazyLock::new(|| {
     std::thread::Builder::new()
         .name("offstage-beside".into())
         .spawn(move || {
-            placement::note_kept_thread();
             for task in receiver {
                 // A task's panic is its own: its claim is closed, whoever
                 // waits for it gets nothing (see `Claim::offer`), and the
@@ -56,7 +46,6 @@ pub(in crate::session) fn start() {
 /// Runs `task` on the kept thread, some time soon; `false` if there is
 /// no such thread (the work is then done by whoever claims it).
 fn run(task: impl FnOnce() + Send + 'static) -> bool {
-    placement::away_from_this_core();
     QUEUE
         .as_ref()
         .is_some_and(|queue| queue.lock_unpoisoned().send(Box::new(task)).is_ok())
@@ -214,105 +203,6 @@ impl<T> Drop for Finished<'_, T> {
     }
 }
 
-/// Where the kept thread may run: anywhere the lender may, except the
-/// lender's own core (see the module's docs).
-#[cfg(target_os = "linux")]
-mod placement {
-    use std::sync::{
-        atomic::{AtomicI32, Ordering},
-        Mutex,
-    };
-
-    use crate::util::LockExt;
-
-    /// The kept thread's id, once it runs (0 before).
-    static KEPT_THREAD: AtomicI32 = AtomicI32::new(0);
-
-    /// Held while the kept thread is placed: two lenders at once each set
-    /// a whole placement, not a mix of both.
-    static PLACING: Mutex<()> = Mutex::new(());
-
-    pub(super) fn note_kept_thread() {
-        // SAFETY: `gettid` has no preconditions.
-        KEPT_THREAD.store(unsafe { libc::gettid() }, Ordering::SeqCst);
-    }
-
-    /// Lets the kept thread run on any core this thread may run on but
-    /// the one it runs on now. Left as it was if that leaves no core (a
-    /// lender bound to one) or the kernel refuses (a cpuset): placement
-    /// only makes the work faster, never possible.
-    pub(super) fn away_from_this_core() {
-        // SAFETY: `sched_getcpu` has no preconditions.
-        let here = unsafe { libc::sched_getcpu() };
-        if let Ok(here) = usize::try_from(here) {
-            away_from(here);
-        }
-    }
-
-    /// [`away_from_this_core`] for the core `core`.
-    fn away_from(core: usize) {
-        let _placing = PLACING.lock_unpoisoned();
-        place_away_from(core);
-    }
-
-    fn place_away_from(core: usize) {
-        let kept = KEPT_THREAD.load(Ordering::SeqCst);
-        if kept == 0 || core >= libc::CPU_SETSIZE as usize {
-            return;
-        }
-        // SAFETY: a zeroed `cpu_set_t` is an empty set; the calls get its
-        // true size, and `kept` names a thread of this process that lives
-        // as long as the process.
-        unsafe {
-            let mut cores: libc::cpu_set_t = std::mem::zeroed();
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            if libc::sched_getaffinity(0, size, &mut cores) != 0 {
-                return;
-            }
-            libc::CPU_CLR(core, &mut cores);
-            if libc::CPU_COUNT(&cores) > 0 {
-                libc::sched_setaffinity(kept, size, &cores);
-            }
-        }
-    }
-
-    /// Places the kept thread away from `core`, then reads the cores it
-    /// may run on (`None` before it runs), with no other placement
-    /// between.
-    #[cfg(test)]
-    pub(super) fn away_from_then_cores(core: usize) -> Option<Vec<usize>> {
-        let _placing = PLACING.lock_unpoisoned();
-        place_away_from(core);
-        match KEPT_THREAD.load(Ordering::SeqCst) {
-            0 => None,
-            kept => cores_of(kept),
-        }
-    }
-
-    /// The cores `thread` may run on (0: the calling thread).
-    #[cfg(test)]
-    pub(super) fn cores_of(thread: libc::pid_t) -> Option<Vec<usize>> {
-        // SAFETY: as in `place_away_from`.
-        unsafe {
-            let mut cores: libc::cpu_set_t = std::mem::zeroed();
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            if libc::sched_getaffinity(thread, size, &mut cores) != 0 {
-                return None;
-            }
-            let all = libc::CPU_SETSIZE as usize;
-            Some((0..all).filter(|&c| libc::CPU_ISSET(c, &cores)).collect())
-        }
-    }
-}
-
-/// Elsewhere the scheduler places the kept thread as it likes.
-#[cfg(not(target_os = "linux"))]
-mod placement {
-    pub(super) fn note_kept_thread() {}
-
-    pub(super) fn away_from_this_core() {}
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Barrier;
@@ -383,26 +273,6 @@ mod tests {
         });
         lent.started.wait();
         assert_eq!(lent.claim.take(), Some(8));
-    }
-
-    #[cfg(target_os = "linux")]
-    #[test]
-    fn a_lend_keeps_the_kept_thread_off_the_lenders_core() {
-        // The kept thread runs: a task lent to it has run.
-        let (sender, receiver) = mpsc::channel();
-        let _lent = lend((), move |()| sender.send(()).unwrap());
-        receiver.recv().unwrap();
-        let mine = placement::cores_of(0).expect("this thread's cores");
-        for &core in &mine {
-            let kept = placement::away_from_then_cores(core).expect("the kept thread runs");
-            if mine.len() > 1 {
-                let others: Vec<usize> = mine.iter().copied().filter(|&c| c != core).collect();
-                assert_eq!(kept, others, "kept off core {core}");
-            } else {
-                // One core: the kept thread keeps it, or would never run.
-                assert!(!kept.is_empty());
-            }
-        }
     }
 
     #[test]

@@ -276,19 +276,15 @@ impl SessionService {
 
     /// Submits the job's record. Its commit's hook puts the job in the
     /// table, counts a foreground caller as blocking the session and
-    /// publishes `job.started`.
-    ///
-    /// The job's task waits for this commit before its tool runs: when the
-    /// writer is idle it commits on this thread (`now`), which saves the
-    /// hop to the writer thread and back — two wake-ups, a fifth of the
-    /// host's CPU for a short shell call (BENCHMARKS.md, "fifth round").
+    /// publishes `job.started`. The job's task waits for this commit
+    /// before its tool runs.
     fn record_job(&self, job: &Job, runtime: &Arc<JobRuntime>) -> Ticket<()> {
         let record = job.clone();
         let entry = JobEntry {
             job: Arc::new(job.clone()),
             runtime: Some(runtime.clone()),
         };
-        self.submit_with(
+        self.submit(
             move |conn| store::insert_job(conn, &record),
             move |service, ()| {
                 let job = entry.job.clone();
@@ -305,7 +301,6 @@ impl SessionService {
                 drop(state);
                 service.inner.events.publish("job.started", &*job);
             },
-            true,
         )
     }
 

@@ -173,9 +173,8 @@ impl SessionService {
         }
     }
 
-    /// The write of [`finish_job`](Self::finish_job). Its caller waits
-    /// for it, so it commits on this thread when the writer is idle, as
-    /// the job's record does (see `record_job`).
+    /// The write of [`finish_job`](Self::finish_job); its caller waits
+    /// for it.
     fn submit_end(
         &self,
         job: &Job,
@@ -212,7 +211,7 @@ impl SessionService {
         let mut ended = job.clone();
         let runtime = runtime.clone();
         let tail = tail.to_string();
-        self.submit_with(
+        self.submit(
             move |conn| {
                 let Some(backgrounded) = store::end_job(conn, &record)? else {
                     // The session was removed (with its jobs) meanwhile.
@@ -287,7 +286,6 @@ impl SessionService {
                 // notice included — is complete.
                 runtime.finished.set(result);
             },
-            true,
         )
     }
 }
