@@ -57,6 +57,8 @@
 //! its checkpoints in `writer.rs` and `checkpoint.rs`. The blocking calls
 //! only tests and benchmarks make are
 //! [`StoreTestExt`](testing::StoreTestExt), in `testing.rs`.
+//!
+//! [`StoredSession::inbox`]: recover::StoredSession::inbox
 
 mod checkpoint;
 mod error;
