@@ -169,7 +169,9 @@ fn every_import_points_down_the_layers() {
     let mut wrong = Vec::new();
     for file in &files {
         let module = module_of(&src, file);
-        if matches!(module.as_str(), "lib" | "main" | "layers") || module.split("::").any(|part| part == "tests") {
+        if matches!(module.as_str(), "lib" | "main" | "layers")
+            || module.split("::").any(|part| part == "tests")
+        {
             continue;
         }
         let Some((own, own_layer)) = layer_of(&module) else {

@@ -4,9 +4,8 @@
 //! copies the log back into the database file and syncs it. SQLite runs
 //! one by itself, inside the commit that crosses 1 000 pages of log — on
 //! whatever thread commits, and with its syncs that commit takes
-//! milliseconds instead of microseconds. A caller committing on its own
-//! thread ([`Store::submit_now`]) would wait for it, and a runtime worker
-//! with it. So the store turns automatic checkpoints off and runs its own:
+//! milliseconds instead of microseconds, and every write queued behind it
+//! waits. So the store turns automatic checkpoints off and runs its own:
 //! on the writer thread, between two groups, once the writer has committed
 //! [`COMMITS_PER_CHECKPOINT`] times since the last one, or
 //! [`CHECKPOINT_EVERY`] after a commit if fewer came. While it runs the
@@ -71,8 +70,6 @@
 //! instead of starting over, and a commit that extends the file cost 25–33
 //! µs against 18–22 µs for one that overwrites it (measured apart, same
 //! settings). So the count stays 256 (ARCHITECTURE.md §PERF).
-//!
-//! [`Store::submit_now`]: super::Store::submit_now
 
 use std::{
     path::Path,
@@ -122,20 +119,6 @@ impl Schedule {
     /// any other write.
     pub(super) fn checkpoint_ready(&self) -> bool {
         self.flush == LogFlush::Flushed && self.due()
-    }
-
-    /// Whether a caller that has just committed on its own thread must
-    /// wake the writer thread for the checkpoint: to ask for the flush
-    /// (it is due), to run the checkpoint (the log is flushed; the
-    /// caller's commit held it back), or to set its timer (it sleeps with
-    /// no deadline, `untimed`, and the log now holds something). Not while
-    /// the flush runs: the flusher wakes the writer when it is done.
-    pub(super) fn needs_writer(&self, untimed: bool) -> bool {
-        match self.flush {
-            LogFlush::Asked => false,
-            LogFlush::Flushed => true,
-            LogFlush::NotAsked => self.due() || (untimed && self.first.is_some()),
-        }
     }
 
     /// Counts a commit.
@@ -205,31 +188,6 @@ mod tests {
         schedule.first = Some(Instant::now() - CHECKPOINT_EVERY);
         assert!(schedule.due(), "one commit, a while ago");
         assert_eq!(schedule.until_due(), Some(Duration::ZERO));
-    }
-
-    #[test]
-    fn a_caller_wakes_the_writer_for_a_checkpoint_except_while_the_log_is_flushed() {
-        let mut schedule = Schedule::new();
-        assert!(!schedule.needs_writer(false), "nothing committed");
-        assert!(!schedule.needs_writer(true), "nothing committed");
-        schedule.committed();
-        assert!(!schedule.needs_writer(false), "the writer's timer runs");
-        assert!(schedule.needs_writer(true), "the writer must set its timer");
-        for _ in 1..COMMITS_PER_CHECKPOINT {
-            schedule.committed();
-        }
-        assert!(
-            schedule.needs_writer(false),
-            "due: the writer asks for the flush"
-        );
-        schedule.flush = LogFlush::Asked;
-        assert!(!schedule.needs_writer(false), "the flusher wakes it");
-        assert!(!schedule.needs_writer(true), "the flusher wakes it");
-        schedule.flush = LogFlush::Flushed;
-        assert!(schedule.needs_writer(false), "the checkpoint may run");
-        schedule.checkpointed();
-        assert_eq!(schedule.flush, LogFlush::NotAsked);
-        assert!(!schedule.needs_writer(true));
     }
 
     #[test]

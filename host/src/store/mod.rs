@@ -129,9 +129,6 @@ pub struct Store {
     writer: Writer,
     conn: Arc<Mutex<Connection>>,
     stats: Arc<WriterStats>,
-    /// Whether [`Store::submit_now`] may commit on the caller's thread (no
-    /// sync per commit).
-    commit_inline: bool,
     path: Option<PathBuf>,
     // Declared after `conn`: dropped after it, so the lock is let go only
     // once the connection has closed (and checkpointed).
@@ -171,9 +168,7 @@ impl Store {
         // The writer checkpoints between its groups, not inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| open::classify(&path, e))?;
-        let mut store = Store::start(conn, Some(path), Some(lock));
-        store.commit_inline = durability == Durability::Normal;
-        Ok(store)
+        Ok(Store::start(conn, Some(path), Some(lock)))
     }
 
     /// A store in memory with the same schema, for tests and benchmarks.
@@ -194,7 +189,6 @@ impl Store {
             writer: Writer::start(conn.clone(), stats.clone(), log),
             conn,
             stats,
-            commit_inline: true,
             path,
             _lock: lock,
         }
@@ -220,34 +214,6 @@ impl Store {
     ///
     /// `hook` must be quick and must never wait for another write.
     pub fn submit<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
-    where
-        R: Send + 'static,
-        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
-        H: FnOnce(&R) + Send + 'static,
-    {
-        self.submit_with(write, hook, false)
-    }
-
-    /// [`submit`](Self::submit), but when the writer is idle (nothing
-    /// queued, nothing committing) the write is committed and its hook run
-    /// on the calling thread before this returns: the caller's answer
-    /// waits for one commit and no thread hop. Only with
-    /// [`Durability::Normal`] (or in memory), where a commit does not
-    /// sync; with `full` the write is queued as by `submit`, so that no
-    /// caller's thread waits for a sync.
-    ///
-    /// For callers on a path whose latency counts, holding no lock that
-    /// the hook (or any hook) takes. It runs SQLite on the caller's thread: from the service, a tokio runtime worker.
-    pub fn submit_now<R, W, H>(&self, write: W, hook: H) -> Ticket<R>
-    where
-        R: Send + 'static,
-        W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
-        H: FnOnce(&R) + Send + 'static,
-    {
-        self.submit_with(write, hook, self.commit_inline)
-    }
-
-    fn submit_with<R, W, H>(&self, write: W, hook: H, now: bool) -> Ticket<R>
     where
         R: Send + 'static,
         W: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
@@ -281,12 +247,7 @@ impl Store {
             done_slot.fill(value);
         });
         let op = Op { run, done };
-        let sent = if now {
-            self.writer.send_now(op)
-        } else {
-            self.writer.send(op)
-        };
-        if let Err(op) = sent {
+        if let Err(op) = self.writer.send(op) {
             (op.done)(Err(&StoreError::unsaved("the store is closed")));
         }
         Ticket::new(slot)

@@ -18,24 +18,13 @@
 //! If the commit fails (disk full, an I/O error), no hook runs and every
 //! ticket of the group gets the error.
 //!
-//! A write whose caller waits for it (a `background` request: its caller
-//! and the callers it releases wait for its commit; a job's record, which
-//! its tool waits for; a job's end, which its caller waits for) may skip
-//! the queue when the writer is idle: the calling thread takes the
-//! writer's turn, commits it as a group of one and runs its hook
-//! ([`Store::submit_now`]). Handing a write to a sleeping thread
-//! and its answer back costs two wake-ups, which on a busy machine cost
-//! more than the commit itself. Under a steady load the writer thread
-//! still gets the writes that queue while one commits, in groups: with
-//! eight sessions running shell calls, 1.8 commits a call against 1.2
-//! through the thread alone, for 20 µs less CPU a call. Only one group is
-//! ever committing (the
-//! queue's `busy` mark), so commit and hook order are the same either
-//! way; with `durability = "full"` nothing is committed on a caller's
-//! thread, which would then wait for a sync.
+//! Every write commits on the writer thread, so no caller's thread (a
+//! runtime worker, for the session service) ever runs SQLite. Committing
+//! on the caller's thread when the writer was idle was measured and
+//! dropped (ARCHITECTURE.md §PERF). Only one group is ever committing (the
+//! queue's `busy` mark), so commit and hook order follow submission order.
 //!
 //! [`Store::submit`]: super::Store::submit
-//! [`Store::submit_now`]: super::Store::submit_now
 
 use std::{
     collections::VecDeque,
@@ -174,8 +163,7 @@ pub(super) struct Writer {
     flusher: Option<JoinHandle<()>>,
 }
 
-/// What the writer thread and the threads committing on their own
-/// ([`Writer::send_now`]) share.
+/// What the writer thread, the flusher and the submitting threads share.
 struct Shared {
     queue: Mutex<Queue>,
     /// Wakes the writer thread: a write was queued, a commit ended, the
@@ -200,8 +188,8 @@ struct Shared {
 
 struct Queue {
     ops: VecDeque<Op>,
-    /// A group is being committed or its hooks run (by the writer thread
-    /// or by a caller of `send_now`), or a checkpoint runs: the next group
+    /// A group is being committed or its hooks run, or a checkpoint runs:
+    /// the next group
     /// waits, so groups and their hooks follow submission order and no
     /// thread blocks on the connection behind a checkpoint.
     busy: bool,
@@ -209,13 +197,6 @@ struct Queue {
     closed: bool,
     /// When the next checkpoint is due.
     schedule: Schedule,
-    /// The writer thread sleeps with no deadline: it took no checkpoint
-    /// time into account when it went to sleep (nothing was waiting to be
-    /// checkpointed, a caller was committing, or the log is being
-    /// flushed). A caller that commits on its own thread wakes it if its
-    /// commit leaves something to checkpoint, so that the time-based
-    /// checkpoint is not lost.
-    writer_untimed: bool,
 }
 
 impl Writer {
@@ -232,7 +213,6 @@ impl Writer {
                 busy: false,
                 closed: false,
                 schedule: Schedule::new(),
-                writer_untimed: false,
             }),
             wake: Condvar::new(),
             flush_wake: Condvar::new(),
@@ -270,41 +250,6 @@ impl Writer {
         }
         queue.ops.push_back(op);
         if !queue.busy {
-            self.shared.wake.notify_one();
-        }
-        Ok(())
-    }
-
-    /// Like [`send`](Self::send), but when the writer is idle with nothing
-    /// queued, commits `op` (a group of one) and runs its hook on the
-    /// calling thread: no hop to the writer thread and back. The order of
-    /// groups and hooks is the same as through the queue (nothing was
-    /// queued before it, and nothing else commits meanwhile).
-    pub(super) fn send_now(&self, op: Op) -> Result<(), Op> {
-        {
-            let mut queue = self.shared.queue.lock_unpoisoned();
-            if queue.closed {
-                return Err(op);
-            }
-            // A checkpoint whose log is flushed goes first, as it does on
-            // the writer thread.
-            let checkpoint_ready = self.shared.log.is_some() && queue.schedule.checkpoint_ready();
-            if queue.busy || !queue.ops.is_empty() || checkpoint_ready {
-                queue.ops.push_back(op);
-                if !queue.busy {
-                    self.shared.wake.notify_one();
-                }
-                return Ok(());
-            }
-            queue.busy = true;
-        }
-        self.shared.commit(vec![op]);
-        let mut queue = self.shared.queue.lock_unpoisoned();
-        queue.busy = false;
-        self.shared.count_commit(&mut queue);
-        let checkpoint_needs_writer =
-            self.shared.log.is_some() && queue.schedule.needs_writer(queue.writer_untimed);
-        if !queue.ops.is_empty() || queue.closed || checkpoint_needs_writer {
             self.shared.wake.notify_one();
         }
         Ok(())
@@ -376,15 +321,10 @@ fn run(shared: &Shared) {
                 if queue.closed && !queue.busy && queue.ops.is_empty() {
                     return;
                 }
-                // While a caller commits on its own thread, it wakes this
-                // one when done if a checkpoint is due by then, or if this
-                // one sleeps with no deadline and that commit left
-                // something to checkpoint (`writer_untimed`). While the
-                // log is flushed, the flusher wakes it when done.
+                // While the log is flushed, the flusher wakes it when done.
                 let until_due = queue.schedule.until_due().filter(|_| {
                     checkpoints && !queue.busy && queue.schedule.flush == LogFlush::NotAsked
                 });
-                queue.writer_untimed = until_due.is_none();
                 queue = match until_due {
                     Some(wait) => {
                         shared
@@ -395,7 +335,6 @@ fn run(shared: &Shared) {
                     }
                     None => shared.wake.wait(queue).unwrap_or_else(|e| e.into_inner()),
                 };
-                queue.writer_untimed = false;
             }
         };
         match group {

@@ -141,24 +141,6 @@ fn an_idle_stores_log_reaches_the_file_a_while_after_its_last_commit() {
     assert_eq!(store.sessions().unwrap().len(), 2);
 }
 
-/// The same for a commit made on the caller's thread (`submit_now`) once
-/// the writer has checkpointed everything and sleeps with nothing to wait
-/// for: the writer still learns that the log has something in it.
-#[test]
-fn a_commit_on_the_callers_thread_reaches_the_file_too() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    store.put_session(&session("ses_before", None)).unwrap();
-    wait_until_in_file(dir.path(), "ses_before");
-    let id = "ses_committed_inline";
-    let record = session(id, None);
-    store
-        .submit_now(move |conn| put_session(conn, &record), |_| {})
-        .wait_blocking()
-        .unwrap();
-    wait_until_in_file(dir.path(), id);
-}
-
 /// A log left by a crash is read by the probe the ordinary way, which
 /// makes a `-shm` file; the store removes it (its own connection keeps
 /// the wal-index in memory) and keeps what the log held.
