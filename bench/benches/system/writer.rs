@@ -278,6 +278,10 @@ async fn mass_round() -> MassRound {
 /// Calls in flight at once in `writer_throughput`, on both sides.
 const THROUGHPUT_CONCURRENT: usize = 8;
 
+/// The service's shell calls/s may not fall below this share of bare
+/// `tokio::process` at the median without a reason written down.
+const THROUGHPUT_FLOOR: f64 = 0.65;
+
 /// Set in a child of this bench to make it run one bare round of
 /// `writer_throughput` (that many milliseconds), print its count and exit.
 pub(crate) const BARE_ROUND_VAR: &str = "OFFSTAGE_BENCH_BARE_ROUND_MS";
@@ -456,16 +460,19 @@ pub(crate) async fn writer_throughput() {
             "{bare_rate:.0}/s (bare `tokio::process` `/bin/sh -c true`, {THROUGHPUT_CONCURRENT} concurrent, in a child process)"
         ),
         ratio,
-        "≥ 0.8× bare",
-        ratio >= 0.8,
+        // A floor, not a target: the figure is reported as the median and
+        // spread of several runs (BENCHMARKS.md, "Targets and why"), and a
+        // change that lowers the median below it says why.
+        "floor 0.65× bare (median)",
+        ratio >= THROUGHPUT_FLOOR,
     );
     // Where a call's CPU goes: the process's own threads (the host, or
     // bare tokio's spawning and waiting) and its commands (`sh`, reaped).
     let (service_own, service_children) = (median(&mut service_cpu.0), median(&mut service_cpu.1));
     let (bare_own, bare_children) = (median(&mut bare_cpu.0), median(&mut bare_cpu.1));
     println!(
-        "\nCPU per call, median of the rounds: service {service_own:.0} µs in the host's threads + {service_children:.0} µs in `sh`; bare {bare_own:.0} µs in tokio's + {bare_children:.0} µs in `sh`. At 0.8× the host may use {:.0} µs.",
-        (bare_own + bare_children) / 0.8 - service_children
+        "\nCPU per call, median of the rounds: service {service_own:.0} µs in the host's threads + {service_children:.0} µs in `sh`; bare {bare_own:.0} µs in tokio's + {bare_children:.0} µs in `sh`. At the {THROUGHPUT_FLOOR}× floor the host may use {:.0} µs.",
+        (bare_own + bare_children) / THROUGHPUT_FLOOR - service_children
     );
     println!(
         "\nThe host's CPU per call over bare tokio's own, round by round (the steadier figure for comparing builds on a noisy machine), median: {:.2}×.",
