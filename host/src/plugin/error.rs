@@ -381,10 +381,21 @@ impl LoadError {
     }
 }
 
+/// The longest error text kept (a plugin's error, a dead child's cause):
+/// it goes into log lines, `plugin.failed` events and the plugin's record,
+/// which a plugin must not be able to blow up.
+pub(crate) const MAX_ERROR: usize = 8 * 1024;
+
 /// Squeezes text that may span lines (an error a plugin returned, a
-/// dynamic-loader message) into one line.
+/// dynamic-loader message) into one line of at most [`MAX_ERROR`] bytes.
 pub(crate) fn one_line(text: &str) -> String {
+    let text = capped(text);
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` cut to [`MAX_ERROR`] bytes (at a character boundary, marked).
+pub(crate) fn capped(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::util::cut(text, MAX_ERROR)
 }
 
 /// Reduces abi_stable's layout report to its final `Error:`, `Expected:`

@@ -7,7 +7,7 @@
 //! own below (but the reaper's, `supervise::reap`).
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     os::fd::{AsRawFd, RawFd},
     path::{Path, PathBuf},
     process::Stdio,
@@ -18,9 +18,9 @@ use std::{
     time::Duration,
 };
 
-use tokio::{io::AsyncBufReadExt, runtime::Handle, sync::watch};
+use tokio::{runtime::Handle, sync::watch};
 
-use super::{remote::Remote, serve::Forward, supervise, Link};
+use super::{output, remote::Remote, serve::Forward, supervise, Link};
 use crate::{
     error::Result,
     error::ServiceError,
@@ -35,9 +35,6 @@ use crate::{
     },
     util::LockExt,
 };
-
-/// Lines of a child's stderr kept for the cause of its death.
-const STDERR_TAIL: usize = 8;
 
 /// A started child that has opened its library, before `init`.
 pub(in crate::plugin) struct Child {
@@ -301,7 +298,7 @@ impl Link {
                 nexts: Mutex::new(HashMap::new()),
                 next_ids: AtomicU64::new(1),
                 last_state: Mutex::new(None),
-                stderr: Mutex::new(VecDeque::new()),
+                stderr: Mutex::new(output::Tail::default()),
                 exited: watch::Sender::new(None),
                 ending: AtomicBool::new(false),
                 released: AtomicBool::new(false),
@@ -322,34 +319,12 @@ impl Link {
     }
 }
 
-/// Logs every line the child writes (stdout and stderr, at debug level)
-/// and keeps the last [`STDERR_TAIL`] of them for the cause of its death.
+/// Reads what the child writes to stdout and stderr (`output.rs`).
 fn keep_output(link: &Arc<Link>, process: &mut tokio::process::Child, runtime: &Handle) {
-    for output in [
-        process
-            .stdout
-            .take()
-            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-        process
-            .stderr
-            .take()
-            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let weak = Arc::downgrade(link);
-        runtime.spawn(async move {
-            let mut lines = tokio::io::BufReader::new(output).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Some(link) = weak.upgrade() else { break };
-                tracing::debug!(plugin = link.name(), pid = link.pid, "{line}");
-                let mut tail = link.stderr.lock_unpoisoned();
-                if tail.len() == STDERR_TAIL {
-                    tail.pop_front();
-                }
-                tail.push_back(line);
-            }
-        });
+    if let Some(stdout) = process.stdout.take() {
+        runtime.spawn(output::drain(stdout, Arc::downgrade(link)));
+    }
+    if let Some(stderr) = process.stderr.take() {
+        runtime.spawn(output::drain(stderr, Arc::downgrade(link)));
     }
 }

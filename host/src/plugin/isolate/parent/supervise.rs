@@ -35,10 +35,10 @@ pub(super) fn reap(link: &Arc<Link>, mut process: tokio::process::Child, runtime
             (None, Ok(status)) => describe(status),
             (None, Err(e)) => format!("cannot tell how it ended: {e}"),
         };
-        let tail: Vec<String> = link.stderr.lock_unpoisoned().iter().cloned().collect();
+        let tail = link.stderr.lock_unpoisoned().joined();
         if !tail.is_empty() {
             cause.push_str("; last output: ");
-            cause.push_str(&tail.join(" | "));
+            cause.push_str(&tail);
         }
         link.exited.send_replace(Some(cause.clone()));
         link.peer.close(link.failure(&cause));
