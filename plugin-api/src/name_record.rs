@@ -28,7 +28,10 @@ pub const fn len(name: &str) -> usize {
 /// for a record fails the build.
 pub const fn encode<const N: usize>(name: &str) -> [u8; N] {
     assert!(N == len(name), "the record's length is len(name)");
-    assert!(name.len() <= MAX_NAME, "a plugin name longer than 65535 bytes");
+    assert!(
+        name.len() <= MAX_NAME,
+        "a plugin name longer than 65535 bytes"
+    );
     let mut record = [0u8; N];
     let mut i = 0;
     while i < MAGIC.len() {
@@ -107,7 +110,10 @@ mod tests {
     fn bad_records_say_why() {
         const RECORD: [u8; len("x")] = encode("x");
         assert_eq!(decode(b"nope"), Err(DecodeError::NotARecord));
-        assert_eq!(decode(&RECORD[..RECORD.len() - 1]), Err(DecodeError::Truncated));
+        assert_eq!(
+            decode(&RECORD[..RECORD.len() - 1]),
+            Err(DecodeError::Truncated)
+        );
         let mut newer = RECORD;
         newer[MAGIC.len()] = 2;
         assert_eq!(decode(&newer), Err(DecodeError::Version(2)));

@@ -295,6 +295,34 @@ pub enum LoadError {
         /// Why, in words.
         cause: String,
     },
+    /// The plugin gave one name where the host looked first (its file's
+    /// name section, or a look in a child process) and another where it
+    /// loaded it: refused, since where a plugin runs is chosen by name.
+    #[error(
+        "{}: refused: the plugin is `{first}` by {first_from} but `{then}` by {then_from}; \
+         a plugin must have one name wherever it is loaded",
+        path.display()
+    )]
+    NameMismatch {
+        /// The plugin file.
+        path: PathBuf,
+        /// The name the host went by.
+        first: String,
+        /// Where it learnt it (`its file`, `a look in a child process`).
+        first_from: String,
+        /// The name the load found.
+        then: String,
+        /// Where (`its manifest in the host`, ...).
+        then_from: String,
+    },
+    /// The file's `.offstage.plugin` section cannot be read as a name.
+    #[error("{}: refused: {message}", path.display())]
+    NameSection {
+        /// The plugin file.
+        path: PathBuf,
+        /// What is wrong, in words.
+        message: String,
+    },
     /// A reload named a plugin the host has never seen.
     #[error("no plugin named `{name}`")]
     Unknown {
@@ -358,6 +386,8 @@ impl LoadError {
             | LoadError::InitError { path, .. }
             | LoadError::Host { path, .. }
             | LoadError::Isolated { path, .. }
+            | LoadError::NameMismatch { path, .. }
+            | LoadError::NameSection { path, .. }
             | LoadError::NotEnforced { path, .. }
             | LoadError::Filesystem { path, .. }
             | LoadError::NameChanged { path, .. } => path,
@@ -376,6 +406,7 @@ impl LoadError {
             | LoadError::Filesystem { name, .. }
             | LoadError::Unknown { name } => Some(name),
             LoadError::NameChanged { expected, .. } => Some(expected),
+            LoadError::NameMismatch { first, .. } => Some(first),
             _ => None,
         }
     }

@@ -41,7 +41,7 @@ use std::{
 use tokio::{runtime::Handle, sync::watch};
 
 pub(in crate::plugin) use spawn::Child;
-pub(in crate::plugin) use supervise::Supervisor;
+pub(in crate::plugin) use supervise::{retry_start, Supervisor};
 
 use super::{
     wire::{HookKind, Peer},

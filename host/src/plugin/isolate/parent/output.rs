@@ -66,7 +66,11 @@ impl Tail {
 
     /// The kept lines, oldest first, joined by ` | `.
     pub(super) fn joined(&self) -> String {
-        self.lines.iter().map(String::as_str).collect::<Vec<_>>().join(" | ")
+        self.lines
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 }
 
@@ -82,7 +86,7 @@ impl Lines {
     /// Feeds `chunk`; calls `emit` with each line it completes.
     fn feed(&mut self, mut chunk: &[u8], emit: &mut impl FnMut(String)) {
         while !chunk.is_empty() {
-            let (part, rest, ends) = match memchr(b'\n', chunk) {
+            let (part, rest, ends) = match memchr::memchr(b'\n', chunk) {
                 Some(at) => (&chunk[..at], &chunk[at + 1..], true),
                 None => (chunk, &[][..], false),
             };
@@ -113,10 +117,6 @@ impl Lines {
         self.cut = 0;
         line
     }
-}
-
-fn memchr(byte: u8, bytes: &[u8]) -> Option<usize> {
-    bytes.iter().position(|b| *b == byte)
 }
 
 /// A token bucket over log lines.
@@ -221,7 +221,11 @@ mod tests {
         let cut = 100 * READ_CHUNK - MAX_LINE;
         assert_eq!(out.len(), 2);
         assert!(out[0].starts_with(&"x".repeat(MAX_LINE)));
-        assert!(out[0].ends_with(&format!("… [{cut} bytes cut]")), "{}", &out[0][MAX_LINE..]);
+        assert!(
+            out[0].ends_with(&format!("… [{cut} bytes cut]")),
+            "{}",
+            &out[0][MAX_LINE..]
+        );
         assert_eq!(out[1], "next");
     }
 

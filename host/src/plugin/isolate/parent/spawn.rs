@@ -28,6 +28,7 @@ use crate::{
         abi::{block_on_host, remote::instance, HostContext, Instance, ManifestInfo},
         generation::GenerationState,
         isolate::{
+            harden,
             wire::{Handler, Peer, Request},
             Sandbox,
         },
@@ -221,9 +222,15 @@ fn command(
         .arg(path)
         .arg("--data-dir")
         .arg(&config.data_dir)
+        .env_clear()
+        .envs(harden::child_env())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // A process group of its own: a terminal's Ctrl+C (SIGINT to the
+        // foreground group) reaches the host only, which then shuts the
+        // plugin down in order; and the group is what ends with it.
+        .process_group(0)
         .kill_on_drop(false);
     if config.allow_insecure_permissions {
         command.arg("--allow-insecure");
@@ -232,6 +239,9 @@ fn command(
         command.arg("--read-only");
         if let Some(dir) = &sandbox.writable {
             command.arg("--writable").arg(dir);
+        }
+        if sandbox.network {
+            command.arg("--network");
         }
     }
     command
@@ -286,7 +296,7 @@ impl Link {
     ) -> Arc<Link> {
         Arc::new_cyclic(|weak: &Weak<Link>| {
             let handler: Arc<dyn Handler> = Arc::new(Forward(weak.clone()));
-            let (peer, reader) = Peer::start(stream, handler, runtime, runtime);
+            let (peer, reader) = Peer::start(stream, |_| handler, runtime, runtime);
             let link = Link {
                 name: OnceLock::new(),
                 pid,
