@@ -82,4 +82,4 @@ impl Plugin for MyPlugin {
     }
 }
 
-export_plugin!(MyPlugin);
+export_plugin!(MyPlugin, name = "my-plugin");

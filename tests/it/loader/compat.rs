@@ -5,7 +5,7 @@
 //! `wait_idle`), 1.4.0 (with a `fork` method today's host lacks), 1.1.0 with
 //! one vtable field's type changed, and 2.0.0. `tests/compat/plugin-*` are
 //! plugins built against each, in workspaces of their own, into
-//! `target/fixtures` (`offstage_tests::fixtures::compat`). Today's host (1.2.0) must:
+//! `target/fixtures` (`offstage_tests::fixtures::compat`). Today's host (1.3.0) must:
 //!
 //! - run the 1.0 plugin as if it were current;
 //! - load the 1.4 plugin, whose `fork` comes back `Unsupported` (both faces)
@@ -115,7 +115,7 @@ pub(crate) async fn a_plugin_built_against_the_next_major_is_refused(mode: Isola
         &path,
         &[
             "incompatible API major version",
-            "built against offstage-plugin-api 2.0.0, this host uses 1.2.0",
+            "built against offstage-plugin-api 2.0.0, this host uses 1.3.0",
         ],
     );
     host.assert_hello_works().await;
