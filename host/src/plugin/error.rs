@@ -308,12 +308,12 @@ pub enum LoadError {
         path: PathBuf,
         /// The name the host went by.
         first: String,
-        /// Where it learnt it (`its file`, `a look in a child process`).
-        first_from: String,
+        /// Where it learnt it.
+        first_from: NameSource,
         /// The name the load found.
         then: String,
-        /// Where (`its manifest in the host`, ...).
-        then_from: String,
+        /// Where.
+        then_from: NameSource,
     },
     /// The file's `.offstage.plugin` section cannot be read as a name.
     #[error("{}: refused: {message}", path.display())]
@@ -329,6 +329,30 @@ pub enum LoadError {
         /// The plugin's name.
         name: String,
     },
+}
+
+/// Where the host learnt a plugin's name ([`LoadError::NameMismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NameSource {
+    /// The `.offstage.plugin` section of its file.
+    File,
+    /// Its manifest, read by a child process before the load.
+    Look,
+    /// Its manifest, read in the host's process.
+    Host,
+    /// Its manifest, read in its own process.
+    Process,
+}
+
+impl std::fmt::Display for NameSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameSource::File => "its file",
+            NameSource::Look => "a look in a child process",
+            NameSource::Host => "its manifest in the host",
+            NameSource::Process => "its manifest in its process",
+        })
+    }
 }
 
 /// Which part of a plugin a [`LoadError`] is about.

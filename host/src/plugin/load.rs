@@ -22,7 +22,7 @@ use tokio::runtime::Handle;
 use super::{
     abi::{self, ManifestInfo},
     config::{granted, PluginSettings},
-    error::one_line,
+    error::{one_line, NameSource},
     file,
     generation::{commit, new_state, retire, Generation, GenerationState, Start, Subscriptions},
     info::{failed_info, info_from},
@@ -90,27 +90,22 @@ impl Placement {
 /// where from.
 pub(super) struct Known {
     name: String,
-    from: &'static str,
+    from: NameSource,
 }
-
-const FROM_FILE: &str = "its file";
-const FROM_LOOK: &str = "a look in a child process";
-const HERE: &str = "its manifest in the host";
-const IN_CHILD: &str = "its manifest in its process";
 
 impl Known {
     /// Refuses a plugin whose name at its load, `found` (learnt
     /// `found_from`), is not the one the host went by.
-    fn check(&self, path: &Path, found: &str, found_from: &str) -> Result<(), LoadError> {
+    fn check(&self, path: &Path, found: &str, found_from: NameSource) -> Result<(), LoadError> {
         if found == self.name {
             return Ok(());
         }
         Err(LoadError::NameMismatch {
             path: path.to_path_buf(),
             first: self.name.clone(),
-            first_from: self.from.to_string(),
+            first_from: self.from,
             then: found.to_string(),
-            then_from: found_from.to_string(),
+            then_from: found_from,
         })
     }
 }
@@ -235,7 +230,11 @@ impl PluginHost {
         })?;
         let opened = self.open_staged(path, staged)?;
         if let Some(known) = expected {
-            let here = if self.inner.in_child { IN_CHILD } else { HERE };
+            let here = if self.inner.in_child {
+                NameSource::Process
+            } else {
+                NameSource::Host
+            };
             if let Err(error) = known.check(path, &opened.manifest.name, here) {
                 // Only its manifest ran: nothing keeps it mapped.
                 unmap(opened);
@@ -328,7 +327,7 @@ impl PluginHost {
         let isolation = &self.inner.isolation;
         let from_file = declared.map(|name| Known {
             name,
-            from: FROM_FILE,
+            from: NameSource::File,
         });
         if self.inner.in_child
             || (isolation.default_mode() == isolate::Isolation::None
@@ -349,7 +348,7 @@ impl PluginHost {
                 let child = isolate::Child::spawn(self, path, probe.as_ref())?;
                 let known = Known {
                     name: child.manifest.name.clone(),
-                    from: FROM_LOOK,
+                    from: NameSource::Look,
                 };
                 (known, Some((child, probe.is_some())))
             }
@@ -404,7 +403,7 @@ impl PluginHost {
             Err(LoadError::NotEnforced { cause, .. }) => return Err(refuse(cause)),
             Err(error) => return Err(error.into()),
         };
-        known.check(path, &child.manifest.name, IN_CHILD)?;
+        known.check(path, &child.manifest.name, NameSource::Process)?;
         self.isolated(path, runtime, child).map(Placement::isolated)
     }
 

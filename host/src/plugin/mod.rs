@@ -103,7 +103,7 @@ use std::{
 pub use check::check_file;
 pub(crate) use check::{check_file_with, CheckOptions};
 pub use config::{PluginHostConfig, PluginSettings};
-pub use error::{LoadError, LoadStage};
+pub use error::{LoadError, LoadStage, NameSource};
 pub use info::{PluginInfo, PluginStatus};
 pub(crate) use isolate::{run_child, take_isolation_keys, ChildArgs};
 pub use isolate::{

@@ -128,9 +128,7 @@ pub(in crate::plugin) fn program(plan: &Plan, own_pid: u32) -> Result<BpfProgram
         ];
         let conditions = generic
             .iter()
-            .map(|cmd| {
-                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *cmd as u64)
-            })
+            .map(|cmd| SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *cmd))
             .collect::<Result<Vec<_>, _>>()?;
         rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(conditions)?]);
     }

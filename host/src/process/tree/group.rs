@@ -34,10 +34,10 @@ pub(crate) fn end_group(leader: i32, patience: Duration) -> usize {
     let (mut buffer, mut pids) = (Vec::new(), Vec::new());
     let mut reaped = 0;
     loop {
-        match rustix::process::kill_process_group(group, rustix::process::Signal::KILL) {
+        let killed = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        if killed == Err(rustix::io::Errno::SRCH) {
             // Gone: every member has been reaped, by us or another parent.
-            Err(rustix::io::Errno::SRCH) => return reaped,
-            _ => {}
+            return reaped;
         }
         let threads = read_stat(host).map_or(1, |p| p.threads);
         list_children(host, threads, &mut buffer, &mut pids);

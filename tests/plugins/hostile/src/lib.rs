@@ -97,14 +97,14 @@ fn checked(result: libc::c_long) -> std::result::Result<String, String> {
 fn attempt(input: &Value) -> std::result::Result<String, String> {
     let path = c_path(input);
     let what = input["what"].as_str().unwrap_or_default();
-    // SAFETY (every block below): plain system calls on valid C strings,
-    // buffers that outlive the call, and no memory shared with Rust code.
     match what {
+        // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
         "chmod" => checked(unsafe { libc::chmod(path.as_ptr(), 0o777) }.into()),
         "fchmod" => {
             let file = std::fs::File::open(path.to_str().unwrap_or_default())
                 .map_err(|e| e.to_string())?;
             let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             checked(unsafe { libc::fchmod(fd, 0o777) }.into())
         }
         "chown" => {
@@ -114,19 +114,23 @@ fn attempt(input: &Value) -> std::result::Result<String, String> {
                 std::os::unix::fs::MetadataExt::uid(&meta),
                 std::os::unix::fs::MetadataExt::gid(&meta),
             );
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             checked(unsafe { libc::chown(path.as_ptr(), uid, gid) }.into())
         }
         "setxattr" => {
             let name = c"user.offstage";
             checked(
+                // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
                 unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), b"x".as_ptr().cast(), 1, 0) }
                     .into(),
             )
         }
         "removexattr" => {
             let name = c"user.offstage";
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             checked(unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) }.into())
         }
+        // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
         "utimes" => checked(unsafe { libc::utimes(path.as_ptr(), std::ptr::null()) }.into()),
         "mknod-block" | "mknod-char" => {
             let (kind, dev) = if what == "mknod-block" {
@@ -134,6 +138,7 @@ fn attempt(input: &Value) -> std::result::Result<String, String> {
             } else {
                 (libc::S_IFCHR, libc::makedev(1, 3))
             };
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             checked(unsafe { libc::mknod(path.as_ptr(), kind | 0o600, dev) }.into())
         }
         "socket-inet" | "socket-unix" | "socket-netlink" => {
@@ -142,9 +147,11 @@ fn attempt(input: &Value) -> std::result::Result<String, String> {
                 "socket-unix" => (libc::AF_UNIX, libc::SOCK_STREAM),
                 _ => (libc::AF_NETLINK, libc::SOCK_RAW),
             };
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             let fd = unsafe { libc::socket(family, kind | libc::SOCK_CLOEXEC, 0) };
             let result = checked(fd.into());
             if fd >= 0 {
+                // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
                 unsafe { libc::close(fd) };
             }
             result
@@ -159,15 +166,18 @@ fn attempt(input: &Value) -> std::result::Result<String, String> {
         }
         "io-uring" => {
             let mut params = [0u8; 120];
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
             let result = checked(fd);
             if fd >= 0 {
+                // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
                 unsafe { libc::close(fd as i32) };
             }
             result
         }
         "kill" => {
             let pid = input["pid"].as_i64().unwrap_or(0) as libc::pid_t;
+            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
             checked(unsafe { libc::kill(pid, 0) }.into())
         }
         "env" => {
@@ -211,11 +221,14 @@ fn attempt(input: &Value) -> std::result::Result<String, String> {
             ] {
                 for _ in 0..count {
                     // Only async-signal-safe calls in the forked child.
+                    // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
                     let pid = unsafe { libc::fork() };
                     if pid == 0 {
                         if sleep {
+                            // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
                             unsafe { libc::sleep(3600) };
                         }
+                        // SAFETY: a plain system call; its pointers are valid C strings or buffers that outlive it.
                         unsafe { libc::_exit(0) };
                     }
                     if pid < 0 {
