@@ -56,7 +56,8 @@ pub use crate::{
 // plugins run, and `offstage plugin check`'s one-call form.
 pub use crate::plugin::{
     check_file, Filesystem, Isolation, IsolationConfig, IsolationSettings, LoadError, LoadStage,
-    PluginHost, PluginHostConfig, PluginInfo, PluginSettings, PluginStatus, RestartPolicy,
+    NameSource, Network, PluginHost, PluginHostConfig, PluginInfo, PluginSettings, PluginStatus,
+    RestartPolicy,
 };
 
 // `offstage dev`'s watcher, for the dev tests and the reload benchmark;

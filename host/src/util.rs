@@ -47,3 +47,17 @@ impl<T> RwLockExt<T> for RwLock<T> {
         self.write().unwrap_or_else(|e| e.into_inner())
     }
 }
+
+/// `text` cut to at most `max` bytes at a character boundary, with a mark
+/// saying how much was cut: for text a plugin controls that goes into
+/// logs, events and messages.
+pub(crate) fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} bytes cut]", &text[..end], text.len() - end).into()
+}

@@ -142,6 +142,8 @@ pub mod prelude {
     pub use std::time::Duration;
 }
 
+pub mod name_record;
+
 #[doc(hidden)]
 pub mod __private {
     pub use crate::plugin::root_module;
@@ -155,9 +157,38 @@ pub mod __private {
 
 /// Exports a [`Plugin`] type as this library's plugin. Call it once, at the
 /// crate root of a `cdylib`.
+///
+/// Give the plugin's name too (the name its [`Manifest`] has), as
+/// `export_plugin!(MyPlugin, name = "my-plugin")`: it is written into the
+/// library file, in a section of its own ([`name_record`](crate::name_record)), where the
+/// host reads it without running any of the library's code, and so
+/// decides how to run it (`isolation` in the host's `[plugin.NAME]`)
+/// before any of the plugin's code runs in the host. A file whose
+/// manifest then names another plugin is refused. Without it (the form of
+/// 1.2 and older, still accepted), a host that isolates any plugin by name
+/// first starts the file in a child process to learn its name. *Since
+/// 1.3.*
 #[macro_export]
 macro_rules! export_plugin {
     ($plugin:ty) => {
+        $crate::export_plugin!(@header $plugin, {});
+    };
+    ($plugin:ty, name = $name:expr $(,)?) => {
+        /// The plugin's name as the host reads it from the file.
+        #[doc(hidden)]
+        #[used]
+        #[cfg_attr(
+            any(target_os = "linux", target_os = "android", target_os = "freebsd"),
+            link_section = ".offstage.plugin"
+        )]
+        pub static __OFFSTAGE_PLUGIN_NAME: [u8; $crate::name_record::len($name)] =
+            $crate::name_record::encode($name);
+        $crate::export_plugin!(@header $plugin, {
+            // Referenced from the root module, so that no linker drops it.
+            ::core::hint::black_box(&__OFFSTAGE_PLUGIN_NAME);
+        });
+    };
+    (@header $plugin:ty, { $($keep:tt)* }) => {
         // The symbol name is abi_stable's root-module loader name; a unit
         // test in offstage-plugin-api keeps the two in step.
         #[doc(hidden)]
@@ -167,6 +198,7 @@ macro_rules! export_plugin {
                 $crate::__private::__call_root_module_loader(__offstage_module)
             }
             fn __offstage_module() -> $crate::abi::PluginModuleRef {
+                $($keep)*
                 $crate::__private::root_module::<$plugin, { cfg!(panic = "abort") }>()
             }
             // SAFETY: the constructor returns the root module of the type it

@@ -120,12 +120,20 @@ mod reliability {
 /// invoked with `Isolation::Process`).
 mod isolation {
     mod compat;
+    /// What an isolated process gives up; read-only against a hostile plugin.
+    mod confinement;
     mod crash;
     mod domain;
     mod example_plugins;
     mod filesystem;
     mod grants;
     mod hooks;
+    /// The name decides where a plugin runs, before its code runs here.
+    mod names;
+    /// A plugin's stderr, bounded.
+    mod output;
+    /// What a plugin starts, Ctrl+C, and starts that fail.
+    mod processes;
     mod reload;
 }
 

@@ -71,6 +71,7 @@ pub const PLUGINS: &[&str] = &[
     "offstage-test-faulty",
     "offstage-test-hang",
     "offstage-test-hello",
+    "offstage-test-hostile",
     "offstage-test-leaky",
     "offstage-test-no-root",
     "offstage-test-panicky",

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod example_plugins;
 pub mod fixtures;
 pub mod host;
+pub mod hostile;
 pub mod loader;
 pub mod proc;
 pub mod reload;

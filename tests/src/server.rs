@@ -66,6 +66,15 @@ impl Server {
         Self::spawn("serve", args, None, "info", Some(open_files))
     }
 
+    /// As [`Server::start_on`], with `env` added to its environment.
+    pub fn start_on_with_env(data_dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::launch_with("serve", data_dir, None, args, None, "info", None, &env)
+    }
+
     /// `offstage serve` on the data dir `data_dir`, which outlives it: to
     /// start a host again on the same store.
     pub fn start_on(data_dir: &Path, args: &[&str]) -> Server {
@@ -97,7 +106,35 @@ impl Server {
         log: &str,
         open_files: Option<u64>,
     ) -> Server {
+        Self::launch_with(
+            command_name,
+            data_dir,
+            data,
+            args,
+            token,
+            log,
+            open_files,
+            &[],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch_with(
+        command_name: &str,
+        data_dir: &Path,
+        data: Option<tempfile::TempDir>,
+        args: &[&str],
+        token: Option<&str>,
+        log: &str,
+        open_files: Option<u64>,
+        env: &[(String, String)],
+    ) -> Server {
         let mut command = Command::new(offstage_binary());
+        // A process group of its own, as a shell gives a foreground job:
+        // [`Server::interrupt_group`] is a terminal's Ctrl+C.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        command.envs(env.iter().map(|(k, v)| (k, v)));
         command
             .args([command_name, "--addr", "127.0.0.1:0", "--data-dir"])
             .arg(data_dir)
@@ -244,8 +281,27 @@ impl Server {
     /// Sends SIGTERM and waits for the exit; returns the status and stderr.
     /// Asserts that stdout held nothing but the `listening on` line.
     pub fn stop(mut self) -> (ExitStatus, String) {
+        let child = self.child.as_ref().unwrap();
+        terminate(child);
+        self.wait()
+    }
+
+    /// A terminal's Ctrl+C: SIGINT to the server's whole process group
+    /// (every process in it that has not moved to a group of its own);
+    /// then waits for the server as [`Server::stop`] does.
+    #[cfg(unix)]
+    pub fn interrupt_group(mut self) -> (ExitStatus, String) {
+        let group = self.pid();
+        let sent = Command::new("kill")
+            .args(["-INT", "--", &format!("-{group}")])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -INT -{group} failed");
+        self.wait()
+    }
+
+    fn wait(&mut self) -> (ExitStatus, String) {
         let mut child = self.child.take().unwrap();
-        terminate(&child);
         let status = child.wait().unwrap();
         let stderr = self.stderr.take().unwrap().join().unwrap_or_default();
         let rest = self.stdout.take().unwrap().join().unwrap_or_default();

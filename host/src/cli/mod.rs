@@ -59,6 +59,9 @@ pub(crate) enum Command {
         /// With `--read-only`: the one dir it may write in.
         #[arg(long, requires = "read_only")]
         writable: Option<PathBuf>,
+        /// With `--read-only`: sockets may be opened (`network = "allow"`).
+        #[arg(long, requires = "read_only")]
+        network: bool,
     },
     /// Work with plugin files.
     Plugin {
@@ -271,12 +274,14 @@ pub fn main() -> ExitCode {
             allow_insecure,
             read_only,
             writable,
+            network,
         } => crate::plugin::run_child(crate::plugin::ChildArgs {
             file,
             data_dir,
             allow_insecure,
             read_only,
             writable,
+            network,
         }),
         Command::Plugin {
             command:

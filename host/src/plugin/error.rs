@@ -295,12 +295,64 @@ pub enum LoadError {
         /// Why, in words.
         cause: String,
     },
+    /// The plugin gave one name where the host looked first (its file's
+    /// name section, or a look in a child process) and another where it
+    /// loaded it: refused, since where a plugin runs is chosen by name.
+    #[error(
+        "{}: refused: the plugin is `{first}` by {first_from} but `{then}` by {then_from}; \
+         a plugin must have one name wherever it is loaded",
+        path.display()
+    )]
+    NameMismatch {
+        /// The plugin file.
+        path: PathBuf,
+        /// The name the host went by.
+        first: String,
+        /// Where it learnt it.
+        first_from: NameSource,
+        /// The name the load found.
+        then: String,
+        /// Where.
+        then_from: NameSource,
+    },
+    /// The file's `.offstage.plugin` section cannot be read as a name.
+    #[error("{}: refused: {message}", path.display())]
+    NameSection {
+        /// The plugin file.
+        path: PathBuf,
+        /// What is wrong, in words.
+        message: String,
+    },
     /// A reload named a plugin the host has never seen.
     #[error("no plugin named `{name}`")]
     Unknown {
         /// The plugin's name.
         name: String,
     },
+}
+
+/// Where the host learnt a plugin's name ([`LoadError::NameMismatch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NameSource {
+    /// The `.offstage.plugin` section of its file.
+    File,
+    /// Its manifest, read by a child process before the load.
+    Look,
+    /// Its manifest, read in the host's process.
+    Host,
+    /// Its manifest, read in its own process.
+    Process,
+}
+
+impl std::fmt::Display for NameSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameSource::File => "its file",
+            NameSource::Look => "a look in a child process",
+            NameSource::Host => "its manifest in the host",
+            NameSource::Process => "its manifest in its process",
+        })
+    }
 }
 
 /// Which part of a plugin a [`LoadError`] is about.
@@ -358,6 +410,8 @@ impl LoadError {
             | LoadError::InitError { path, .. }
             | LoadError::Host { path, .. }
             | LoadError::Isolated { path, .. }
+            | LoadError::NameMismatch { path, .. }
+            | LoadError::NameSection { path, .. }
             | LoadError::NotEnforced { path, .. }
             | LoadError::Filesystem { path, .. }
             | LoadError::NameChanged { path, .. } => path,
@@ -376,15 +430,27 @@ impl LoadError {
             | LoadError::Filesystem { name, .. }
             | LoadError::Unknown { name } => Some(name),
             LoadError::NameChanged { expected, .. } => Some(expected),
+            LoadError::NameMismatch { first, .. } => Some(first),
             _ => None,
         }
     }
 }
 
+/// The longest error text kept (a plugin's error, a dead child's cause):
+/// it goes into log lines, `plugin.failed` events and the plugin's record,
+/// which a plugin must not be able to blow up.
+pub(crate) const MAX_ERROR: usize = 8 * 1024;
+
 /// Squeezes text that may span lines (an error a plugin returned, a
-/// dynamic-loader message) into one line.
+/// dynamic-loader message) into one line of at most [`MAX_ERROR`] bytes.
 pub(crate) fn one_line(text: &str) -> String {
+    let text = capped(text);
     text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// `text` cut to [`MAX_ERROR`] bytes (at a character boundary, marked).
+pub(crate) fn capped(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::util::cut(text, MAX_ERROR)
 }
 
 /// Reduces abi_stable's layout report to its final `Error:`, `Expected:`

@@ -318,6 +318,7 @@ impl GenerationState {
         if self.failed.swap(true, Ordering::AcqRel) {
             return;
         }
+        let message = super::error::capped(&message).into_owned();
         tracing::error!(plugin = %self.name, "{message}; plugin disabled");
         let tools = self.service.tools().names_of(&self.owner);
         retire(self, Subscriptions::Abort);

@@ -103,6 +103,6 @@ pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
             filesystem: super::Filesystem::Unrestricted,
         },
     };
-    info.error = Some(failure.error.to_string());
+    info.error = Some(super::error::capped(&failure.error.to_string()).into_owned());
     info
 }

@@ -22,11 +22,11 @@ use tokio::runtime::Handle;
 use super::{
     abi::{self, ManifestInfo},
     config::{granted, PluginSettings},
-    error::one_line,
+    error::{one_line, NameSource},
     file,
     generation::{commit, new_state, retire, Generation, GenerationState, Start, Subscriptions},
     info::{failed_info, info_from},
-    isolate, LoadError, PluginHost, PluginInfo, PluginStatus,
+    isolate, section, LoadError, PluginHost, PluginInfo, PluginStatus,
 };
 use crate::{
     tool::Owner,
@@ -73,6 +73,43 @@ impl From<LoadError> for LoadFailure {
     }
 }
 
+/// Where a plugin file is opened: in a child process (opened there
+/// already), or here, with the name it must give when it is.
+pub(super) enum Placement {
+    Isolated(Box<CheckedLibrary>),
+    Here(Option<Known>),
+}
+
+impl Placement {
+    fn isolated(opened: CheckedLibrary) -> Placement {
+        Placement::Isolated(Box::new(opened))
+    }
+}
+
+/// A plugin's name as the host learnt it before loading the plugin, and
+/// where from.
+pub(super) struct Known {
+    name: String,
+    from: NameSource,
+}
+
+impl Known {
+    /// Refuses a plugin whose name at its load, `found` (learnt
+    /// `found_from`), is not the one the host went by.
+    fn check(&self, path: &Path, found: &str, found_from: NameSource) -> Result<(), LoadError> {
+        if found == self.name {
+            return Ok(());
+        }
+        Err(LoadError::NameMismatch {
+            path: path.to_path_buf(),
+            first: self.name.clone(),
+            first_from: self.from,
+            then: found.to_string(),
+            then_from: found_from,
+        })
+    }
+}
+
 impl PluginHost {
     /// Loads `path` and records the outcome; the info is the recorded one.
     pub(super) fn load_recorded(&self, path: &Path) -> (PluginInfo, Result<(), LoadError>) {
@@ -109,10 +146,20 @@ impl PluginHost {
                 (info, Ok(()))
             }
             Err(failure) => {
-                let info = failed_info(path, &failure);
+                let mut info = failed_info(path, &failure);
+                if failure.manifest.is_none() {
+                    // Known from its file, even when its process died
+                    // before it said.
+                    if let Ok(Some(name)) = section::declared_name(path) {
+                        info.name = name;
+                    }
+                }
                 tracing::warn!("{}", failure.error);
                 self.record(info.clone(), None);
                 self.inner.service.events().publish("plugin.failed", &info);
+                if matches!(failure.error, LoadError::Isolated { .. }) {
+                    isolate::retry_start(self, path, &info.name);
+                }
                 (info, Err(failure.error))
             }
         }
@@ -155,19 +202,46 @@ impl PluginHost {
     }
 
     /// Steps 1–5 of a load: permissions, format, private copy, root module
-    /// and manifest, `panic = "abort"`.
+    /// and manifest, `panic = "abort"`. Where it runs is decided first, by
+    /// the name its file declares (`section.rs`) or a look in a child
+    /// process, before any of its code runs here; a plugin whose manifest
+    /// then names another plugin is refused.
     pub(super) fn open(&self, path: &Path) -> Result<CheckedLibrary, LoadFailure> {
         let runtime = Handle::try_current().map_err(|_| LoadError::Host {
             path: path.to_path_buf(),
             message: "plugins must be loaded inside a tokio runtime".into(),
         })?;
-        if let Some(opened) = self.open_isolated(path, &runtime)? {
-            return Ok(opened);
-        }
+        let declared = section::declared_name(path).map_err(|e| match e {
+            section::SectionError::Io(e) => LoadError::Io {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            },
+            other => LoadError::NameSection {
+                path: path.to_path_buf(),
+                message: other.to_string(),
+            },
+        })?;
+        let expected = match self.open_isolated(path, &runtime, declared)? {
+            Placement::Isolated(opened) => return Ok(*opened),
+            Placement::Here(expected) => expected,
+        };
         let staged = stage(&self.inner.config, path, |content| {
             self.loaded_with_content(path, content)
         })?;
-        self.open_staged(path, staged)
+        let opened = self.open_staged(path, staged)?;
+        if let Some(known) = expected {
+            let here = if self.inner.in_child {
+                NameSource::Process
+            } else {
+                NameSource::Host
+            };
+            if let Err(error) = known.check(path, &opened.manifest.name, here) {
+                // Only its manifest ran: nothing keeps it mapped.
+                unmap(opened);
+                return Err(error.into());
+            }
+        }
+        Ok(opened)
     }
 
     /// Steps 4–5 for a file [`stage`]d: maps the private copy and reads
@@ -226,46 +300,71 @@ impl PluginHost {
     }
 
     /// Steps 1–5 in a child process, when the plugin runs isolated
-    /// (`plugin/isolate/`). `None`: it runs here. With isolation chosen
-    /// by name only, the child is also how the name is learnt without
-    /// running the file's code in the host; a plugin that turns out not to
-    /// be isolated is then opened again here.
+    /// (`plugin/isolate/`); [`Placement::Here`] when it runs here, with the
+    /// name it must have.
     ///
-    /// With `filesystem = "read-only"` for any plugin, the name is learnt
-    /// in a child restricted from its start to writing nowhere (so the
-    /// file's constructors never run unrestricted where they might have to
-    /// be restricted); a read-only plugin then gets a new child restricted
-    /// to its own data dir, an unrestricted one a new child without the
-    /// restriction. Where the kernel cannot restrict, the name is learnt
-    /// unrestricted and a read-only plugin is refused (`sandbox.rs`).
+    /// By the name its file declares (`declared`): a plugin isolated by
+    /// it gets its child at once (restricted to its data dir with
+    /// `filesystem = "read-only"`), whose manifest must give that name.
+    ///
+    /// A file that declares none, with isolation chosen by name, is looked
+    /// at in a child process first, which learns the name without running
+    /// the file's code in the host; a plugin that turns out not to be
+    /// isolated is then opened here, and must give the same name. With
+    /// `filesystem = "read-only"` for any plugin, that look is restricted
+    /// from its start to writing nowhere (so the file's constructors never
+    /// run unrestricted where they might have to be restricted); a
+    /// read-only plugin then gets a new child restricted to its own data
+    /// dir, an unrestricted one a new child without the restriction. Where
+    /// the kernel cannot restrict, a read-only plugin is refused
+    /// (`sandbox.rs`).
     fn open_isolated(
         &self,
         path: &Path,
         runtime: &Handle,
-    ) -> Result<Option<CheckedLibrary>, LoadFailure> {
+        declared: Option<String>,
+    ) -> Result<Placement, LoadFailure> {
         let isolation = &self.inner.isolation;
+        let from_file = declared.map(|name| Known {
+            name,
+            from: NameSource::File,
+        });
         if self.inner.in_child
             || (isolation.default_mode() == isolate::Isolation::None
                 && !isolation.any_by_name()
                 && !isolation.any_read_only())
         {
-            return Ok(None);
+            return Ok(Placement::Here(from_file));
         }
-        let landlock = isolation
-            .any_read_only()
-            .then(isolate::filesystem_restriction_available);
-        let probe = matches!(landlock, Some(Ok(()))).then(isolate::Sandbox::default);
-        let mut child = isolate::Child::spawn(self, path, probe.as_ref())?;
-        let manifest = child.manifest.clone();
-        let name = manifest.name.clone();
+        let landlock = |network| isolate::filesystem_restriction_available(network);
+        let (known, probe) = match from_file {
+            Some(known) => (known, None),
+            None => {
+                let probe = if isolation.any_read_only() && landlock(false).is_ok() {
+                    Some(isolate::Sandbox::default())
+                } else {
+                    None
+                };
+                let child = isolate::Child::spawn(self, path, probe.as_ref())?;
+                let known = Known {
+                    name: child.manifest.name.clone(),
+                    from: NameSource::Look,
+                };
+                (known, Some((child, probe.is_some())))
+            }
+        };
+        let name = known.name.clone();
         let resolved = isolation.resolve(&name);
+        let looked = probe
+            .as_ref()
+            .map(|(child, _)| Box::new(child.manifest.clone()));
         let refuse = |cause: String| LoadFailure {
             error: LoadError::Filesystem {
                 path: path.to_path_buf(),
                 name: name.clone(),
                 cause,
             },
-            manifest: Some(Box::new(manifest.clone())),
+            manifest: looked.clone(),
             generation: 0,
         };
         if resolved.mode != isolate::Isolation::Process {
@@ -278,34 +377,34 @@ impl PluginHost {
                         .into(),
                 ));
             }
-            return Ok(None);
+            return Ok(Placement::Here(Some(known)));
         }
-        let again = match (resolved.filesystem, &landlock) {
-            (isolate::Filesystem::ReadOnly, Some(Err(cause))) => {
-                return Err(refuse(cause.to_string()));
+        let sandbox = match resolved.filesystem {
+            isolate::Filesystem::ReadOnly => {
+                let network = resolved.network == isolate::Network::Allow;
+                if let Err(cause) = landlock(network) {
+                    return Err(refuse(cause.to_string()));
+                }
+                Some(isolate::Sandbox {
+                    writable: Some(self.inner.config.plugin_data_dir(&name)),
+                    network,
+                })
             }
-            (isolate::Filesystem::ReadOnly, _) => Some(isolate::Sandbox {
-                writable: Some(self.inner.config.plugin_data_dir(&name)),
-            }),
-            (isolate::Filesystem::Unrestricted, _) if probe.is_some() => None,
-            (isolate::Filesystem::Unrestricted, _) => {
-                return self.isolated(path, runtime, child).map(Some);
-            }
+            isolate::Filesystem::Unrestricted => None,
         };
-        drop(child);
-        child = match isolate::Child::spawn(self, path, again.as_ref()) {
+        if let Some((child, restricted)) = probe {
+            if sandbox.is_none() && !restricted {
+                // The look ran as the plugin is to run: it is the plugin's.
+                return self.isolated(path, runtime, child).map(Placement::isolated);
+            }
+        }
+        let child = match isolate::Child::spawn(self, path, sandbox.as_ref()) {
             Ok(child) => child,
             Err(LoadError::NotEnforced { cause, .. }) => return Err(refuse(cause)),
             Err(error) => return Err(error.into()),
         };
-        if child.manifest.name != name {
-            return Err(LoadError::Isolated {
-                path: path.to_path_buf(),
-                message: "the file changed while it was being loaded; try again".into(),
-            }
-            .into());
-        }
-        self.isolated(path, runtime, child).map(Some)
+        known.check(path, &child.manifest.name, NameSource::Process)?;
+        self.isolated(path, runtime, child).map(Placement::isolated)
     }
 
     /// The rest of [`open_isolated`](Self::open_isolated) for the child

@@ -92,6 +92,7 @@ mod isolate;
 mod load;
 mod registry;
 mod reload;
+mod section;
 pub(crate) mod watch;
 
 use std::{
@@ -102,10 +103,12 @@ use std::{
 pub use check::check_file;
 pub(crate) use check::{check_file_with, CheckOptions};
 pub use config::{PluginHostConfig, PluginSettings};
-pub use error::{LoadError, LoadStage};
+pub use error::{LoadError, LoadStage, NameSource};
 pub use info::{PluginInfo, PluginStatus};
 pub(crate) use isolate::{run_child, take_isolation_keys, ChildArgs};
-pub use isolate::{Filesystem, Isolation, IsolationConfig, IsolationSettings, RestartPolicy};
+pub use isolate::{
+    Filesystem, Isolation, IsolationConfig, IsolationSettings, Network, RestartPolicy,
+};
 
 use crate::{session::SessionService, util::LockExt};
 use generation::{Generation, Subscriptions};
@@ -206,6 +209,7 @@ impl PluginHost {
     /// a reload replaced and that are still draining are shut down too,
     /// without waiting further. Safe to call twice.
     pub fn shutdown(&self) {
+        self.inner.supervisor.stop();
         let _serial = self.inner.loading.lock_unpoisoned();
         let retiring: Vec<(String, Generation)> = {
             let mut state = self.inner.state.lock_unpoisoned();

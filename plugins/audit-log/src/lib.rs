@@ -171,7 +171,7 @@ impl Plugin for AuditLog {
     }
 }
 
-export_plugin!(AuditLog);
+export_plugin!(AuditLog, name = "audit-log");
 
 #[cfg(test)]
 mod tests {

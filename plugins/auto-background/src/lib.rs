@@ -122,7 +122,7 @@ impl Plugin for AutoBackground {
     }
 }
 
-export_plugin!(AutoBackground);
+export_plugin!(AutoBackground, name = "auto-background");
 
 #[cfg(test)]
 mod tests {

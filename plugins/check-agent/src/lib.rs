@@ -184,7 +184,7 @@ async fn run_turn(ctx: &Context, options: &Options, turn: AgentTurn) -> Result<S
     Ok(replies.join("\n"))
 }
 
-export_plugin!(CheckAgent);
+export_plugin!(CheckAgent, name = "check-agent");
 
 #[cfg(test)]
 mod tests {

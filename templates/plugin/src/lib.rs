@@ -88,4 +88,4 @@ impl Plugin for MyPlugin {
     }
 }
 
-export_plugin!(MyPlugin);
+export_plugin!(MyPlugin, name = "my-plugin");

@@ -8,7 +8,7 @@
 //! `target/fixtures` (`offstage_tests::fixtures::compat`). Today's host (1.3.0) must:
 //!
 //! - run the 1.0 plugin as if it were current;
-//! - load the 1.3 plugin, whose `fork` comes back `Unsupported` (both faces)
+//! - load the 1.4 plugin, whose `fork` comes back `Unsupported` (both faces)
 //!   while its other calls work;
 //! - refuse the changed-field plugin with a layout error naming both types;
 //! - refuse the 2.0 plugin as another major version.

@@ -28,6 +28,7 @@ use std::{
 use tokio::runtime::Handle;
 
 use super::{
+    harden,
     sandbox::{self, Sandbox},
     wire::{Handler, HookKind, Note, Peer, Request},
     Upstream,
@@ -79,6 +80,8 @@ pub(crate) struct ChildArgs {
     /// With `read_only`: the one dir it may write in (the plugin's data
     /// dir); none at all without it.
     pub writable: Option<PathBuf>,
+    /// With `read_only`: sockets may be opened (`network = "allow"`).
+    pub network: bool,
 }
 
 /// Runs the plugin's process until the host closes the channel. Started by
@@ -90,6 +93,7 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
         allow_insecure,
         read_only,
         writable,
+        network,
     } = args;
     crate::logging::init("warn");
     let config = PluginHostConfig {
@@ -98,8 +102,12 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
         allow_insecure_permissions: allow_insecure,
         settings: Default::default(),
     };
-    // Before any thread is started: see `sandbox.rs`.
-    let staged = read_only.then(|| restrict(&config, &file, writable));
+    // Before any thread is started and before the library is opened: see
+    // `harden.rs` and `sandbox.rs`. A failure is the answer to `open`.
+    let staged = match harden::drop_capabilities() {
+        Err(e) => Some(Err(host_error(&file, e))),
+        Ok(()) => read_only.then(|| restrict(&config, &file, Sandbox { writable, network })),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -162,8 +170,13 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
             hooks: Mutex::new(HashMap::new()),
             hook_ids: AtomicU64::new(1),
         });
-        let (peer, closed) = Peer::start(stream, state.clone(), &io_handle, &Handle::current());
-        let _ = state.peer.set(peer);
+        // The peer is set before the first request is read: the plugin's
+        // code (run by `Open`) may log or call the host at once.
+        let handler = |peer: &Arc<Peer>| -> Arc<dyn Handler> {
+            let _ = state.peer.set(Arc::clone(peer));
+            state.clone()
+        };
+        let (_peer, closed) = Peer::start(stream, handler, &io_handle, &Handle::current());
         let _ = closed.await;
     });
     // The host is gone or done with us: leave without running the plugin's
@@ -176,13 +189,13 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
 fn restrict(
     config: &PluginHostConfig,
     file: &std::path::Path,
-    writable: Option<PathBuf>,
+    sandbox: Sandbox,
 ) -> std::result::Result<Staged, LoadError> {
     let staged = stage(config, file, |_| None)
         .map_err(|failure| failure.error)?
         .hold()
         .map_err(|e| host_error(file, format!("cannot hold the private copy: {e}")))?;
-    if let Some(dir) = &writable {
+    if let Some(dir) = &sandbox.writable {
         // It must exist to be named in a rule (`Context::data_dir` makes
         // it the same way).
         let mut builder = std::fs::DirBuilder::new();
@@ -195,7 +208,7 @@ fn restrict(
             )
         })?;
     }
-    sandbox::restrict_self(&Sandbox { writable }).map_err(|e| LoadError::NotEnforced {
+    sandbox::restrict_self(&sandbox).map_err(|e| LoadError::NotEnforced {
         path: file.to_path_buf(),
         cause: e.to_string(),
     })?;

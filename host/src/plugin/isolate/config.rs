@@ -56,6 +56,34 @@ impl std::str::FromStr for Filesystem {
     }
 }
 
+/// Whether a `filesystem = "read-only"` plugin's process may open sockets
+/// (`network = ...`; see `sandbox.rs`). Without `read-only` nothing is
+/// restricted, this included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    /// No `socket()` (unix, IP, netlink or any other family).
+    #[default]
+    Deny,
+    /// Sockets as the user may open them; abstract unix sockets and
+    /// signals stay confined to the process.
+    Allow,
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "deny" => Ok(Network::Deny),
+            "allow" => Ok(Network::Allow),
+            other => Err(format!(
+                "`network` must be \"deny\" or \"allow\", not {other:?}"
+            )),
+        }
+    }
+}
+
 /// What happens when an isolated plugin's process dies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum RestartPolicy {
@@ -111,6 +139,9 @@ pub struct IsolationSettings {
     /// `filesystem = "unrestricted" | "read-only"` (default unrestricted);
     /// `read-only` needs `isolation = "process"`.
     pub filesystem: Option<Filesystem>,
+    /// `network = "deny" | "allow"` (default deny): with `read-only`,
+    /// whether the process may open sockets.
+    pub network: Option<Network>,
 }
 
 /// The isolation part of the host config.
@@ -141,6 +172,7 @@ pub(in crate::plugin) struct Resolved {
     pub(in crate::plugin) memory_limit: Option<u64>,
     pub(in crate::plugin) cpu_limit: Option<u64>,
     pub(in crate::plugin) filesystem: Filesystem,
+    pub(in crate::plugin) network: Network,
 }
 
 impl IsolationConfig {
@@ -166,6 +198,7 @@ impl IsolationConfig {
             memory_limit: pick!(memory_limit),
             cpu_limit: pick!(cpu_limit),
             filesystem: pick!(filesystem).unwrap_or_default(),
+            network: pick!(network).unwrap_or_default(),
         }
     }
 
@@ -266,6 +299,7 @@ pub(crate) fn take_isolation_keys(table: &mut toml::Table) -> Result<IsolationSe
         memory_limit: count(table, "memory_limit")?,
         cpu_limit: count(table, "cpu_limit")?,
         filesystem: text(table, "filesystem")?.map(|s| s.parse()).transpose()?,
+        network: text(table, "network")?.map(|s| s.parse()).transpose()?,
     })
 }
 

@@ -30,15 +30,20 @@
 
 mod child;
 mod config;
+mod harden;
 mod parent;
 mod sandbox;
+#[cfg(target_os = "linux")]
+mod seccomp;
 pub(in crate::plugin) mod wire;
 
 pub(crate) use child::{run_child, ChildArgs};
 pub(crate) use config::take_isolation_keys;
 pub(in crate::plugin) use config::Resolved;
-pub use config::{Filesystem, Isolation, IsolationConfig, IsolationSettings, RestartPolicy};
-pub(in crate::plugin) use parent::{Child, Supervisor};
+pub use config::{
+    Filesystem, Isolation, IsolationConfig, IsolationSettings, Network, RestartPolicy,
+};
+pub(in crate::plugin) use parent::{retry_start, Child, Supervisor};
 pub(in crate::plugin) use sandbox::{available as filesystem_restriction_available, Sandbox};
 pub(in crate::plugin) use wire::HookKind;
 

@@ -1,39 +1,51 @@
-//! `filesystem = "read-only"`: an isolated plugin's process restricts its
-//! own filesystem access with Landlock, so that the plugin may read
-//! everywhere but write only in its own data dir (`Context::data_dir`).
+//! `filesystem = "read-only"`: an isolated plugin's process confines
+//! itself, so that the plugin may read everywhere but change files only in
+//! its own data dir (`Context::data_dir`), reach no other process, and
+//! open no socket unless `network = "allow"`.
 //!
-//! Why here and when: the restriction is set by the child on itself as the
-//! first thing it does, while it has one thread (Landlock restricts the
-//! calling thread and what it starts later; restricting every thread of a
-//! running process needs a newer kernel than we can require), so it holds
-//! for everything after it: the library's constructors, `manifest`,
-//! `init` and every hook. The loader's checks and the private copy of the
-//! library (`<data_dir>/plugins/`) are made before it, and the copy is
-//! held open and unlinked, so the restricted process needs no right to that
-//! dir — where the host's own copies are.
+//! Two mechanisms, each for what it can enforce:
 //!
-//! Why hard requirements: a restriction that the kernel enforces only in
-//! part (or not at all) must not pass for one. The ruleset asks for the
-//! access rights of Landlock ABI 3 (Linux 6.2: writes, renames, links and
-//! truncation) as a [`CompatLevel::HardRequirement`], so an older kernel is
-//! an error at set-up, and the status after `restrict_self` is checked to
-//! be [`RulesetStatus::FullyEnforced`] too ([`check_status`]). The plugin
-//! is then refused with the cause; the host serves the other plugins.
+//! - **Landlock** ([`restrict_self`]): every filesystem right the kernel's
+//!   Landlock ABI has is handled, so each is denied but where a rule
+//!   grants it: reading and executing everywhere; everything but creating
+//!   device nodes and device `ioctl`s beneath the data dir; reading and
+//!   writing `/dev/null`. Where the kernel has them, its scopes confine
+//!   signals and abstract unix sockets to the process and what it starts
+//!   (ABI 6, Linux 6.12), and TCP `bind`/`connect` is denied without
+//!   `network = "allow"` (ABI 4, Linux 6.7).
+//! - **seccomp** (`seccomp.rs`): the calls Landlock does not cover — mode,
+//!   owner, extended attributes and times of files, `mknod`, `io_uring`,
+//!   and `socket()` without `network = "allow"` — and, on a kernel whose
+//!   Landlock lacks a piece, what of it a filter can express (`Plan`).
+//!
+//! What neither can enforce on the running kernel is refused: the plugin
+//! is not started ([`SandboxError`], one line), never run with less than
+//! it asked for.
+//!
+//! Why here and when: the child sets both on itself as the first thing it
+//! does, while it has one thread (Landlock and seccomp restrict the calling
+//! thread and what it starts later; restricting every thread of a running
+//! process needs a newer kernel than we can require), so they hold for
+//! everything after: the library's constructors, `manifest`, `init` and
+//! every hook. The loader's checks and the private copy of the library
+//! (`<data_dir>/plugins/`) are made before, and the copy is held open and
+//! unlinked, so the restricted process needs no right to that dir — where
+//! the host's own copies are.
 //!
 //! What it does not restrict: reading (secrets the user can read stay
-//! readable), the network, other processes (signals, `ptrace` as far as the
-//! system allows), and files the process had open before (its stderr, the
-//! channel to the host).
+//! readable), files the process had open before (its stderr, the channel
+//! to the host), and with `network = "allow"` the network (and, below
+//! Landlock ABI 9, connecting to a pathname unix socket).
 
 use std::path::{Path, PathBuf};
 
 #[cfg(target_os = "linux")]
 use landlock::{
-    Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, ABI,
+    Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-/// Why a plugin's filesystem restriction could not be set up.
+/// Why a plugin's process could not be confined as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(in crate::plugin) enum SandboxError {
     /// The kernel has no Landlock, or not the access rights it needs.
@@ -42,6 +54,10 @@ pub(in crate::plugin) enum SandboxError {
          (Landlock ABI 3, Linux 6.2 or later, enabled in the `lsm=` boot list): {0}"
     )]
     Unsupported(String),
+    /// Something asked for that neither Landlock nor seccomp can enforce
+    /// on this kernel.
+    #[error("this kernel cannot confine {0}")]
+    Missing(String),
     /// The kernel took the ruleset but enforces only part of it.
     #[error("this kernel enforces the Landlock rules only in part")]
     Partial,
@@ -51,18 +67,71 @@ pub(in crate::plugin) enum SandboxError {
     /// Setting the rules up failed (a path that cannot be opened, ...).
     #[error("cannot set up the Landlock rules: {0}")]
     Setup(String),
+    /// The seccomp filter could not be built or installed.
+    #[error("cannot install the seccomp filter: {0}")]
+    Seccomp(String),
     /// The process already runs more than one thread, which the
     /// restriction would not cover.
     #[error("the plugin process runs {0} threads before its restriction; it must run one")]
     Threads(usize),
 }
 
-/// What the restricted process may write, besides `/dev/null`.
+/// How the restricted process is confined.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(in crate::plugin) struct Sandbox {
     /// The one dir written beneath (the plugin's data dir), or none at all
     /// (a process that only learns a file's plugin name).
     pub(in crate::plugin) writable: Option<PathBuf>,
+    /// `network = "allow"`: sockets may be opened.
+    pub(in crate::plugin) network: bool,
+}
+
+/// What each mechanism takes on, for the kernel's Landlock ABI.
+#[cfg(target_os = "linux")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::plugin) struct Plan {
+    /// The kernel's Landlock ABI.
+    pub(in crate::plugin) abi: ABI,
+    /// Landlock scopes signals and abstract unix sockets (ABI 6);
+    /// otherwise seccomp limits signals to the process itself.
+    pub(in crate::plugin) scopes: bool,
+    /// Landlock denies device `ioctl`s (ABI 5); otherwise seccomp allows
+    /// only a few generic `ioctl`s.
+    pub(in crate::plugin) device_ioctl: bool,
+    /// Landlock denies TCP `bind` and `connect` (ABI 4, without
+    /// `network = "allow"`; seccomp denies `socket()` anyway).
+    pub(in crate::plugin) tcp: bool,
+    /// The network may be used (`network = "allow"`).
+    pub(in crate::plugin) network: bool,
+}
+
+#[cfg(target_os = "linux")]
+impl Plan {
+    /// The plan for `abi`; an error names what could not be enforced.
+    pub(in crate::plugin) fn new(abi: ABI, network: bool) -> Result<Plan, SandboxError> {
+        if abi < ABI::V3 {
+            return Err(SandboxError::Unsupported(format!(
+                "the kernel has Landlock ABI {}",
+                abi as i32
+            )));
+        }
+        let scopes = abi >= ABI::V6;
+        if network && !scopes {
+            // A filter cannot read the address a socket connects to.
+            return Err(SandboxError::Missing(
+                "abstract unix sockets with `network = \"allow\"` (needs Landlock ABI 6, \
+                 Linux 6.12)"
+                    .into(),
+            ));
+        }
+        Ok(Plan {
+            abi,
+            scopes,
+            device_ioctl: abi >= ABI::V5,
+            tcp: abi >= ABI::V4 && !network,
+            network,
+        })
+    }
 }
 
 /// Maps the status the kernel reports after `restrict_self` to the
@@ -76,47 +145,83 @@ pub(in crate::plugin) fn check_status(status: RulesetStatus) -> Result<(), Sandb
     }
 }
 
-/// The access rights the ruleset handles: those of Landlock ABI 3.
+/// The running kernel's Landlock ABI (`Unsupported` without Landlock); a
+/// newer one than this build knows counts as the newest it knows.
 #[cfg(target_os = "linux")]
-const ABI_NEEDED: ABI = ABI::V3;
+pub(in crate::plugin) fn kernel_abi() -> ABI {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attribute pointer, size 0 and this flag the call
+    // only returns the ABI version; no memory is read or written.
+    let version = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    const KNOWN: [ABI; 10] = [
+        ABI::V1,
+        ABI::V2,
+        ABI::V3,
+        ABI::V4,
+        ABI::V5,
+        ABI::V6,
+        ABI::V7,
+        ABI::V8,
+        ABI::V9,
+        ABI::V10,
+    ];
+    match version {
+        v if v < 1 => ABI::Unsupported,
+        v => KNOWN[(v as usize).min(KNOWN.len()) - 1],
+    }
+}
 
 /// Whether this kernel can enforce the restriction, without restricting
 /// anything (the host asks before it starts a restricted process).
 #[cfg(target_os = "linux")]
-pub(in crate::plugin) fn available() -> Result<(), SandboxError> {
-    Ruleset::default()
-        .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(ABI_NEEDED))
-        .and_then(|ruleset| ruleset.create())
-        .map(drop)
-        .map_err(|e| SandboxError::Unsupported(e.to_string()))
+pub(in crate::plugin) fn available(network: bool) -> Result<(), SandboxError> {
+    Plan::new(kernel_abi(), network).map(drop)
 }
 
 /// See the Linux version: Landlock is Linux's.
 #[cfg(not(target_os = "linux"))]
-pub(in crate::plugin) fn available() -> Result<(), SandboxError> {
+pub(in crate::plugin) fn available(_network: bool) -> Result<(), SandboxError> {
     Err(SandboxError::Unsupported(
         "Landlock exists on Linux only".into(),
     ))
 }
 
-/// Restricts this process (which must run one thread) to reading
-/// everywhere and writing only beneath `sandbox.writable` and to
-/// `/dev/null`. For good: nothing can lift it.
+/// Confines this process (which must run one thread) as `sandbox` says:
+/// Landlock, then the seccomp filter. For good: nothing can lift either.
 #[cfg(target_os = "linux")]
-pub(in crate::plugin) fn restrict_self(sandbox: &Sandbox) -> Result<(), SandboxError> {
+pub(in crate::plugin) fn restrict_self(sandbox: &Sandbox) -> Result<Plan, SandboxError> {
     let threads = thread_count();
     if threads > 1 {
         return Err(SandboxError::Threads(threads));
     }
+    let plan = Plan::new(kernel_abi(), sandbox.network)?;
+    landlock_self(sandbox, &plan)?;
+    super::seccomp::install(&plan).map_err(|e| SandboxError::Seccomp(e.to_string()))?;
+    Ok(plan)
+}
+
+#[cfg(target_os = "linux")]
+fn landlock_self(sandbox: &Sandbox, plan: &Plan) -> Result<(), SandboxError> {
+    let abi = plan.abi;
     let setup = |e: &dyn std::fmt::Display| SandboxError::Setup(e.to_string());
     let beneath = |path: &Path, access| -> Result<PathBeneath<PathFd>, SandboxError> {
         let fd = PathFd::new(path).map_err(|e| setup(&e))?;
         Ok(PathBeneath::new(fd, access))
     };
-    let mut rules = vec![beneath(Path::new("/"), AccessFs::from_read(ABI_NEEDED))?];
+    let all = AccessFs::from_all(abi);
+    let mut rules = vec![beneath(Path::new("/"), AccessFs::from_read(abi))?];
     if let Some(dir) = &sandbox.writable {
-        rules.push(beneath(dir, AccessFs::from_all(ABI_NEEDED))?);
+        // No device nodes (a block device there is a raw disk), and no
+        // device `ioctl`s.
+        let devices = AccessFs::MakeChar | AccessFs::MakeBlock | AccessFs::IoctlDev;
+        rules.push(beneath(dir, all & !devices)?);
     }
     if Path::new("/dev/null").exists() {
         rules.push(beneath(
@@ -124,10 +229,22 @@ pub(in crate::plugin) fn restrict_self(sandbox: &Sandbox) -> Result<(), SandboxE
             AccessFs::ReadFile | AccessFs::WriteFile,
         )?);
     }
-    let mut created = Ruleset::default()
+    let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::HardRequirement)
-        .handle_access(AccessFs::from_all(ABI_NEEDED))
-        .and_then(|ruleset| ruleset.create())
+        .handle_access(all)
+        .map_err(|e| SandboxError::Unsupported(e.to_string()))?;
+    if plan.tcp {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(|e| SandboxError::Unsupported(e.to_string()))?;
+    }
+    if plan.scopes {
+        ruleset = ruleset
+            .scope(Scope::AbstractUnixSocket | Scope::Signal)
+            .map_err(|e| SandboxError::Unsupported(e.to_string()))?;
+    }
+    let mut created = ruleset
+        .create()
         .map_err(|e| SandboxError::Unsupported(e.to_string()))?;
     for rule in rules {
         created = created.add_rule(rule).map_err(|e| setup(&e))?;
@@ -139,7 +256,7 @@ pub(in crate::plugin) fn restrict_self(sandbox: &Sandbox) -> Result<(), SandboxE
 /// See the Linux version: Landlock is Linux's.
 #[cfg(not(target_os = "linux"))]
 pub(in crate::plugin) fn restrict_self(_: &Sandbox) -> Result<(), SandboxError> {
-    available()
+    available(false)
 }
 
 /// Threads of this process (`/proc/self/task`); 0 when unknown, which the
@@ -171,6 +288,33 @@ mod tests {
         assert!(SandboxError::NotEnforced
             .to_string()
             .contains("does not enforce"));
+    }
+
+    /// Per kernel: what Landlock takes on, what seccomp covers instead,
+    /// and what is refused.
+    #[test]
+    fn the_plan_follows_the_kernels_landlock_abi() {
+        assert!(matches!(
+            Plan::new(ABI::V2, false),
+            Err(SandboxError::Unsupported(_))
+        ));
+        let v3 = Plan::new(ABI::V3, false).unwrap();
+        assert!(!v3.scopes && !v3.device_ioctl && !v3.tcp);
+        let v4 = Plan::new(ABI::V4, false).unwrap();
+        assert!(v4.tcp && !v4.device_ioctl);
+        let v5 = Plan::new(ABI::V5, false).unwrap();
+        assert!(v5.device_ioctl && !v5.scopes);
+        let v6 = Plan::new(ABI::V6, false).unwrap();
+        assert!(v6.scopes && v6.tcp);
+        // With the network allowed, TCP is not handled, and abstract unix
+        // sockets need the scope: refused below ABI 6, in one line.
+        assert!(!Plan::new(ABI::V7, true).unwrap().tcp);
+        let refused = Plan::new(ABI::V5, true).unwrap_err();
+        assert!(
+            refused.to_string().contains("abstract unix sockets"),
+            "{refused}"
+        );
+        assert!(!refused.to_string().contains('\n'));
     }
 
     #[test]

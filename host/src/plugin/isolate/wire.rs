@@ -212,7 +212,9 @@ struct Pending {
 impl Peer {
     /// Starts a peer over `stream`: its reading and writing run on `io`
     /// (whose reactor `stream` is registered with), the handlers of the
-    /// other side's requests on `work`. The returned future completes when
+    /// other side's requests on `work`. `handler` gets the peer before the
+    /// first frame is read, so a handler that calls back through the peer
+    /// has it from the first request on. The returned future completes when
     /// the other side has closed the channel (or broken it); calls still
     /// waiting then wait for [`Peer::close`].
     ///
@@ -221,7 +223,7 @@ impl Peer {
     /// it, so the child gives it a thread of its own.
     pub(in crate::plugin) fn start(
         stream: UnixStream,
-        handler: Arc<dyn Handler>,
+        handler: impl FnOnce(&Arc<Peer>) -> Arc<dyn Handler>,
         io: &Handle,
         work: &Handle,
     ) -> (Arc<Peer>, tokio::task::JoinHandle<()>) {
@@ -254,6 +256,7 @@ impl Peer {
                 }
             }
         });
+        let handler = handler(&peer);
         let mut frames = FramedRead::new(read, codec());
         let reader = Arc::clone(&peer);
         let handle = work.clone();

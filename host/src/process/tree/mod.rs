@@ -25,8 +25,11 @@
 //! The files: `proc.rs` reads `/proc`; `sighting.rs` takes a look at the
 //! jobs' processes (walking down from the host, or scanning every
 //! process); `kill.rs` ends a job's tree and, at restart, every marked
-//! process; `reaper.rs` reaps the orphans the host adopts.
+//! process; `reaper.rs` reaps the orphans the host adopts; `group.rs`
+//! ends a process group the host started outside any job (an isolated
+//! plugin's process and what it started).
 
+mod group;
 mod kill;
 mod proc;
 mod reaper;
@@ -41,6 +44,7 @@ use std::{
     time::Duration,
 };
 
+pub(crate) use self::group::end_group;
 pub(crate) use self::kill::kill_marked;
 use self::kill::{doom, forget, kill_round};
 pub(crate) use self::proc::read_stat;

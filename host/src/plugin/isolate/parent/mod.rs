@@ -17,18 +17,20 @@
 //! - `serve.rs`: what the child asks of the host over the channel.
 //! - `remote.rs`: the forwarding ABI values the registries hold, whose
 //!   calls go to the child.
+//! - `output.rs`: reading what it writes to stdout and stderr, bounded.
 //! - `supervise.rs`: reaping the process, liveness checks, death and
 //!   restart by policy ([`Supervisor`]).
 //!
 //! This file holds what they share: the [`Link`] to one child process.
 
+mod output;
 mod remote;
 mod serve;
 mod spawn;
 mod supervise;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, OnceLock, Weak,
@@ -39,7 +41,7 @@ use std::{
 use tokio::{runtime::Handle, sync::watch};
 
 pub(in crate::plugin) use spawn::Child;
-pub(in crate::plugin) use supervise::Supervisor;
+pub(in crate::plugin) use supervise::{retry_start, Supervisor};
 
 use super::{
     wire::{HookKind, Peer},
@@ -69,7 +71,8 @@ struct Link {
     nexts: Mutex<HashMap<u64, HeldNext>>,
     next_ids: AtomicU64,
     last_state: Mutex<Option<String>>,
-    stderr: Mutex<VecDeque<String>>,
+    /// The last lines it wrote (`output.rs`).
+    stderr: Mutex<output::Tail>,
     /// `Some(cause)` once the process has been reaped.
     exited: watch::Sender<Option<String>>,
     /// Set when the host ends the child on purpose (shutdown, drain).

@@ -55,7 +55,10 @@ impl Handler for Link {
                 target,
                 message,
             } => {
-                // Under `plugin::NAME`, as an in-process plugin's lines.
+                // Under `plugin::NAME`, as an in-process plugin's lines;
+                // as long as a line of its output at most.
+                let message = crate::util::cut(&message, super::output::MAX_LINE);
+                let target = crate::util::cut(&target, 256);
                 crate::plugin::abi::emit_log(self.name(), level, &target, &message);
             }
             Note::DropNext { next } => {

@@ -7,7 +7,7 @@
 //! own below (but the reaper's, `supervise::reap`).
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     os::fd::{AsRawFd, RawFd},
     path::{Path, PathBuf},
     process::Stdio,
@@ -18,9 +18,9 @@ use std::{
     time::Duration,
 };
 
-use tokio::{io::AsyncBufReadExt, runtime::Handle, sync::watch};
+use tokio::{runtime::Handle, sync::watch};
 
-use super::{remote::Remote, serve::Forward, supervise, Link};
+use super::{output, remote::Remote, serve::Forward, supervise, Link};
 use crate::{
     error::Result,
     error::ServiceError,
@@ -28,6 +28,7 @@ use crate::{
         abi::{block_on_host, remote::instance, HostContext, Instance, ManifestInfo},
         generation::GenerationState,
         isolate::{
+            harden,
             wire::{Handler, Peer, Request},
             Sandbox,
         },
@@ -35,9 +36,6 @@ use crate::{
     },
     util::LockExt,
 };
-
-/// Lines of a child's stderr kept for the cause of its death.
-const STDERR_TAIL: usize = 8;
 
 /// A started child that has opened its library, before `init`.
 pub(in crate::plugin) struct Child {
@@ -224,9 +222,15 @@ fn command(
         .arg(path)
         .arg("--data-dir")
         .arg(&config.data_dir)
+        .env_clear()
+        .envs(harden::child_env())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // A process group of its own: a terminal's Ctrl+C (SIGINT to the
+        // foreground group) reaches the host only, which then shuts the
+        // plugin down in order; and the group is what ends with it.
+        .process_group(0)
         .kill_on_drop(false);
     if config.allow_insecure_permissions {
         command.arg("--allow-insecure");
@@ -235,6 +239,9 @@ fn command(
         command.arg("--read-only");
         if let Some(dir) = &sandbox.writable {
             command.arg("--writable").arg(dir);
+        }
+        if sandbox.network {
+            command.arg("--network");
         }
     }
     command
@@ -289,7 +296,7 @@ impl Link {
     ) -> Arc<Link> {
         Arc::new_cyclic(|weak: &Weak<Link>| {
             let handler: Arc<dyn Handler> = Arc::new(Forward(weak.clone()));
-            let (peer, reader) = Peer::start(stream, handler, runtime, runtime);
+            let (peer, reader) = Peer::start(stream, |_| handler, runtime, runtime);
             let link = Link {
                 name: OnceLock::new(),
                 pid,
@@ -301,7 +308,7 @@ impl Link {
                 nexts: Mutex::new(HashMap::new()),
                 next_ids: AtomicU64::new(1),
                 last_state: Mutex::new(None),
-                stderr: Mutex::new(VecDeque::new()),
+                stderr: Mutex::new(output::Tail::default()),
                 exited: watch::Sender::new(None),
                 ending: AtomicBool::new(false),
                 released: AtomicBool::new(false),
@@ -322,34 +329,12 @@ impl Link {
     }
 }
 
-/// Logs every line the child writes (stdout and stderr, at debug level)
-/// and keeps the last [`STDERR_TAIL`] of them for the cause of its death.
+/// Reads what the child writes to stdout and stderr (`output.rs`).
 fn keep_output(link: &Arc<Link>, process: &mut tokio::process::Child, runtime: &Handle) {
-    for output in [
-        process
-            .stdout
-            .take()
-            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-        process
-            .stderr
-            .take()
-            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        let weak = Arc::downgrade(link);
-        runtime.spawn(async move {
-            let mut lines = tokio::io::BufReader::new(output).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let Some(link) = weak.upgrade() else { break };
-                tracing::debug!(plugin = link.name(), pid = link.pid, "{line}");
-                let mut tail = link.stderr.lock_unpoisoned();
-                if tail.len() == STDERR_TAIL {
-                    tail.pop_front();
-                }
-                tail.push_back(line);
-            }
-        });
+    if let Some(stdout) = process.stdout.take() {
+        runtime.spawn(output::drain(stdout, Arc::downgrade(link)));
+    }
+    if let Some(stderr) = process.stderr.take() {
+        runtime.spawn(output::drain(stderr, Arc::downgrade(link)));
     }
 }

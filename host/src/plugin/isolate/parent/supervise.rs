@@ -4,7 +4,11 @@
 
 use std::{
     collections::HashMap,
-    sync::{atomic::Ordering, Arc, Mutex},
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex,
+    },
     time::{Duration, Instant},
 };
 
@@ -13,20 +17,27 @@ use tokio::runtime::Handle;
 use super::Link;
 use crate::{
     plugin::{
-        isolate::{wire::Request, Resolved, RestartPolicy},
-        PluginHost,
+        isolate::{wire::Request, Isolation, Resolved, RestartPolicy},
+        PluginHost, PluginStatus,
     },
     util::LockExt,
 };
 
-/// Waits for the child's end and reaps it; then names the cause (one
-/// decided before a kill, else the exit status in words, with the last
-/// lines it wrote), fails every call in flight with it and, unless the
-/// host ended the child on purpose, handles its death ([`Link::died`]).
+/// Waits for the child's end and reaps it, then ends its process group
+/// (every process it started: killed, and those the host adopted reaped;
+/// `process::tree::end_group`); then names the cause (one decided before
+/// a kill, else the exit status in words, with the last lines it wrote),
+/// fails every call in flight with it and, unless the host ended the
+/// child on purpose, handles its death ([`Link::died`]).
 pub(super) fn reap(link: &Arc<Link>, mut process: tokio::process::Child, runtime: &Handle) {
     let weak = Arc::downgrade(link);
+    let group = link.pid as i32;
     runtime.spawn(async move {
         let status = process.wait().await;
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::process::tree::end_group(group, GROUP_PATIENCE)
+        })
+        .await;
         let Some(link) = weak.upgrade() else { return };
         // Let the output readers catch the last lines.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -35,10 +46,10 @@ pub(super) fn reap(link: &Arc<Link>, mut process: tokio::process::Child, runtime
             (None, Ok(status)) => describe(status),
             (None, Err(e)) => format!("cannot tell how it ended: {e}"),
         };
-        let tail: Vec<String> = link.stderr.lock_unpoisoned().iter().cloned().collect();
+        let tail = link.stderr.lock_unpoisoned().joined();
         if !tail.is_empty() {
             cause.push_str("; last output: ");
-            cause.push_str(&tail.join(" | "));
+            cause.push_str(&tail);
         }
         link.exited.send_replace(Some(cause.clone()));
         link.peer.close(link.failure(&cause));
@@ -47,6 +58,9 @@ pub(super) fn reap(link: &Arc<Link>, mut process: tokio::process::Child, runtime
         }
     });
 }
+
+/// How long the processes a dead plugin process started get to die.
+const GROUP_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Describes how a process ended, in words.
 fn describe(status: std::process::ExitStatus) -> String {
@@ -141,7 +155,9 @@ impl Link {
         let host = PluginHost { inner };
         let name = self.name().to_string();
         let settings = self.settings().clone();
-        if settings.restart == RestartPolicy::Never {
+        if settings.restart == RestartPolicy::Never
+            || host.inner.supervisor.stopped.load(Ordering::Acquire)
+        {
             tracing::warn!(plugin = %name, "plugin process died; restart = \"never\", it stays failed");
             return;
         }
@@ -171,9 +187,59 @@ impl Link {
 #[derive(Default)]
 pub(in crate::plugin) struct Supervisor {
     restarts: Mutex<HashMap<String, Vec<Instant>>>,
+    /// Set at host shutdown: nothing is restarted after it.
+    stopped: AtomicBool,
+}
+
+/// A start of the isolated plugin `name` from `path` whose process failed
+/// or died while it opened or started the plugin: tried again by its
+/// restart policy, as a death after the start would be. (A refusal or a
+/// failed `init` is the plugin's answer, not retried, as in process.)
+pub(in crate::plugin) fn retry_start(host: &PluginHost, path: &Path, name: &str) {
+    let settings = host.inner.isolation.resolve(name);
+    if settings.mode != Isolation::Process
+        || settings.restart == RestartPolicy::Never
+        || host.inner.supervisor.stopped.load(Ordering::Acquire)
+    {
+        return;
+    }
+    let Ok(runtime) = Handle::try_current() else {
+        return;
+    };
+    let Some(attempt) = host.inner.supervisor.allow(name, &settings) else {
+        tracing::error!(
+            plugin = %name,
+            "plugin process failed to start {} times within {}; it stays failed",
+            settings.max_restarts + 1,
+            humantime::format_duration(settings.restart_window)
+        );
+        return;
+    };
+    let backoff = Duration::from_millis(100 * (1 << attempt.min(6)));
+    tracing::info!(plugin = %name, "plugin process failed to start; trying again in {}", humantime::format_duration(backoff));
+    let (host, path) = (host.clone(), path.to_path_buf());
+    runtime.spawn(async move {
+        tokio::time::sleep(backoff).await;
+        let still_failed = host
+            .inner
+            .state
+            .lock_unpoisoned()
+            .entries
+            .iter()
+            .any(|e| e.info.path == path && e.info.status == PluginStatus::Failed);
+        if !still_failed || host.inner.supervisor.stopped.load(Ordering::Acquire) {
+            return; // loaded, reloaded or removed meanwhile, or shut down
+        }
+        let _ = tokio::task::spawn_blocking(move || host.load_recorded(&path)).await;
+    });
 }
 
 impl Supervisor {
+    /// The host shuts down: nothing is restarted from now on.
+    pub(in crate::plugin) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
     /// Records a restart of `name` if its policy allows one now; returns
     /// how many it had in the window before this one.
     fn allow(&self, name: &str, settings: &Resolved) -> Option<u32> {
