@@ -1,5 +1,5 @@
 //! A plugin built against the "newer" fixture of offstage-plugin-api
-//! (1.3.0), which has a `fork` method today's host lacks. Its tool
+//! (1.4.0), which has a `fork` method today's host lacks. Its tool
 //! `compat-newer` calls `fork` through both faces — each must come back as
 //! `ErrorKind::Unsupported`, not a crash — and other methods (including
 //! 1.1's `wait_idle`) that must work.

@@ -2,13 +2,13 @@
 //!
 //! `tests/compat/api-*` compile plugin-api's own source as other releases of
 //! the crate, same package name, another version: 1.0.0 (without 1.1's
-//! `wait_idle`), 1.3.0 (with a `fork` method today's host lacks), 1.1.0 with
+//! `wait_idle`), 1.4.0 (with a `fork` method today's host lacks), 1.1.0 with
 //! one vtable field's type changed, and 2.0.0. `tests/compat/plugin-*` are
 //! plugins built against each, in workspaces of their own, into
-//! `target/fixtures` (`offstage_tests::fixtures::compat`). Today's host (1.2.0) must:
+//! `target/fixtures` (`offstage_tests::fixtures::compat`). Today's host (1.3.0) must:
 //!
 //! - run the 1.0 plugin as if it were current;
-//! - load the 1.3 plugin, whose `fork` comes back `Unsupported` (both faces)
+//! - load the 1.4 plugin, whose `fork` comes back `Unsupported` (both faces)
 //!   while its other calls work;
 //! - refuse the changed-field plugin with a layout error naming both types;
 //! - refuse the 2.0 plugin as another major version.
@@ -63,7 +63,7 @@ pub(crate) async fn a_plugin_built_against_a_newer_minor_gets_unsupported_for_wh
     let (host, _) = host_with("newer", mode);
     let info = host.plugins.get("compat-newer").expect("listed");
     assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
-    assert_eq!(info.api_version, "1.3.0");
+    assert_eq!(info.api_version, "1.4.0");
 
     let result = host.call("compat-newer", json!({})).await.unwrap();
     assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
@@ -115,7 +115,7 @@ pub(crate) async fn a_plugin_built_against_the_next_major_is_refused(mode: Isola
         &path,
         &[
             "incompatible API major version",
-            "built against offstage-plugin-api 2.0.0, this host uses 1.2.0",
+            "built against offstage-plugin-api 2.0.0, this host uses 1.3.0",
         ],
     );
     host.assert_hello_works().await;

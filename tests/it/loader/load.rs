@@ -22,7 +22,7 @@ async fn two_plugins_load_side_by_side_and_both_work() {
     for info in &host.loaded {
         assert_eq!(info.status, PluginStatus::Loaded, "{info:#?}");
         assert_eq!(info.generation, 1);
-        assert_eq!(info.api_version, "1.2.0");
+        assert_eq!(info.api_version, "1.3.0");
     }
     // Two plugins of one root-module type each got their own module (not
     // abi_stable's cached first one): each reports its own manifest.
