@@ -147,8 +147,9 @@ pub(crate) enum PluginCommand {
         /// this host config file.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Accept a file that other users can write.
-        #[arg(long)]
+        /// Accept a file that other users can write (`--allow-insecure`
+        /// is the same flag).
+        #[arg(long = "allow-insecure-plugins", alias = "allow-insecure")]
         allow_insecure: bool,
         /// Print the result as JSON.
         #[arg(long)]

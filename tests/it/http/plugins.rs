@@ -345,3 +345,32 @@ fn failures_are_logged_once_counted_apart_and_named_when_a_tool_is_called() {
         assert!(ready.contains(part), "{ready:?} lacks {part}");
     }
 }
+
+#[test]
+fn a_grant_the_manifest_does_not_ask_for_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hello", &plugins);
+    // hello asks for `tool.add` only.
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[plugin.hello]\ngrant = [\"tool.add\", \"session.write\"]\n",
+    );
+    let server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    let list = server.expect("GET", "/api/plugin", None, 200);
+    assert_eq!(list[0]["status"], "loaded", "{list}");
+    let (_, log) = server.stop();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("[plugin.hello] grant lists"))
+        .unwrap_or_else(|| panic!("no warning in the log:\n{log}"));
+    for part in ["WARN", "session.write", "does not ask for"] {
+        assert!(warning.contains(part), "{warning:?} lacks {part:?}");
+    }
+}

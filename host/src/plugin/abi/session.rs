@@ -140,6 +140,9 @@ mod handlers {
         service: &SessionService,
         a: args::JobOutput<'_>,
     ) -> Result<OutputChunk> {
+        if let Some(bytes) = a.tail {
+            return service.job_output_tail(&a.job_id, bytes).await;
+        }
         let limit = a.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
         service.job_output(&a.job_id, a.offset, limit).await
     }
