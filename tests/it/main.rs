@@ -26,7 +26,7 @@ macro_rules! tests_in_mode {
 
 /// The session service in process: background moves, cancel, notices,
 /// permissions, how the host polls a plugin's future, a plugin racing its
-/// own call, turns.
+/// own call, turns, calls that outlive their wrapper.
 mod engine {
     mod background;
     mod cancel;
@@ -35,6 +35,7 @@ mod engine {
     mod plugin_poll;
     pub(crate) mod plugin_race;
     mod turn;
+    pub(crate) mod wrapper_lost;
 }
 
 /// A real `offstage serve` over HTTP: the API, clients that hang up,

@@ -90,9 +90,11 @@ extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiRe
     // SAFETY: `state` is the `Box<(Next, &Handle)>` made in `Wrapper::wrap`;
     // the plugin calls `call` or `drop`, once.
     let (next, handle) = *unsafe { Box::from_raw(state.0 as *mut (Next, &'static Handle)) };
+    // Started now, not when first polled: from this call on the inner call
+    // is the host's (`tool::chain`).
+    let started = parse::<ToolCall>("next", input.as_str()).map(|call| next.run(call));
     let fut = async move {
-        let call: ToolCall = parse("next", input.as_str())?;
-        let result = next.run(call).await?;
+        let result = started?.await?;
         to_json(&result)
     };
     InRuntime::new(handle, fut).into_ffi()
@@ -117,7 +119,15 @@ impl ToolWrapper for Wrapper {
             };
             let started = (self.abi.call)(self.abi.state, RString::from(to_json(&call)?), next);
             let result = FromPlugin::new(started).await;
-            let json = result.map_err(|error| self.plugin.fail_if_own_panic(error))?;
+            let json = result.map_err(|error| {
+                let error = self.plugin.fail_if_own_panic(error);
+                // Its plugin's failure, not its decision: a call it started
+                // goes on without it (`tool::chain`).
+                if matches!(error, ServiceError::PluginPanic { .. }) || self.plugin.has_failed() {
+                    crate::tool::chain::note_wrapper_lost();
+                }
+                error
+            })?;
             serde_json::from_str(&json).map_err(|e| {
                 ServiceError::Plugin(format!(
                     "plugin {} returned a bad tool result: {e}",
