@@ -82,6 +82,7 @@ mod tests {
             isolation: crate::plugin::Isolation::Process,
             pid: Some(1),
             filesystem: crate::plugin::Filesystem::ReadOnly,
+            blocking_polls: 0,
         };
         let real: BTreeSet<String> = serde_json::to_value(info)
             .unwrap()

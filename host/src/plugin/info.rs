@@ -54,6 +54,19 @@ pub struct PluginInfo {
     /// What its process may do to the filesystem: `unrestricted`, or
     /// `read-only` (read everywhere, write only in its data dir).
     pub filesystem: super::Filesystem,
+    /// How many polls of its hooks held one of the host's runtime workers
+    /// past 50 ms since the host started (in-process plugins; each is
+    /// also a logged warning, at most one a minute). Blocking code in a
+    /// hook stalls the host's other work.
+    pub blocking_polls: u64,
+}
+
+impl PluginInfo {
+    /// With what the host observed of it since it started.
+    pub(super) fn observed(mut self) -> Self {
+        self.blocking_polls = super::watchdog::blocking_polls(&self.name);
+        self
+    }
 }
 
 pub(super) fn info_from(
@@ -76,6 +89,7 @@ pub(super) fn info_from(
         isolation: super::Isolation::None,
         pid: None,
         filesystem: super::Filesystem::Unrestricted,
+        blocking_polls: 0,
     }
 }
 
@@ -101,6 +115,7 @@ pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
             isolation: super::Isolation::None,
             pid: None,
             filesystem: super::Filesystem::Unrestricted,
+            blocking_polls: 0,
         },
     };
     info.error = Some(failure.error.to_string());

@@ -410,6 +410,8 @@ impl PluginHost {
         let mut pid = None;
         let initialised = match module {
             Opened::Local(module) => {
+                ctx.in_process
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 let _runtime = runtime.enter();
                 abi::init(path, &manifest.name, module, context)
             }

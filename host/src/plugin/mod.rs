@@ -93,6 +93,7 @@ mod load;
 mod registry;
 mod reload;
 pub(crate) mod watch;
+mod watchdog;
 
 use std::{
     path::Path,

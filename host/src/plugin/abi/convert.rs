@@ -24,6 +24,10 @@ use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
 use super::repoll::Repoller;
+use crate::plugin::{
+    generation::GenerationState,
+    watchdog::{self, Hook},
+};
 use crate::{error::Result, error::ServiceError, util::panic_message};
 
 pub(in crate::plugin) fn to_abi(result: Result<String>) -> AbiResult {
@@ -118,6 +122,8 @@ impl<F: Future<Output = Result<String>>, H: Borrow<Handle>> Future for InRuntime
 pub(in crate::plugin) struct FromPlugin {
     inner: FfiFuture<AbiResult>,
     repoller: Repoller,
+    /// Whose hook it is, for the marks of `watchdog.rs`.
+    watch: Option<(&'static GenerationState, Hook)>,
 }
 
 impl FromPlugin {
@@ -125,7 +131,21 @@ impl FromPlugin {
         FromPlugin {
             inner,
             repoller: Repoller::default(),
+            watch: None,
         }
+    }
+
+    /// Marks each poll on its thread as `plugin`'s `hook`, when the
+    /// plugin's code runs in this process (`watchdog.rs`).
+    pub(in crate::plugin) fn watched(
+        mut self,
+        plugin: &'static GenerationState,
+        hook: Hook,
+    ) -> Self {
+        if plugin.in_process.load(std::sync::atomic::Ordering::Relaxed) {
+            self.watch = Some((plugin, hook));
+        }
+        self
     }
 }
 
@@ -133,7 +153,12 @@ impl Future for FromPlugin {
     type Output = Result<String>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<String>> {
-        let FromPlugin { inner, repoller } = &mut *self;
+        let FromPlugin {
+            inner,
+            repoller,
+            watch,
+        } = &mut *self;
+        let _entered = watch.map(|(plugin, hook)| watchdog::enter(plugin, hook));
         repoller.poll(cx, |cx| {
             match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *inner).poll(cx))) {
                 Ok(poll) => poll.map(from_abi),
