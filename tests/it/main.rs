@@ -79,10 +79,12 @@ mod reload {
     mod dev;
 }
 
-/// Restarts: `kill -9` of the real binary, and the service reopened.
+/// Restarts: `kill -9` of the real binary, the service reopened, and a
+/// plugin crash named at the next start.
 mod restart {
     mod events;
     mod kill;
+    mod plugin_crash;
     mod service;
 }
 

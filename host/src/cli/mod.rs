@@ -36,6 +36,12 @@ pub(crate) enum Command {
         /// plugin dir; repeat for more.
         #[arg(long = "watch-src", value_name = "DIR")]
         watch_src: Vec<PathBuf>,
+        /// Load plugins in the host's process unless the config says
+        /// otherwise. By default `dev` runs each plugin in a child process
+        /// (`isolation = "process"`), so that a crash of the plugin being
+        /// written is reported and restarted instead of ending the host.
+        #[arg(long)]
+        in_process: bool,
     },
     /// Run the background scenario end to end in a temporary data dir with
     /// the example plugins, printing a transcript.
@@ -263,7 +269,17 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args, None),
-        Command::Dev { serve, watch_src } => serve::run(serve, Some(watch_src)),
+        Command::Dev {
+            serve,
+            watch_src,
+            in_process,
+        } => serve::run(
+            serve,
+            Some(serve::Dev {
+                watch_src,
+                in_process,
+            }),
+        ),
         Command::Demo => crate::demo::run(),
         Command::PluginHost {
             file,

@@ -59,12 +59,17 @@ pub struct PluginInfo {
     /// also a logged warning, at most one a minute). Blocking code in a
     /// hook stalls the host's other work.
     pub blocking_polls: u64,
+    /// The fatal signal that ended the host's last run while one of its
+    /// threads ran this plugin's code (in process), if the last run ended
+    /// so; shown from the start after it until the host stops.
+    pub last_crash: Option<super::LastCrash>,
 }
 
 impl PluginInfo {
     /// With what the host observed of it since it started.
     pub(super) fn observed(mut self) -> Self {
         self.blocking_polls = super::watchdog::blocking_polls(&self.name);
+        self.last_crash = super::crash::last_crash_of(&self.name);
         self
     }
 }
@@ -90,6 +95,7 @@ pub(super) fn info_from(
         pid: None,
         filesystem: super::Filesystem::Unrestricted,
         blocking_polls: 0,
+        last_crash: None,
     }
 }
 
@@ -116,6 +122,7 @@ pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
             pid: None,
             filesystem: super::Filesystem::Unrestricted,
             blocking_polls: 0,
+            last_crash: None,
         },
     };
     info.error = Some(failure.error.to_string());

@@ -413,6 +413,8 @@ impl PluginHost {
                 ctx.in_process
                     .store(true, std::sync::atomic::Ordering::SeqCst);
                 let _runtime = runtime.enter();
+                // Named in a crash report if `init` brings the host down.
+                let _marked = super::watchdog::enter(context.state(), super::watchdog::Hook::Init);
                 abi::init(path, &manifest.name, module, context)
             }
             Opened::Isolated(child) => {

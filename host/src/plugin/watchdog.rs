@@ -23,7 +23,8 @@
 //!
 //! The same marks say which plugin a thread was running when the process
 //! gets a fatal signal (`crash.rs`), so they are plain atomics a signal
-//! handler may read.
+//! handler may read, and `init` and the tasks a plugin spawns are marked
+//! too (`init` only for that: it does not run on a worker).
 //!
 //! Why the hooks are not moved to threads of their own: docs/plugins.md,
 //! "No tokio inside a plugin", has the measurement.
@@ -59,7 +60,7 @@ pub(crate) enum Hook {
     Agent = 3,
     Event = 4,
     Init = 5,
-    Lifecycle = 6,
+    Task = 6,
 }
 
 impl Hook {
@@ -70,18 +71,25 @@ impl Hook {
             Hook::Agent => "an agent turn",
             Hook::Event => "an event handler",
             Hook::Init => "init",
-            Hook::Lifecycle => "export_state or shutdown",
+            Hook::Task => "a spawned task",
         }
     }
 
-    fn from_u8(value: u8) -> Option<Hook> {
+    /// Whether a long poll of it holds a runtime worker: `init` runs on the
+    /// loading thread, where taking long stalls no one else's work; it is
+    /// marked only for crash reports.
+    fn on_worker(self) -> bool {
+        self != Hook::Init
+    }
+
+    pub(super) fn from_u8(value: u8) -> Option<Hook> {
         [
             Hook::Tool,
             Hook::Wrapper,
             Hook::Agent,
             Hook::Event,
             Hook::Init,
-            Hook::Lifecycle,
+            Hook::Task,
         ]
         .into_iter()
         .find(|hook| *hook as u8 == value)
@@ -111,6 +119,7 @@ thread_local! {
     static SLOT: Arc<Slot> = {
         let slot = Arc::new(Slot::default());
         SLOTS.lock_unpoisoned().push(Arc::downgrade(&slot));
+        super::crash::set_current(Arc::as_ptr(&slot));
         slot
     };
 }
@@ -158,7 +167,9 @@ impl Drop for Entered {
             // SAFETY: a generation's state is leaked for the process
             // (`abi::host_handle`), so the pointer stays valid.
             if let (Some(state), Some(kind)) = (unsafe { state.as_ref() }, kind) {
-                record(&state.name, kind, took, true);
+                if kind.on_worker() {
+                    record(&state.name, kind, took, true);
+                }
             }
         }
         slot.plugin.store(plugin, Ordering::SeqCst);
@@ -288,7 +299,9 @@ fn look() {
         let hook = Hook::from_u8(slot.hook.load(Ordering::SeqCst));
         // SAFETY: as in `Entered::drop`: generations are leaked.
         if let (Some(state), Some(hook)) = (unsafe { state.as_ref() }, hook) {
-            record(&state.name, hook, took, false);
+            if hook.on_worker() {
+                record(&state.name, hook, took, false);
+            }
         }
     }
 }

@@ -448,3 +448,36 @@ fn a_hook_that_blocks_its_worker_is_counted_and_logged_once_a_minute() {
         );
     }
 }
+
+/// `offstage dev` runs plugins isolated by default (the plugin being
+/// written is the likeliest to crash); `--in-process` keeps them in the
+/// host's process, as `serve` does.
+#[test]
+fn dev_isolates_plugins_unless_told_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hello", &plugins);
+    let dir_arg = plugins.to_str().unwrap();
+    let isolation = |server: &Server| {
+        let list = server.expect("GET", "/api/plugin", None, 200);
+        assert_eq!(list[0]["status"], "loaded", "{list}");
+        (list[0]["isolation"].clone(), list[0]["pid"].clone())
+    };
+
+    let dev = Server::start_dev(&["--plugin-dir", dir_arg]);
+    let (mode, pid) = isolation(&dev);
+    assert_eq!(mode, "process");
+    assert!(
+        pid.as_u64().is_some_and(|pid| pid != u64::from(dev.pid())),
+        "{pid}"
+    );
+    dev.stop();
+
+    let dev = Server::start_dev(&["--plugin-dir", dir_arg, "--in-process"]);
+    assert_eq!(isolation(&dev), (json!("none"), json!(null)));
+    dev.stop();
+
+    let serve = Server::start(&["--plugin-dir", dir_arg]);
+    assert_eq!(isolation(&serve).0, "none", "serve is unchanged");
+    serve.stop();
+}
