@@ -84,6 +84,7 @@ async fn assert_ran_unwrapped(host: &Host, job_id: &str) {
 
 pub(crate) async fn a_moved_job_outlives_its_wrapper_crashing(mode: Isolation) {
     let host = crashy_host(mode, IsolationSettings::default());
+    let before = host.plugins.get("crashy").unwrap().generation;
     let marker = format!("crashy:after={}", crash(mode));
     let (moved, session) = call(&host, &marker).await;
     assert_eq!(moved.status, ToolStatus::Backgrounded, "{moved:?}");
@@ -96,10 +97,12 @@ pub(crate) async fn a_moved_job_outlives_its_wrapper_crashing(mode: Isolation) {
     ] {
         assert!(notice.contains(part), "{notice:?} lacks {part:?}");
     }
-    assert_eq!(
-        host.plugins.get("crashy").unwrap().status,
-        PluginStatus::Failed,
-        "the crash failed the plugin"
+    // The crash failed the plugin (isolated, a new process may serve it
+    // already).
+    let after = host.plugins.get("crashy").unwrap();
+    assert!(
+        after.status == PluginStatus::Failed || after.generation > before,
+        "{after:?}"
     );
     host.plugins.shutdown();
 }
