@@ -674,6 +674,7 @@ fn history_dir(jobs: usize, sessions: usize) -> tempfile::TempDir {
             exit_code: Some(0),
             output_path: None,
             child_session_id: None,
+            output_bytes: None,
         })
         .collect();
     store.put_jobs(jobs).unwrap();

@@ -55,9 +55,9 @@ pub use crate::{
 // tests drive it: the host and its config, what it reports, how isolated
 // plugins run, and `offstage plugin check`'s one-call form.
 pub use crate::plugin::{
-    check_file, Filesystem, Isolation, IsolationConfig, IsolationSettings, LoadError, LoadStage,
-    NameSource, Network, PluginHost, PluginHostConfig, PluginInfo, PluginSettings, PluginStatus,
-    RestartPolicy,
+    check_file, Filesystem, Isolation, IsolationConfig, IsolationSettings, LastCrash, LoadError,
+    LoadStage, NameSource, Network, PluginHost, PluginHostConfig, PluginInfo, PluginSettings,
+    PluginStatus, RestartPolicy,
 };
 
 // `offstage dev`'s watcher, for the dev tests and the reload benchmark;

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::{
     abi::{HostCtx, HostVtableRef},
-    futures::{spawnable, Elapsed, JoinHandle, Timeout},
+    futures::{spawnable, Elapsed, JoinHandle, Race, Raced, Timeout},
     hooks::{Agents, Events, Tools},
     session::SessionDomain,
     Error, Result,
@@ -141,25 +141,14 @@ impl Context {
         sleep(ctx, saturating_millis(duration))
     }
 
-    /// Runs `fut` for at most `duration`. Pass a pinned `&mut` future to keep
-    /// it after the time runs out — the way a wrapper races its `next`:
+    /// Runs `fut` for at most `duration`; `Err(Elapsed)` when the time ran
+    /// out first, and `fut` is dropped with the returned future.
     ///
-    /// ```no_run
-    /// # use offstage_plugin_api::prelude::*;
-    /// # async fn f(ctx: Context, call: ToolCall, next: Next) -> Result<ToolResult> {
-    /// let (session_id, job_id) = (call.session_id.clone(), call.job_id.clone());
-    /// let mut run = std::pin::pin!(next.run(call));
-    /// if ctx.timeout(Duration::from_secs(2), run.as_mut()).await.is_err() {
-    ///     // Log, never `?`: an error here would fail the call and kill the
-    ///     // command it means to keep running.
-    ///     let request = BackgroundRequest::job(session_id, job_id);
-    ///     if let Err(error) = ctx.session().background(request).await {
-    ///         tracing::warn!(%error, "could not move the call to the background");
-    ///     }
-    /// }
-    /// run.await
-    /// # }
-    /// ```
+    /// To keep a future running past the timer — the way a wrapper races
+    /// its `next` — use [`race`](Self::race), which hands the future back.
+    /// Passing a pinned `&mut` future here works too, but then an `Ok` is
+    /// the future's only result: awaiting it again panics ("async fn
+    /// resumed after completion"), so every path must keep the `Ok`.
     pub fn timeout<F: Future>(
         &self,
         duration: Duration,
@@ -167,6 +156,44 @@ impl Context {
     ) -> impl Future<Output = std::result::Result<F::Output, Elapsed>> {
         Timeout {
             fut: Box::pin(fut),
+            sleep: Box::pin(
+                self.inner.vtable.sleep().expect("every 1.x host has sleep")(
+                    self.inner.ctx,
+                    saturating_millis(duration),
+                ),
+            ),
+        }
+    }
+
+    /// Races `fut` against a timer of `duration` and hands back whichever
+    /// came first: [`Raced::Finished`] with the output, or
+    /// [`Raced::Running`] with `fut` itself, still running, to await later
+    /// or drop. The way a wrapper moves a slow call to the background:
+    ///
+    /// ```no_run
+    /// # use offstage_plugin_api::prelude::*;
+    /// # async fn f(ctx: Context, call: ToolCall, next: Next) -> Result<ToolResult> {
+    /// let (session_id, job_id) = (call.session_id.clone(), call.job_id.clone());
+    /// match ctx.race(Duration::from_secs(2), next.run(call)).await {
+    ///     Raced::Finished(result) => result,
+    ///     Raced::Running(run) => {
+    ///         // Log, never `?`: an error here would fail the call and
+    ///         // kill the command it means to keep running.
+    ///         let request = BackgroundRequest::job(session_id, job_id);
+    ///         if let Err(error) = ctx.session().background(request).await {
+    ///             tracing::warn!(%error, "could not move the call to the background");
+    ///         }
+    ///         run.await
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    ///
+    /// *Since 1.3* (an SDK function: it uses the host's `sleep`, which
+    /// every 1.x host has).
+    pub fn race<F: Future>(&self, duration: Duration, fut: F) -> impl Future<Output = Raced<F>> {
+        Race {
+            fut: Some(Box::pin(fut)),
             sleep: Box::pin(
                 self.inner.vtable.sleep().expect("every 1.x host has sleep")(
                     self.inner.ctx,

@@ -172,6 +172,52 @@ impl<F: Future> Future for Timeout<F> {
     }
 }
 
+/// What [`Context::race`](crate::Context::race) hands back: the finished
+/// result, or the future itself, still running, when the time ran out
+/// first. Either way the future is never polled again after it finished,
+/// so there is nothing to await twice. *Since 1.3.*
+pub enum Raced<F: Future> {
+    /// `fut` finished before the timer: its output.
+    Finished(F::Output),
+    /// The timer fired first: `fut`, not finished, to await or drop.
+    Running(Pin<Box<F>>),
+}
+
+impl<F: Future> std::fmt::Debug for Raced<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Raced::Finished(_) => f.write_str("Raced::Finished(..)"),
+            Raced::Running(_) => f.write_str("Raced::Running(..)"),
+        }
+    }
+}
+
+/// Polls `fut` until it ends or `sleep` does, then hands `fut` back if it
+/// has not ended.
+pub(crate) struct Race<F> {
+    pub(crate) fut: Option<Pin<Box<F>>>,
+    pub(crate) sleep: Pin<Box<FfiFuture<()>>>,
+}
+
+impl<F: Future> Future for Race<F> {
+    type Output = Raced<F>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let fut = self
+            .fut
+            .as_mut()
+            .expect("a race is not polled after it ended");
+        if let Poll::Ready(value) = fut.as_mut().poll(cx) {
+            self.fut = None;
+            return Poll::Ready(Raced::Finished(value));
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Raced::Running(self.fut.take().expect("checked above"))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
 struct Slot<T> {
     value: Option<Result<T>>,
     waker: Option<Waker>,

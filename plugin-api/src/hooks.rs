@@ -101,6 +101,11 @@ impl Next {
     /// meanwhile, the *caller* of the tool is released with the output so
     /// far; this future goes on until the job ends, and what the wrapper
     /// returns then is what the session's notice reports.
+    ///
+    /// The call it starts is the host's, not this future's: if the plugin
+    /// dies or hangs past its deadline after calling `run`, the host lets
+    /// the call run on unwrapped to its own result (hosts since 1.3).
+    /// Dropping this future and then returning still ends the call.
     pub fn run(
         mut self,
         call: ToolCall,

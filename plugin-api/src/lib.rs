@@ -25,16 +25,20 @@
 //!             let ctx = host.clone();
 //!             async move {
 //!                 let (session, job) = (call.session_id.clone(), call.job_id.clone());
-//!                 let mut run = std::pin::pin!(next.run(call));
-//!                 if ctx.timeout(Duration::from_secs(2), run.as_mut()).await.is_err() {
-//!                     // No `?`: failing the wrapper would kill the command.
-//!                     // If the move fails, the call stays in the foreground.
-//!                     let request = BackgroundRequest::job(session, job);
-//!                     if let Err(error) = ctx.session().background(request).await {
-//!                         tracing::warn!(%error, "could not move the call to the background");
+//!                 match ctx.race(Duration::from_secs(2), next.run(call)).await {
+//!                     // Done in time: its result, exactly once.
+//!                     Raced::Finished(result) => result,
+//!                     // Still running: move it, then wait for its end.
+//!                     Raced::Running(run) => {
+//!                         // No `?`: failing the wrapper would kill the command.
+//!                         // If the move fails, the call stays in the foreground.
+//!                         let request = BackgroundRequest::job(session, job);
+//!                         if let Err(error) = ctx.session().background(request).await {
+//!                             tracing::warn!(%error, "could not move the call to the background");
+//!                         }
+//!                         run.await
 //!                     }
 //!                 }
-//!                 run.await
 //!             }
 //!         })?;
 //!         Ok(AutoBackground)
@@ -54,7 +58,8 @@
 //!
 //! - **No tokio inside a plugin.** A plugin links its own copy of every
 //!   crate, so tokio's runtime is not there: use [`Context::sleep`],
-//!   [`Context::timeout`] and [`Context::spawn`], which run on the host's.
+//!   [`Context::timeout`], [`Context::race`] and [`Context::spawn`], which
+//!   run on the host's.
 //! - **Panics are contained** — in `init`, in hooks, in futures — and come
 //!   back as [`ErrorKind::PluginPanic`], saying where; the host marks the
 //!   plugin failed and keeps serving. That needs unwinding: a plugin built
@@ -88,7 +93,7 @@ pub mod types;
 
 pub use context::Context;
 pub use error::{Error, ErrorKind, Result};
-pub use futures::{Elapsed, JoinHandle};
+pub use futures::{Elapsed, JoinHandle, Raced};
 pub use hooks::{Agents, Events, Next, Tools};
 pub use plugin::{Manifest, Plugin};
 pub use session::SessionDomain;
@@ -137,7 +142,9 @@ pub mod prelude {
         AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, OutputChunk,
         Role, Session, SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
     };
-    pub use crate::{export_plugin, Context, Error, ErrorKind, Manifest, Next, Plugin, Result};
+    pub use crate::{
+        export_plugin, Context, Error, ErrorKind, Manifest, Next, Plugin, Raced, Result,
+    };
     pub use serde_json::{json, Value};
     pub use std::time::Duration;
 }

@@ -195,7 +195,7 @@ macro_rules! session_methods {
             #[cfg(not(offstage_api_variant = "older"))]
             fn job_output / job_output_blocking (job_id: &str, offset: u64, limit: Option<u64>) -> $crate::types::OutputChunk {
                 args: $crate::types::args::JobOutput<'_> =
-                    $crate::types::args::JobOutput { job_id: job_id.into(), offset, limit },
+                    $crate::types::args::JobOutput { job_id: job_id.into(), offset, limit, tail: None },
                 capability: SESSION_READ,
                 http: Some("GET /api/job/{id}/output"),
                 since: "1.2",

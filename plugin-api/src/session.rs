@@ -136,3 +136,64 @@ fn prompt_args<'a>(
         agent: Some(agent.into()),
     }
 }
+
+/// `job_output` for the end of the output: the same vtable entry as
+/// [`SessionDomain::job_output`] with its `tail` argument (1.3), offered as
+/// its own method so `job_output`'s signature stays as it was.
+#[cfg(not(offstage_api_variant = "older"))]
+impl SessionDomain {
+    /// The last `bytes` bytes of a job's output file (at most 4 MiB), as
+    /// `GET /api/job/{id}/output?tail=N` answers: the page starts on a
+    /// whole character and ends at the file's end as it is now; its
+    /// `size` is the file's. A host before 1.3 answers `Unsupported`.
+    /// *Since 1.3.*
+    pub async fn job_output_tail(
+        &self,
+        job_id: &str,
+        bytes: u64,
+    ) -> Result<crate::types::OutputChunk> {
+        let face: Option<AsyncMethod> = IntoFace::into_face(self.vtable().job_output());
+        let method = face.ok_or_else(|| unsupported("job_output"))?;
+        let args = tail_args(job_id, bytes);
+        tail_answer(decode(
+            "job_output",
+            method(self.ctx.inner.ctx, encode(args)?).await,
+        ))
+    }
+
+    /// The blocking face of [`job_output_tail`](Self::job_output_tail).
+    pub fn job_output_tail_blocking(
+        &self,
+        job_id: &str,
+        bytes: u64,
+    ) -> Result<crate::types::OutputChunk> {
+        let face: Option<BlockingMethod> = IntoFace::into_face(self.vtable().job_output_blocking());
+        let method = face.ok_or_else(|| unsupported("job_output"))?;
+        let args = tail_args(job_id, bytes);
+        tail_answer(decode(
+            "job_output",
+            method(self.ctx.inner.ctx, encode(args)?),
+        ))
+    }
+}
+
+#[cfg(not(offstage_api_variant = "older"))]
+fn tail_args(job_id: &str, bytes: u64) -> crate::types::args::JobOutput<'_> {
+    crate::types::args::JobOutput {
+        job_id: job_id.into(),
+        offset: 0,
+        limit: None,
+        tail: Some(bytes),
+    }
+}
+
+/// A host before 1.3 ignores `tail` and answers the first page, without
+/// the `size` 1.3 hosts give: that is no tail.
+#[cfg(not(offstage_api_variant = "older"))]
+fn tail_answer(answer: Result<crate::types::OutputChunk>) -> Result<crate::types::OutputChunk> {
+    let chunk = answer?;
+    if chunk.size.is_none() {
+        return Err(unsupported("job_output_tail"));
+    }
+    Ok(chunk)
+}

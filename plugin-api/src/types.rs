@@ -124,6 +124,12 @@ pub struct Job {
     pub output_path: Option<String>,
     /// The session a `subagent` job runs in.
     pub child_session_id: Option<String>,
+    /// Bytes in its output file so far: what
+    /// [`job_output`](crate::SessionDomain::job_output) can read, so
+    /// `output_bytes - n` is where its last `n` bytes start. `None` from
+    /// hosts before 1.3. *Since 1.3.*
+    #[serde(default)]
+    pub output_bytes: Option<u64>,
 }
 
 /// How a blocking tool call ended for its caller.
@@ -399,6 +405,10 @@ pub struct OutputChunk {
     pub next_offset: u64,
     /// Whether the range reached the end of the file as it is now.
     pub eof: bool,
+    /// The size of the file as it is now. `None` from hosts before 1.3.
+    /// *Since 1.3.*
+    #[serde(default)]
+    pub size: Option<u64>,
 }
 
 /// Arguments of the session-domain methods as they cross the boundary.
@@ -470,6 +480,10 @@ pub mod args {
         pub offset: u64,
         #[serde(default)]
         pub limit: Option<u64>,
+        /// The last `tail` bytes instead of a page from `offset`
+        /// (*Since 1.3*; older hosts ignore it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tail: Option<u64>,
     }
 
     #[derive(Debug, Clone, Serialize, Deserialize)]

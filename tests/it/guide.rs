@@ -136,6 +136,18 @@ fn load_and_call(
     settings: BTreeMap<String, PluginSettings>,
     request: ToolRequest,
 ) -> offstage_plugin_api::types::ToolResult {
+    load_and_call_each(library, settings, vec![request])
+        .pop()
+        .expect("one result")
+}
+
+/// [`load_and_call`] for several requests, one after the other, in one
+/// session of one host.
+fn load_and_call_each(
+    library: &Path,
+    settings: BTreeMap<String, PluginSettings>,
+    requests: Vec<ToolRequest>,
+) -> Vec<offstage_plugin_api::types::ToolResult> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -168,9 +180,12 @@ fn load_and_call(
             loaded[0].error
         );
         let session = service.create(NewSession::default()).await.unwrap();
-        let result = service.call_tool(&session.id, request).await.unwrap();
+        let mut results = Vec::new();
+        for request in requests {
+            results.push(service.call_tool(&session.id, request).await.unwrap());
+        }
         host.shutdown();
-        result
+        results
     })
 }
 
@@ -281,7 +296,7 @@ fn build_wrapper_example() -> std::path::PathBuf {
     library
 }
 
-/// The wrapper example's settings: a timer of 1 ms, and the grants given.
+/// The wrapper example's settings: a timer of 300 ms, and the grants given.
 fn wrapper_settings(grant: &[&str]) -> BTreeMap<String, PluginSettings> {
     let mut settings = BTreeMap::new();
     settings.insert(
@@ -289,32 +304,102 @@ fn wrapper_settings(grant: &[&str]) -> BTreeMap<String, PluginSettings> {
         PluginSettings {
             enabled: true,
             grant: Some(grant.iter().map(|g| g.to_string()).collect()),
-            options: json!({ "after_ms": 1 }),
+            options: json!({ "after_ms": 300 }),
         },
     );
     settings
 }
 
+/// The guide's wrapper with a call that ends before its timer and one that
+/// outlives it: the fast one gets its own result (the race hands it back
+/// once; awaiting the call again would panic the plugin), the slow one is
+/// moved with the grant and, without it, runs to its end in the
+/// foreground instead of being killed.
 #[test]
-fn the_guide_wrapper_keeps_the_command_running_when_it_cannot_background() {
+fn the_guide_wrapper_gives_each_call_its_result_before_and_after_the_timer() {
     let library = build_wrapper_example();
-    let slow = || ToolRequest::new("shell", json!({ "command": "sleep 0.5; echo done" }));
+    let fast = || ToolRequest::new("shell", json!({ "command": "echo fast" }));
+    let slow = || ToolRequest::new("shell", json!({ "command": "sleep 1; echo done" }));
 
-    // With the grant the timer fires and the call is moved: this is the
-    // path the next case takes, up to the failing `background`.
-    let moved = load_and_call(
+    let granted = load_and_call_each(
         &library,
         wrapper_settings(&["tool.wrap", "session.background"]),
-        slow(),
+        vec![fast(), slow(), fast()],
     );
-    assert_eq!(moved.status, ToolStatus::Backgrounded, "{moved:?}");
+    for quick in [&granted[0], &granted[2]] {
+        assert_eq!(quick.status, ToolStatus::Completed, "{quick:?}");
+        assert_eq!(quick.output.trim(), "fast", "{quick:?}");
+    }
+    assert_eq!(granted[1].status, ToolStatus::Backgrounded, "{granted:?}");
 
-    // Without it `background` fails; the wrapper logs and the command
-    // runs to its end in the foreground instead of being killed.
-    let kept = load_and_call(&library, wrapper_settings(&["tool.wrap"]), slow());
-    assert_eq!(kept.status, ToolStatus::Completed, "{kept:?}");
-    assert_eq!(kept.output.trim(), "done", "{kept:?}");
-    assert_eq!(kept.exit_code, Some(0), "{kept:?}");
+    // Without the grant `background` fails; the wrapper logs and the
+    // command runs to its end in the foreground instead of being killed.
+    let kept = load_and_call_each(
+        &library,
+        wrapper_settings(&["tool.wrap"]),
+        vec![slow(), fast()],
+    );
+    assert_eq!(kept[0].status, ToolStatus::Completed, "{kept:?}");
+    assert_eq!(kept[0].output.trim(), "done", "{kept:?}");
+    assert_eq!(kept[0].exit_code, Some(0), "{kept:?}");
+    assert_eq!(kept[1].output.trim(), "fast", "{kept:?}");
+}
+
+/// Every crate the guide's Rust blocks name (`serde_json::from_value`,
+/// `tracing::info!`) is a dependency of the guide's `Cargo.toml`, so an
+/// author who copies a snippet into the guide's crate can build it.
+#[test]
+fn the_guide_cargo_toml_has_every_crate_its_code_uses() {
+    let guide =
+        std::fs::read_to_string(workspace_root().join("docs/plugins.md")).expect("docs/plugins.md");
+    let blocks = guide_blocks();
+    let manifest = &block(&blocks, "file word-count/Cargo.toml").text;
+    let dependencies: Vec<String> = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .expect("a [dependencies] table")
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .filter_map(|line| {
+            line.split_once('=')
+                .map(|(key, _)| key.trim().replace('-', "_"))
+        })
+        .collect();
+    let mut code = String::new();
+    let mut in_rust = false;
+    for line in guide.lines() {
+        let trimmed = line.trim_start();
+        if let Some(info) = trimmed.strip_prefix("```") {
+            in_rust = !in_rust && info.starts_with("rust");
+            continue;
+        }
+        if in_rust {
+            code.push_str(line);
+            code.push('\n');
+        }
+    }
+    let mut missing = std::collections::BTreeSet::new();
+    for (at, _) in code.match_indices("::") {
+        let before = &code[..at];
+        let start = before
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map_or(0, |i| i + 1);
+        let name = &before[start..];
+        // `a::b` is a path into `a`; `x.options::<T>()` is a method.
+        let after_path = before[..start].ends_with("::") || before[..start].ends_with('.');
+        let is_crate = name.starts_with(|c: char| c.is_ascii_lowercase())
+            && !matches!(
+                name,
+                "std" | "core" | "crate" | "self" | "super" | "capability"
+            );
+        if is_crate && !after_path && !dependencies.iter().any(|d| d == name) {
+            missing.insert(name.to_string());
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "the guide's code uses crates its Cargo.toml lacks: {missing:?} (has {dependencies:?})"
+    );
 }
 
 /// The workspace's source files (`.rs`) and manifests (`Cargo.toml`),

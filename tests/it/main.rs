@@ -26,7 +26,7 @@ macro_rules! tests_in_mode {
 
 /// The session service in process: background moves, cancel, notices,
 /// permissions, how the host polls a plugin's future, a plugin racing its
-/// own call, turns.
+/// own call, turns, calls that outlive their wrapper.
 mod engine {
     mod background;
     mod cancel;
@@ -35,6 +35,7 @@ mod engine {
     mod plugin_poll;
     pub(crate) mod plugin_race;
     mod turn;
+    pub(crate) mod wrapper_lost;
 }
 
 /// A real `offstage serve` over HTTP: the API, clients that hang up,
@@ -79,10 +80,12 @@ mod reload {
     mod dev;
 }
 
-/// Restarts: `kill -9` of the real binary, and the service reopened.
+/// Restarts: `kill -9` of the real binary, the service reopened, and a
+/// plugin crash named at the next start.
 mod restart {
     mod events;
     mod kill;
+    mod plugin_crash;
     mod service;
 }
 

@@ -419,6 +419,7 @@ pub(super) fn plugin_check(
     let stage = match report.failed_stage() {
         None => None,
         Some(crate::plugin::LoadStage::File) => Some("file"),
+        Some(crate::plugin::LoadStage::Permissions) => Some("permissions"),
         Some(crate::plugin::LoadStage::Start) => Some("start"),
     };
     if json {
@@ -433,7 +434,11 @@ pub(super) fn plugin_check(
     } else {
         // The manifest when it was read: a start problem still names the
         // plugin; a file problem shows only the error.
-        if let Some(info) = report.plugin.as_ref().filter(|_| stage != Some("file")) {
+        if let Some(info) = report
+            .plugin
+            .as_ref()
+            .filter(|_| !matches!(stage, Some("file" | "permissions")))
+        {
             println!("name:         {}", info.name);
             println!("version:      {}", info.version);
             println!("api version:  {}", info.api_version);
@@ -461,6 +466,9 @@ pub(super) fn plugin_check(
         match (&report.error, stage) {
             (Some(error), Some("file")) => {
                 eprintln!("file or ABI problem (needs another build): {error}")
+            }
+            (Some(error), Some("permissions")) => {
+                eprintln!("file permissions problem (not the build): {error}")
             }
             (Some(error), _) => {
                 eprintln!("start-up problem (config, options or init): {error}")

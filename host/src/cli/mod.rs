@@ -36,6 +36,12 @@ pub(crate) enum Command {
         /// plugin dir; repeat for more.
         #[arg(long = "watch-src", value_name = "DIR")]
         watch_src: Vec<PathBuf>,
+        /// Load plugins in the host's process unless the config says
+        /// otherwise. By default `dev` runs each plugin in a child process
+        /// (`isolation = "process"`), so that a crash of the plugin being
+        /// written is reported and restarted instead of ending the host.
+        #[arg(long)]
+        in_process: bool,
     },
     /// Run the background scenario end to end in a temporary data dir with
     /// the example plugins, printing a transcript.
@@ -151,8 +157,9 @@ pub(crate) enum PluginCommand {
         /// this host config file.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Accept a file that other users can write.
-        #[arg(long)]
+        /// Accept a file that other users can write (`--allow-insecure`
+        /// is the same flag).
+        #[arg(long = "allow-insecure-plugins", alias = "allow-insecure")]
         allow_insecure: bool,
         /// Print the result as JSON.
         #[arg(long)]
@@ -266,7 +273,17 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args, None),
-        Command::Dev { serve, watch_src } => serve::run(serve, Some(watch_src)),
+        Command::Dev {
+            serve,
+            watch_src,
+            in_process,
+        } => serve::run(
+            serve,
+            Some(serve::Dev {
+                watch_src,
+                in_process,
+            }),
+        ),
         Command::Demo => crate::demo::run(),
         Command::PluginHost {
             file,

@@ -28,9 +28,18 @@ use crate::{
 /// How long open requests get to finish after a shutdown signal.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Runs the host; with `watch_src` (`offstage dev`), also the plugin
-/// watcher, rebuilding the crates in `watch_src`.
-pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode {
+/// What `offstage dev` adds to `serve`.
+pub(super) struct Dev {
+    /// The plugin crates to rebuild and install on change.
+    pub(super) watch_src: Vec<PathBuf>,
+    /// `--in-process`: keep the config's isolation (in process by
+    /// default) instead of isolating every plugin.
+    pub(super) in_process: bool,
+}
+
+/// Runs the host; with `dev` (`offstage dev`), also the plugin watcher,
+/// rebuilding the crates in `watch_src`, and plugins isolated by default.
+pub(super) fn run(args: ServeArgs, dev: Option<Dev>) -> ExitCode {
     crate::logging::init("info");
     crate::perf::warn_unknown();
     let overrides = Overrides {
@@ -42,7 +51,12 @@ pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode 
         allow_insecure_plugins: args.allow_insecure_plugins,
     };
     let config = match ServeConfig::resolve(overrides) {
-        Ok(config) => config,
+        Ok(mut config) => {
+            if let Some(dev) = &dev {
+                isolate_in_dev(&mut config, dev.in_process);
+            }
+            config
+        }
         Err(error) => {
             eprintln!("offstage: {error}");
             return ExitCode::from(2);
@@ -58,12 +72,25 @@ pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode 
             return ExitCode::FAILURE;
         }
     };
+    let watch_src = dev.map(|dev| dev.watch_src);
     match runtime.block_on(serve(config, watch_src)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("offstage: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `offstage dev` runs every plugin in a child process of its own unless
+/// the config's `[plugins] isolation` says otherwise or `--in-process` is
+/// given: the plugin being written is the one most likely to crash, and in
+/// process its crash ends the host (a `[plugin.NAME] isolation` still
+/// chooses for that plugin).
+fn isolate_in_dev(config: &mut ServeConfig, in_process: bool) {
+    let defaults = &mut config.isolation.defaults;
+    if !in_process && defaults.mode.is_none() {
+        defaults.mode = Some(crate::plugin::Isolation::Process);
     }
 }
 
@@ -85,6 +112,12 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
+    // What the last run died of (logged once, shown in GET /api/plugin),
+    // and this run's record of the same, before any plugin code runs.
+    crate::plugin::take_last_crash(&config.data_dir);
+    if let Err(error) = crate::plugin::install_crash_report(&config.data_dir) {
+        tracing::warn!(%error, "cannot install the crash report; a crash will name no plugin");
+    }
     // The durable store: a newer, corrupt or foreign database, or a data
     // dir another host holds, stops here with one line and is left as it
     // is. Jobs the last run left running come back cancelled, with their

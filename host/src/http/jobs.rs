@@ -11,7 +11,10 @@ use super::{
     extract::{PathId, QueryParams},
     AppState,
 };
-use crate::process::output::{OutputChunk, DEFAULT_OUTPUT_LIMIT};
+use crate::{
+    error::ServiceError,
+    process::output::{OutputChunk, DEFAULT_OUTPUT_LIMIT},
+};
 
 /// Registers this file's routes with their OpenAPI entries (one
 /// `routes!` per path).
@@ -59,6 +62,9 @@ pub(crate) struct OutputQuery {
     /// never get to the end); 1 MiB when absent, at most 4 MiB.
     #[param(minimum = 1)]
     pub limit: Option<u64>,
+    /// The last `tail` bytes of the file instead (at most 4 MiB), starting
+    /// on a whole character; not with `offset` or `limit`.
+    pub tail: Option<u64>,
 }
 
 #[utoipa::path(get, path = "/api/job/{id}/output", tag = "job",
@@ -70,6 +76,15 @@ pub(crate) async fn job_output(
     PathId(id): PathId,
     QueryParams(query): QueryParams<OutputQuery>,
 ) -> ApiResult<Json<OutputChunk>> {
+    if let Some(bytes) = query.tail {
+        if query.offset.is_some() || query.limit.is_some() {
+            return Err(ServiceError::InvalidInput(
+                "tail reads the end of the output: give it alone, without offset or limit".into(),
+            )
+            .into());
+        }
+        return Ok(Json(state.service.job_output_tail(&id, bytes).await?));
+    }
     let offset = query.offset.unwrap_or(0);
     let limit = query.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
     Ok(Json(state.service.job_output(&id, offset, limit).await?))

@@ -234,6 +234,7 @@ mod tests {
             data: String::new(),
             next_offset: 0,
             eof: true,
+            size: None,
         };
         assert_eq!(
             schema_fields(&doc, "OutputChunk"),

@@ -82,6 +82,14 @@ mod tests {
             isolation: crate::plugin::Isolation::Process,
             pid: Some(1),
             filesystem: crate::plugin::Filesystem::ReadOnly,
+            blocking_polls: 0,
+            last_crash: Some(crate::plugin::LastCrash {
+                signal: "SIGSEGV".into(),
+                hook: Some("a tool".into()),
+                at: 1,
+                pid: 2,
+                plugin: Some("x".into()),
+            }),
         };
         let real: BTreeSet<String> = serde_json::to_value(info)
             .unwrap()

@@ -78,6 +78,18 @@ pub(super) fn granted(requested: &[String], grant: Option<&[String]>) -> BTreeSe
         .collect()
 }
 
+/// What the config's `grant` lists and the manifest does not ask for:
+/// never given (grants only narrow), so worth a warning — usually a
+/// capability the plugin's author forgot in the manifest.
+pub(super) fn unasked(requested: &[String], grant: Option<&[String]>) -> Vec<String> {
+    grant
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| !requested.contains(c))
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,5 +128,16 @@ mod tests {
             BTreeSet::from(["b".into()])
         );
         assert!(granted(&requested, Some(&[])).is_empty());
+    }
+
+    #[test]
+    fn a_grant_nobody_asked_for_is_named() {
+        let requested = vec!["a".to_string(), "b".to_string()];
+        assert!(unasked(&requested, None).is_empty());
+        assert!(unasked(&requested, Some(&["b".to_string()])).is_empty());
+        assert_eq!(
+            unasked(&requested, Some(&["b".to_string(), "c".to_string()])),
+            vec!["c".to_string()]
+        );
     }
 }

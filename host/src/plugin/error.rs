@@ -32,7 +32,8 @@ pub enum LoadError {
     /// then run code inside the host. Refused as ssh refuses such keys.
     #[error(
         "{}: refused: {what} is writable by group or other users (mode {mode:03o}); \
-         run `chmod go-w` on it or move the plugin, or allow insecure permissions for development",
+         run `chmod go-w` on it or move the plugin, or for development pass \
+         `--allow-insecure-plugins` (`allow_insecure_plugins = true` in the config)",
         path.display()
     )]
     InsecurePermissions {
@@ -48,7 +49,8 @@ pub enum LoadError {
     /// belongs to another user (not root), who could change it.
     #[error(
         "{}: refused: {what} belongs to another user (uid {uid}); plugins must be owned \
-         by the host's user or root",
+         by the host's user or root, or for development pass `--allow-insecure-plugins` \
+         (`allow_insecure_plugins = true` in the config)",
         path.display()
     )]
     ForeignOwner {
@@ -358,9 +360,13 @@ impl std::fmt::Display for NameSource {
 /// Which part of a plugin a [`LoadError`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoadStage {
-    /// The file itself: its permissions, format, ABI, manifest, or host
-    /// vtable layout. Needs another file or build.
+    /// The file itself: its format, ABI, manifest, or host vtable layout.
+    /// Needs another file or build.
     File,
+    /// Who may change the file: it, or a directory above it, is writable
+    /// by or belongs to other users. Needs other permissions (or, for
+    /// development, `--allow-insecure-plugins`), not another build.
+    Permissions,
     /// Its start: the config's grants and options, `init`, what `init`
     /// registers. May need only another config.
     Start,
@@ -384,6 +390,9 @@ impl LoadError {
             | LoadError::DuplicateName { .. }
             | LoadError::Filesystem { .. }
             | LoadError::Unknown { .. } => LoadStage::Start,
+            LoadError::InsecurePermissions { .. } | LoadError::ForeignOwner { .. } => {
+                LoadStage::Permissions
+            }
             _ => LoadStage::File,
         }
     }

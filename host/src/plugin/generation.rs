@@ -75,6 +75,9 @@ pub(crate) struct GenerationState {
     /// Set in an isolated plugin's process: session calls, registrations
     /// and logs go to the host over the channel (`plugin/isolate/`).
     pub(super) upstream: OnceLock<Arc<dyn Upstream>>,
+    /// Its library runs in this process (not in a child): its hooks'
+    /// polls are marked on their threads (`watchdog.rs`).
+    pub(super) in_process: AtomicBool,
     failed: AtomicBool,
     subscriptions: Mutex<Vec<Subscription>>,
     /// Registrations made during `init`, until [`commit`] applies them or
@@ -169,6 +172,7 @@ pub(super) fn new_state(
         data_dir,
         on_failure,
         upstream: OnceLock::new(),
+        in_process: AtomicBool::new(false),
         failed: AtomicBool::new(false),
         subscriptions: Mutex::new(Vec::new()),
         staged: Mutex::new(Some(Vec::new())),

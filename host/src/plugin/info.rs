@@ -54,6 +54,24 @@ pub struct PluginInfo {
     /// What its process may do to the filesystem: `unrestricted`, or
     /// `read-only` (read everywhere, write only in its data dir).
     pub filesystem: super::Filesystem,
+    /// How many polls of its hooks held one of the host's runtime workers
+    /// past 50 ms since the host started (in-process plugins; each is
+    /// also a logged warning, at most one a minute). Blocking code in a
+    /// hook stalls the host's other work.
+    pub blocking_polls: u64,
+    /// The fatal signal that ended the host's last run while one of its
+    /// threads ran this plugin's code (in process), if the last run ended
+    /// so; shown from the start after it until the host stops.
+    pub last_crash: Option<super::LastCrash>,
+}
+
+impl PluginInfo {
+    /// With what the host observed of it since it started.
+    pub(super) fn observed(mut self) -> Self {
+        self.blocking_polls = super::watchdog::blocking_polls(&self.name);
+        self.last_crash = super::crash::last_crash_of(&self.name);
+        self
+    }
 }
 
 pub(super) fn info_from(
@@ -76,6 +94,8 @@ pub(super) fn info_from(
         isolation: super::Isolation::None,
         pid: None,
         filesystem: super::Filesystem::Unrestricted,
+        blocking_polls: 0,
+        last_crash: None,
     }
 }
 
@@ -101,6 +121,8 @@ pub(super) fn failed_info(path: &Path, failure: &LoadFailure) -> PluginInfo {
             isolation: super::Isolation::None,
             pid: None,
             filesystem: super::Filesystem::Unrestricted,
+            blocking_polls: 0,
+            last_crash: None,
         },
     };
     info.error = Some(super::error::capped(&failure.error.to_string()).into_owned());

@@ -21,7 +21,7 @@ use tokio::runtime::Handle;
 
 use super::{
     abi::{self, ManifestInfo},
-    config::{granted, PluginSettings},
+    config::{granted, unasked, PluginSettings},
     error::{one_line, NameSource},
     file,
     generation::{commit, new_state, retire, Generation, GenerationState, Start, Subscriptions},
@@ -464,6 +464,15 @@ impl PluginHost {
         // From here its code may start threads: mapped for good.
         drop(mapping);
         let grants = granted(&manifest.capabilities, settings.grant.as_deref());
+        let unasked = unasked(&manifest.capabilities, settings.grant.as_deref());
+        if !unasked.is_empty() {
+            tracing::warn!(
+                plugin = %manifest.name,
+                "[plugin.{}] grant lists {unasked:?}, which the plugin's manifest does not ask \
+                 for: not given (a grant only narrows what the manifest asks for)",
+                manifest.name
+            );
+        }
         let options = match settings.options {
             Value::Object(map) => Value::Object(map),
             _ => json!({}),
@@ -500,7 +509,11 @@ impl PluginHost {
         let mut pid = None;
         let initialised = match module {
             Opened::Local(module) => {
+                ctx.in_process
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 let _runtime = runtime.enter();
+                // Named in a crash report if `init` brings the host down.
+                let _marked = super::watchdog::enter(context.state(), super::watchdog::Hook::Init);
                 abi::init(path, &manifest.name, module, context)
             }
             Opened::Isolated(child) => {

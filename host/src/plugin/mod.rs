@@ -84,6 +84,7 @@
 mod abi;
 mod check;
 mod config;
+mod crash;
 mod error;
 mod file;
 mod generation;
@@ -94,6 +95,7 @@ mod registry;
 mod reload;
 mod section;
 pub(crate) mod watch;
+mod watchdog;
 
 use std::{
     path::Path,
@@ -103,6 +105,8 @@ use std::{
 pub use check::check_file;
 pub(crate) use check::{check_file_with, CheckOptions};
 pub use config::{PluginHostConfig, PluginSettings};
+pub use crash::LastCrash;
+pub(crate) use crash::{install as install_crash_report, take_last as take_last_crash};
 pub use error::{LoadError, LoadStage, NameSource};
 pub use info::{PluginInfo, PluginStatus};
 pub(crate) use isolate::{run_child, take_isolation_keys, ChildArgs};

@@ -39,7 +39,7 @@ impl PluginHost {
             .lock_unpoisoned()
             .entries
             .iter()
-            .map(|e| e.info.clone())
+            .map(|e| e.info.clone().observed())
             .collect()
     }
 
@@ -52,7 +52,7 @@ impl PluginHost {
             .clone()
             .find(|e| e.info.status == PluginStatus::Loaded)
             .or_else(|| named.next_back())
-            .map(|e| e.info.clone())
+            .map(|e| e.info.clone().observed())
     }
 
     pub(super) fn get_generation(&self, name: &str, generation: u64) -> Option<PluginInfo> {

@@ -172,6 +172,11 @@ impl OutputSink {
         self.inner.lock_unpoisoned().total
     }
 
+    /// Bytes in the file: what a reader of it finds (at most the cap).
+    pub fn saved(&self) -> u64 {
+        self.inner.lock_unpoisoned().saved
+    }
+
     /// Whether nothing was written.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -274,12 +279,59 @@ pub(crate) fn read_range(path: &Path, offset: u64, limit: u64) -> std::io::Resul
         data: String::from_utf8_lossy(&data).into_owned(),
         next_offset,
         eof: next_offset >= size,
+        size: Some(size),
     })
+}
+
+/// Reads the last `bytes` bytes of the output file at `path` (at most
+/// `limit`). The page starts on a whole character: a cut character at the
+/// front is left out, as [`read_range`] leaves one out at the end.
+pub(crate) fn read_tail(path: &Path, bytes: u64, limit: u64) -> std::io::Result<OutputChunk> {
+    let size = File::open(path)?.metadata()?.len();
+    let mut start = size.saturating_sub(bytes.min(limit));
+    if start > 0 {
+        // Up to three continuation bytes (0b10xx_xxxx) end a character
+        // that began before `start`.
+        let mut head = [0u8; 3];
+        let mut file = File::open(path)?;
+        file.seek(SeekFrom::Start(start))?;
+        let read = file.read(&mut head)?;
+        let skip = head[..read]
+            .iter()
+            .take_while(|byte| **byte & 0xC0 == 0x80)
+            .count();
+        start += skip as u64;
+    }
+    read_range(path, start, limit)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_starts_on_a_whole_character() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.log");
+        std::fs::write(&path, "line 1\nné ✓\n".as_bytes()).unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let last = read_tail(&path, 4, 1 << 20).unwrap();
+        assert_eq!(last.data, "✓\n");
+        assert_eq!(
+            (last.offset, last.next_offset, last.eof),
+            (size - 4, size, true)
+        );
+        assert_eq!(last.size, Some(size));
+        // Two bytes into "✓": the cut character is left out.
+        assert_eq!(read_tail(&path, 3, 1 << 20).unwrap().data, "\n");
+        // More than the file: all of it.
+        assert_eq!(
+            read_tail(&path, 1000, 1 << 20).unwrap().data,
+            "line 1\nné ✓\n"
+        );
+        // `limit` caps it as a page.
+        assert_eq!(read_tail(&path, 1000, 2).unwrap().data, "\n");
+    }
 
     #[test]
     fn incomplete_tail_finds_a_cut_character() {

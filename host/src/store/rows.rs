@@ -108,6 +108,8 @@ pub(super) fn job_from_row(row: &Row<'_>) -> rusqlite::Result<Job> {
         exit_code: row.get(8)?,
         output_path: row.get(9)?,
         child_session_id: row.get(10)?,
+        // Not stored: the service reads it from the output (`with_output_bytes`).
+        output_bytes: None,
     })
 }
 

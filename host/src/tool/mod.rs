@@ -4,8 +4,11 @@
 //! call through a chain — the tool's wrappers, outermost first, then the
 //! tool itself — while the caller waits separately for the job to end or to
 //! be moved to the background. So a wrapper never has to know about
-//! backgrounding: its `next` simply finishes when the work does.
+//! backgrounding: its `next` simply finishes when the work does. The work
+//! behind `next` is the host's, not the wrapper's (`chain.rs`): it goes on
+//! when a wrapper that started it is lost.
 
+pub(crate) mod chain;
 pub(crate) mod shell;
 
 use crate::util::RwLockExt;

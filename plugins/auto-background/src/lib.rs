@@ -15,8 +15,6 @@
 //! ignore = ["vim *", "*--interactive*"]     # commands to leave alone
 //! ```
 
-use std::pin::pin;
-
 use offstage_plugin_api::prelude::*;
 use serde::Deserialize;
 
@@ -92,10 +90,9 @@ impl Plugin for AutoBackground {
                     return next.run(call).await;
                 }
                 let (session_id, job_id) = (call.session_id.clone(), call.job_id.clone());
-                let mut run = pin!(next.run(call));
-                match ctx.timeout(after, run.as_mut()).await {
-                    Ok(result) => return result,
-                    Err(_elapsed) => {
+                let run = match ctx.race(after, next.run(call)).await {
+                    Raced::Finished(result) => return result,
+                    Raced::Running(run) => {
                         // Move exactly this call; its caller gets the
                         // output so far, the session's other calls stay.
                         let request = BackgroundRequest::job(session_id, job_id.clone());
@@ -110,8 +107,9 @@ impl Plugin for AutoBackground {
                             // command: it simply stays in the foreground.
                             Err(error) => tracing::warn!(job = %job_id, %error, "could not move to the background"),
                         }
+                        run
                     }
-                }
+                };
                 // The job goes on; what we return now is what its notice
                 // reports.
                 run.await

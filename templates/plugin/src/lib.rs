@@ -2,7 +2,7 @@
 //! what you need, delete the rest, and trim the capabilities to match.
 //!
 //! Rules of the road (docs/plugins.md has the details):
-//! - no tokio here: use `ctx.sleep`, `ctx.timeout` and `ctx.spawn`;
+//! - no tokio here: use `ctx.sleep`, `ctx.timeout`, `ctx.race` and `ctx.spawn`;
 //! - panics are contained, but mark the plugin failed: return errors instead;
 //! - `tracing` macros go to the host's log under the plugin's name.
 
@@ -49,10 +49,9 @@ impl Plugin for MyPlugin {
                 let ctx = host.clone();
                 async move {
                     let job_id = call.job_id.clone();
-                    let mut run = std::pin::pin!(next.run(call));
-                    match ctx.timeout(slow, run.as_mut()).await {
-                        Ok(result) => result,
-                        Err(_) => {
+                    match ctx.race(slow, next.run(call)).await {
+                        Raced::Finished(result) => result,
+                        Raced::Running(run) => {
                             tracing::info!(job = %job_id, "slow shell call");
                             run.await
                         }

@@ -246,3 +246,37 @@ async fn a_refused_same_name_copy_with_other_bytes_is_unmapped() {
     assert_eq!(mapped("zz-reloadable-b"), 0, "the refused copy is unmapped");
     host.assert_loaded("reloadable");
 }
+
+#[test]
+fn plugin_check_calls_a_permission_refusal_by_its_name_and_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    set_mode(dir.path(), 0o755);
+    let library = offstage_tests::install_plugin("offstage-test-hello", dir.path());
+    // Writable by everyone: refused as ssh refuses such a key.
+    set_mode(&library, 0o777);
+    let check = |extra: &[&str]| {
+        let mut args = vec!["plugin", "check", library.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        offstage_tests::server::cli(&args, &[])
+    };
+    let (code, stdout, stderr) = check(&[]);
+    assert_eq!(code, 1, "{stdout}\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    for part in [
+        "file permissions problem",
+        "writable by group or other users",
+        "--allow-insecure-plugins",
+    ] {
+        assert!(stderr.contains(part), "{stderr:?} lacks {part:?}");
+    }
+    assert!(!stderr.contains("needs another build"), "{stderr}");
+    let (code, stdout, _) = check(&["--json"]);
+    assert_eq!(code, 1);
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["stage"], "permissions", "{report}");
+
+    // The flag it names is the one that lifts the check.
+    let (code, stdout, stderr) = check(&["--allow-insecure-plugins"]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("name:         hello"), "{stdout}");
+}

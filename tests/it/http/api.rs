@@ -136,8 +136,29 @@ fn background_releases_a_held_tool_call_from_another_connection() {
     );
     assert_eq!(
         part,
-        json!({ "offset": 6, "data": "sec", "next_offset": 9, "eof": false })
+        json!({ "offset": 6, "data": "sec", "next_offset": 9, "eof": false, "size": 13 })
     );
+    // Its end, and its size on the job's record.
+    let tail = server.expect(
+        "GET",
+        &format!("/api/job/{job_id}/output?tail=7"),
+        None,
+        200,
+    );
+    assert_eq!(
+        tail,
+        json!({ "offset": 6, "data": "second\n", "next_offset": 13, "eof": true, "size": 13 })
+    );
+    assert_eq!(job["output_bytes"], 13, "{job}");
+    let listed = server.expect("GET", &format!("/api/job?session_id={session}"), None, 200);
+    assert_eq!(listed[0]["output_bytes"], 13, "{listed}");
+    server
+        .request(
+            "GET",
+            &format!("/api/job/{job_id}/output?tail=7&offset=1"),
+            None,
+        )
+        .assert_error(400, "bad_request");
 }
 
 #[test]

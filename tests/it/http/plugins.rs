@@ -345,3 +345,139 @@ fn failures_are_logged_once_counted_apart_and_named_when_a_tool_is_called() {
         assert!(ready.contains(part), "{ready:?} lacks {part}");
     }
 }
+
+#[test]
+fn a_grant_the_manifest_does_not_ask_for_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hello", &plugins);
+    // hello asks for `tool.add` only.
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[plugin.hello]\ngrant = [\"tool.add\", \"session.write\"]\n",
+    );
+    let server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--plugin-dir",
+        plugins.to_str().unwrap(),
+    ]);
+    let list = server.expect("GET", "/api/plugin", None, 200);
+    assert_eq!(list[0]["status"], "loaded", "{list}");
+    let (_, log) = server.stop();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("[plugin.hello] grant lists"))
+        .unwrap_or_else(|| panic!("no warning in the log:\n{log}"));
+    for part in ["WARN", "session.write", "does not ask for"] {
+        assert!(warning.contains(part), "{warning:?} lacks {part:?}");
+    }
+}
+
+/// A hook that blocks its thread is seen: counted in `GET /api/plugin`
+/// (`blocking_polls`) once its poll has held a worker past 50 ms — while
+/// it still runs too, for a poll that may never return — and logged with
+/// the plugin, the hook and the time, at most once a minute per plugin.
+#[test]
+fn a_hook_that_blocks_its_worker_is_counted_and_logged_once_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hang", &plugins);
+    let server = Server::start(&["--plugin-dir", plugins.to_str().unwrap()]);
+    let session = server.expect("POST", "/api/session", None, 201)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let blocking_polls = || {
+        let list = server.expect("GET", "/api/plugin", None, 200);
+        list[0]["blocking_polls"].as_u64().expect("a count")
+    };
+    let block = |ms: u64| {
+        let body = json!({ "tool": "block", "input": { "ms": ms } }).to_string();
+        let (addr, path) = (server.addr, format!("/api/session/{session}/tool"));
+        std::thread::spawn(move || {
+            let answer = offstage_tests::server::http(
+                addr,
+                "POST",
+                &path,
+                &[("Content-Type", "application/json")],
+                body.as_bytes(),
+            );
+            assert_eq!(answer.status, 200);
+        })
+    };
+    assert_eq!(blocking_polls(), 0);
+    // Under the threshold: nothing.
+    block(5).join().unwrap();
+    assert_eq!(blocking_polls(), 0);
+    // A poll that ends after 200 ms: counted (by the watchdog while it
+    // runs, or as it returns).
+    block(200).join().unwrap();
+    assert_eq!(blocking_polls(), 1);
+    // One still running: counted by the watchdog before it returns.
+    let long = block(3000);
+    offstage_tests::wait::eventually("the running poll counted", || {
+        (blocking_polls() == 2).then_some(())
+    });
+    assert!(!long.is_finished(), "counted only once it returned");
+    long.join().unwrap();
+    assert_eq!(
+        blocking_polls(),
+        2,
+        "counted once, not again as it returned"
+    );
+
+    let (_, log) = server.stop();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("held a runtime worker"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "one warning a minute: {warnings:#?}");
+    for part in [
+        "WARN",
+        "plugin hang",
+        "a tool",
+        "held a runtime worker for",
+        " ms",
+    ] {
+        assert!(
+            warnings[0].contains(part),
+            "{:?} lacks {part:?}",
+            warnings[0]
+        );
+    }
+}
+
+/// `offstage dev` runs plugins isolated by default (the plugin being
+/// written is the likeliest to crash); `--in-process` keeps them in the
+/// host's process, as `serve` does.
+#[test]
+fn dev_isolates_plugins_unless_told_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("plugins");
+    install_plugin("offstage-test-hello", &plugins);
+    let dir_arg = plugins.to_str().unwrap();
+    let isolation = |server: &Server| {
+        let list = server.expect("GET", "/api/plugin", None, 200);
+        assert_eq!(list[0]["status"], "loaded", "{list}");
+        (list[0]["isolation"].clone(), list[0]["pid"].clone())
+    };
+
+    let dev = Server::start_dev(&["--plugin-dir", dir_arg]);
+    let (mode, pid) = isolation(&dev);
+    assert_eq!(mode, "process");
+    assert!(
+        pid.as_u64().is_some_and(|pid| pid != u64::from(dev.pid())),
+        "{pid}"
+    );
+    dev.stop();
+
+    let dev = Server::start_dev(&["--plugin-dir", dir_arg, "--in-process"]);
+    assert_eq!(isolation(&dev), (json!("none"), json!(null)));
+    dev.stop();
+
+    let serve = Server::start(&["--plugin-dir", dir_arg]);
+    assert_eq!(isolation(&serve).0, "none", "serve is unchanged");
+    serve.stop();
+}

@@ -377,3 +377,6 @@ async fn the_child_runs_without_new_privileges_and_with_its_limits() {
     assert!(line("Max cpu time").contains(&"3600"), "{limits}");
     host.plugins.shutdown();
 }
+
+// Calls that outlive their wrapper's process (`engine::wrapper_lost`).
+crate::engine::wrapper_lost::wrapper_lost_suite!(Isolation::Process);

@@ -58,21 +58,28 @@ pub(crate) async fn tour(face: &str, mode: Isolation) {
     assert_eq!(report["sleep_job"], running);
     assert_eq!(report["backgrounded_jobs"], json!([running]));
     // The job methods (since 1.2): `job` sees the moved job, `job_output`
-    // pages through the echo's output file as the HTTP route does, and
+    // (and its tail, since 1.3) pages through the echo's output file as the HTTP route does, and
     // `cancel_job` ends the moved job.
     assert_eq!(
         report["got_job"],
         json!({ "id": running, "backgrounded": true, "status": "running" })
     );
     let echoed = format!("tour-{face}\n");
+    let size = echoed.len();
     assert_eq!(
         report["output_page"],
-        json!({ "offset": 0, "data": echoed, "next_offset": echoed.len(), "eof": true })
+        json!({ "offset": 0, "data": echoed, "next_offset": size, "eof": true, "size": size })
     );
     assert_eq!(
         report["output_part"],
-        json!({ "offset": 2, "data": &echoed[2..5], "next_offset": 5, "eof": false })
+        json!({ "offset": 2, "data": &echoed[2..5], "next_offset": 5, "eof": false, "size": size })
     );
+    // Since 1.3: the end of the output, and its size on the job.
+    assert_eq!(
+        report["output_tail"],
+        json!({ "offset": size - 3, "data": &echoed[size - 3..], "next_offset": size, "eof": true, "size": size })
+    );
+    assert_eq!(report["echo_output_bytes"], size);
     assert_eq!(
         report["cancelled"],
         json!({ "id": running, "status": "cancelled" })

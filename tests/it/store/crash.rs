@@ -53,6 +53,7 @@ fn crash_child_writer() {
             exit_code: None,
             output_path: None,
             child_session_id: None,
+            output_bytes: None,
         })
         .unwrap();
     // Bounded, in case the parent is gone and nobody kills us.
@@ -139,6 +140,7 @@ fn half_job(id: &str) -> Job {
         exit_code: None,
         output_path: None,
         child_session_id: None,
+        output_bytes: None,
     }
 }
 

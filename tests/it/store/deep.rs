@@ -56,6 +56,7 @@ fn a_chain_deeper_than_the_trigger_limit_is_deleted_whole() {
                     exit_code: Some(0),
                     output_path: None,
                     child_session_id: None,
+                    output_bytes: None,
                 })
                 .unwrap();
         }

@@ -55,6 +55,7 @@ fn job(id: &str, session_id: &str, status: JobStatus, backgrounded: bool) -> Job
         exit_code: None,
         output_path: Some(format!("/data/output/{session_id}/{id}.log")),
         child_session_id: None,
+        output_bytes: None,
     }
 }
 

@@ -23,6 +23,10 @@ use offstage_plugin_api::{
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
+use crate::plugin::{
+    generation::GenerationState,
+    watchdog::{self, Hook},
+};
 use crate::{error::Result, error::ServiceError, util::panic_message};
 
 pub(in crate::plugin) fn to_abi(result: Result<String>) -> AbiResult {
@@ -115,11 +119,26 @@ impl<F: Future<Output = Result<String>>, H: Borrow<Handle>> Future for InRuntime
 /// that wakes itself goes back through tokio's scheduler like any task.
 pub(in crate::plugin) struct FromPlugin {
     inner: FfiFuture<AbiResult>,
+    /// Whose hook it is, for the marks of `watchdog.rs`.
+    watch: Option<(&'static GenerationState, Hook)>,
 }
 
 impl FromPlugin {
     pub(in crate::plugin) fn new(inner: FfiFuture<AbiResult>) -> Self {
-        FromPlugin { inner }
+        FromPlugin { inner, watch: None }
+    }
+
+    /// Marks each poll on its thread as `plugin`'s `hook`, when the
+    /// plugin's code runs in this process (`watchdog.rs`).
+    pub(in crate::plugin) fn watched(
+        mut self,
+        plugin: &'static GenerationState,
+        hook: Hook,
+    ) -> Self {
+        if plugin.in_process.load(std::sync::atomic::Ordering::Relaxed) {
+            self.watch = Some((plugin, hook));
+        }
+        self
     }
 }
 
@@ -127,8 +146,9 @@ impl Future for FromPlugin {
     type Output = Result<String>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<String>> {
-        let inner = &mut self.inner;
-        match catch_unwind(AssertUnwindSafe(|| Pin::new(inner).poll(cx))) {
+        let FromPlugin { inner, watch } = &mut *self;
+        let _entered = watch.map(|(plugin, hook)| watchdog::enter(plugin, hook));
+        match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *inner).poll(cx))) {
             Ok(poll) => poll.map(from_abi),
             Err(payload) => Poll::Ready(Err(ServiceError::PluginPanic {
                 plugin: None,

@@ -31,6 +31,7 @@ use crate::{
     plugin::{
         generation::{GenerationState, Staged},
         isolate::HookKind,
+        watchdog::Hook,
     },
     session::agent::Agent,
     session::SessionService,
@@ -43,16 +44,20 @@ use crate::{
 pub(in crate::plugin) struct Callback {
     abi: CallbackAbi,
     pub(in crate::plugin) plugin: &'static GenerationState,
+    hook: Hook,
 }
 
 impl Callback {
-    fn new(abi: CallbackAbi, plugin: &'static GenerationState) -> Self {
+    fn new(abi: CallbackAbi, plugin: &'static GenerationState, hook: Hook) -> Self {
         plugin.hook_created();
-        Callback { abi, plugin }
+        Callback { abi, plugin, hook }
     }
 
     pub(in crate::plugin) async fn call(&self, input: String) -> Result<String> {
-        let result = FromPlugin::new((self.abi.call)(self.abi.state, RString::from(input))).await;
+        let started = (self.abi.call)(self.abi.state, RString::from(input));
+        let result = FromPlugin::new(started)
+            .watched(self.plugin, self.hook)
+            .await;
         result.map_err(|error| self.plugin.fail_if_own_panic(error))
     }
 }
@@ -90,9 +95,11 @@ extern "C" fn next_call(state: CallbackState, input: RString) -> FfiFuture<AbiRe
     // SAFETY: `state` is the `Box<(Next, &Handle)>` made in `Wrapper::wrap`;
     // the plugin calls `call` or `drop`, once.
     let (next, handle) = *unsafe { Box::from_raw(state.0 as *mut (Next, &'static Handle)) };
+    // Started now, not when first polled: from this call on the inner call
+    // is the host's (`tool::chain`).
+    let started = parse::<ToolCall>("next", input.as_str()).map(|call| next.run(call));
     let fut = async move {
-        let call: ToolCall = parse("next", input.as_str())?;
-        let result = next.run(call).await?;
+        let result = started?.await?;
         to_json(&result)
     };
     InRuntime::new(handle, fut).into_ffi()
@@ -116,8 +123,18 @@ impl ToolWrapper for Wrapper {
                 drop: next_drop,
             };
             let started = (self.abi.call)(self.abi.state, RString::from(to_json(&call)?), next);
-            let result = FromPlugin::new(started).await;
-            let json = result.map_err(|error| self.plugin.fail_if_own_panic(error))?;
+            let result = FromPlugin::new(started)
+                .watched(self.plugin, Hook::Wrapper)
+                .await;
+            let json = result.map_err(|error| {
+                let error = self.plugin.fail_if_own_panic(error);
+                // Its plugin's failure, not its decision: a call it started
+                // goes on without it (`tool::chain`).
+                if matches!(error, ServiceError::PluginPanic { .. }) || self.plugin.has_failed() {
+                    crate::tool::chain::note_wrapper_lost();
+                }
+                error
+            })?;
             serde_json::from_str(&json).map_err(|e| {
                 ServiceError::Plugin(format!(
                     "plugin {} returned a bad tool result: {e}",
@@ -221,7 +238,7 @@ pub(in crate::plugin) extern "C" fn add_tool(
             LocalHook::Callback(abi),
         ));
     }
-    let callback = Callback::new(abi, plugin);
+    let callback = Callback::new(abi, plugin, Hook::Tool);
     to_abi_unit((|| {
         plugin.check_grant(capability::TOOL_ADD)?;
         let spec: ToolSpec = parse("add_tool", spec.as_str())?;
@@ -275,7 +292,7 @@ pub(in crate::plugin) extern "C" fn register_agent(
             LocalHook::Callback(abi),
         ));
     }
-    let callback = Callback::new(abi, plugin);
+    let callback = Callback::new(abi, plugin, Hook::Agent);
     to_abi_unit((|| {
         plugin.check_grant(capability::AGENTS)?;
         plugin
@@ -301,7 +318,7 @@ pub(in crate::plugin) extern "C" fn subscribe(
             LocalHook::Callback(abi),
         ));
     }
-    let callback = Callback::new(abi, plugin);
+    let callback = Callback::new(abi, plugin, Hook::Event);
     to_abi_unit((|| {
         plugin.check_grant(capability::EVENTS)?;
         let types: Vec<String> = parse("subscribe", types.as_str())?;

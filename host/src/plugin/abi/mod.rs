@@ -73,6 +73,11 @@ impl HostContext {
         })
     }
 
+    /// The generation, for the process's life (`new` keeps it).
+    pub(in crate::plugin) fn state(self) -> &'static GenerationState {
+        state_from(self.0.ctx)
+    }
+
     /// What the plugin's `init` receives.
     fn handle(self) -> HostHandle {
         self.0

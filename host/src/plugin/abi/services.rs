@@ -177,7 +177,8 @@ pub(super) extern "C" fn spawn(ctx: HostCtx, task: FfiFuture<()>) {
                 RResult::ROk(RString::new())
             }
             .into_ffi(),
-        );
+        )
+        .watched(plugin, crate::plugin::watchdog::Hook::Task);
         if let Err(error) = guarded.await {
             tracing::error!(plugin = %name, %error, "a task the plugin spawned failed");
         }

@@ -140,6 +140,9 @@ mod handlers {
         service: &SessionService,
         a: args::JobOutput<'_>,
     ) -> Result<OutputChunk> {
+        if let Some(bytes) = a.tail {
+            return service.job_output_tail(&a.job_id, bytes).await;
+        }
         let limit = a.limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
         service.job_output(&a.job_id, a.offset, limit).await
     }
@@ -370,7 +373,11 @@ pub(in crate::plugin) fn block_on_host<F: Future>(handle: &Handle, fut: F) -> Re
         }
     }
     if on_worker {
-        Ok(tokio::task::block_in_place(|| handle.block_on(fut)))
+        // The hook waits for the host, its worker's tasks moved elsewhere:
+        // no stall for the watchdog to count.
+        Ok(crate::plugin::watchdog::waiting_for_host(|| {
+            tokio::task::block_in_place(|| handle.block_on(fut))
+        }))
     } else {
         Ok(handle.block_on(fut))
     }

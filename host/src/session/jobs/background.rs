@@ -521,6 +521,7 @@ mod tests {
                     exit_code: None,
                     output_path: None,
                     child_session_id: None,
+                    output_bytes: None,
                 };
                 let output = OutputSink::new(
                     dir.join(format!("{i}.log")),

@@ -449,6 +449,7 @@ fn job_record(checked: &CheckedCall, output: &OutputSink) -> Job {
         exit_code: None,
         output_path: Some(output.path_text()),
         child_session_id: None,
+        output_bytes: None,
     }
 }
 

@@ -65,9 +65,50 @@ use tokio::sync::watch;
 pub(super) use run::notice_message;
 
 use self::signal::SetOnce;
+use super::JobEntry;
 use super::SessionService;
-use crate::process::output::{read_range, OutputChunk, OutputSink};
+use crate::process::output::{read_range, read_tail, OutputChunk, OutputSink};
 use crate::{error::Result, error::ServiceError};
+
+/// The most one page of output holds, whatever the reader asks.
+const MAX_PAGE: u64 = 4 * 1024 * 1024;
+
+/// Which part of a job's output file to read.
+enum Page {
+    /// Up to `limit` bytes from `offset`.
+    From { offset: u64, limit: u64 },
+    /// The last this many bytes.
+    Tail(u64),
+}
+
+impl JobEntry {
+    /// The record and, for a job of this host, its output: taken under
+    /// the state lock, read after it.
+    fn shared(&self) -> (Arc<Job>, Option<Arc<OutputSink>>) {
+        (
+            self.job.clone(),
+            self.runtime.as_ref().map(|r| r.output.clone()),
+        )
+    }
+}
+
+/// A copy of `job` with `output_bytes`: from its sink when this host runs
+/// or ran it, else from its file (a job from before a restart; `None`
+/// when the file is not there). Not stored: the file is the truth.
+fn with_output_bytes(job: &Job, output: Option<&OutputSink>) -> Job {
+    let output_bytes = match output {
+        Some(output) => Some(output.saved()),
+        None => job
+            .output_path
+            .as_ref()
+            .and_then(|path| std::fs::metadata(path).ok())
+            .map(|metadata| metadata.len()),
+    };
+    Job {
+        output_bytes,
+        ..job.clone()
+    }
+}
 
 /// Why a job was cancelled. Only a timeout counts as the job's failure;
 /// the others are someone's decision and are recorded without a wake-up.
@@ -179,29 +220,44 @@ impl SessionService {
     /// Jobs of one session, or all, oldest first. One session's list
     /// costs what that session has (an index), whatever else was run.
     pub async fn jobs(&self, session_id: Option<&str>) -> Result<Vec<Job>> {
-        let Some(id) = session_id else {
-            let shared: Vec<Arc<Job>> = self.state().jobs.values().map(|e| e.job.clone()).collect();
-            // Copied and sorted after the lock is let go.
-            let mut jobs: Vec<Job> = shared.iter().map(|job| Job::clone(job)).collect();
-            jobs.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
-            return Ok(jobs);
-        };
-        let shared: Vec<Arc<Job>> = {
+        type Shared = Vec<(Arc<Job>, Option<Arc<OutputSink>>)>;
+        let shared: Shared = {
             let state = self.state();
-            state.session(id)?;
-            state.session_jobs(id).map(|e| e.job.clone()).collect()
+            match session_id {
+                None => state.jobs.values().map(JobEntry::shared).collect(),
+                Some(id) => {
+                    state.session(id)?;
+                    state.session_jobs(id).map(JobEntry::shared).collect()
+                }
+            }
         };
-        Ok(shared.iter().map(|job| Job::clone(job)).collect())
+        // Copied (and sorted) after the lock is let go.
+        let mut jobs: Vec<Job> = shared
+            .iter()
+            .map(|(job, output)| with_output_bytes(job, output.as_deref()))
+            .collect();
+        if session_id.is_none() {
+            jobs.sort_by(|a, b| a.started_at.cmp(&b.started_at).then(a.id.cmp(&b.id)));
+        }
+        Ok(jobs)
     }
 
     /// One job.
     pub async fn job(&self, id: &str) -> Result<Job> {
-        let state = self.state();
-        state
+        let (job, output) = self
+            .state()
             .jobs
             .get(id)
-            .map(|e| Job::clone(&e.job))
-            .ok_or_else(|| ServiceError::not_found("job", id))
+            .map(JobEntry::shared)
+            .ok_or_else(|| ServiceError::not_found("job", id))?;
+        Ok(with_output_bytes(&job, output.as_deref()))
+    }
+
+    /// The last `bytes` bytes of a job's output file (at most 4 MiB), as
+    /// `GET /api/job/:id/output?tail=N` answers: a page that starts on a
+    /// whole character and ends at the file's end as it is now.
+    pub async fn job_output_tail(&self, id: &str, bytes: u64) -> Result<OutputChunk> {
+        self.output_page(id, Page::Tail(bytes)).await
     }
 
     /// A byte range of a job's output file. `limit` must be at least 1:
@@ -213,6 +269,10 @@ impl SessionService {
                 "limit must be at least 1 byte: a page of 0 bytes never gets to the end".into(),
             ));
         }
+        self.output_page(id, Page::From { offset, limit }).await
+    }
+
+    async fn output_page(&self, id: &str, page: Page) -> Result<OutputChunk> {
         let (job, output) = {
             let state = self.state();
             let entry = state
@@ -236,14 +296,15 @@ impl SessionService {
                 data: String::new(),
                 next_offset: 0,
                 eof: true,
+                size: Some(0),
             });
         }
-        read_range(
-            std::path::Path::new(&path),
-            offset,
-            limit.min(4 * 1024 * 1024),
-        )
-        .map_err(|error| match error {
+        let path_on_disk = std::path::Path::new(&path);
+        let read = match page {
+            Page::From { offset, limit } => read_range(path_on_disk, offset, limit.min(MAX_PAGE)),
+            Page::Tail(bytes) => read_tail(path_on_disk, bytes, MAX_PAGE),
+        };
+        read.map_err(|error| match error {
             // Removed from the disk by someone else: the job is known, its
             // output is not there to read — the reader's problem to know,
             // not the host's fault.

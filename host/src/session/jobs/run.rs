@@ -19,8 +19,8 @@ use crate::{
     permission::{Permissions, Reply},
     session::{new_message, SessionService},
     store::{self, StoreError},
-    tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
-    util::{panic_message, BoxFuture},
+    tool::{chain, JobContext, Tool, ToolOutcome, ToolWrapper},
+    util::panic_message,
 };
 
 impl SessionService {
@@ -47,8 +47,11 @@ impl SessionService {
         }
         // Built inside the future, so that a wrapper panicking as it is
         // called is caught as well as one panicking while polled.
-        let chain = AssertUnwindSafe(async move { run_chain(ctx, call, tool, wrappers).await })
-            .catch_unwind();
+        let chain = AssertUnwindSafe(async move {
+            let output = ctx.output.clone();
+            chain::run_chain(output, chain::tool_call(tool, ctx), call, wrappers).await
+        })
+        .catch_unwind();
         let mut cancel = runtime.cancel.subscribe();
         let outcome = tokio::select! {
             result = chain => match (result, *runtime.cancel.borrow()) {
@@ -374,32 +377,4 @@ pub(in crate::session) fn notice_message(job: &Job, tail: &str, restarted: bool)
         metadata,
         created_at: now(),
     }
-}
-
-/// Runs `call` through `wrappers` (outermost first) and then `tool`.
-fn run_chain(
-    ctx: JobContext,
-    call: ToolCall,
-    tool: Arc<dyn Tool>,
-    wrappers: Vec<Arc<dyn ToolWrapper>>,
-) -> BoxFuture<Result<ToolResult>> {
-    let mut next = Next::new(move |call: ToolCall| -> BoxFuture<Result<ToolResult>> {
-        Box::pin(async move {
-            let output = ctx.output.clone();
-            let outcome = tool.run(ctx, call.input).await?;
-            Ok(ToolResult {
-                call_id: call.job_id.clone(),
-                job_id: call.job_id,
-                status: outcome.status.into(),
-                output: output.tail_text(),
-                exit_code: outcome.exit_code,
-                output_path: Some(output.path_text()),
-            })
-        })
-    });
-    for wrapper in wrappers.into_iter().rev() {
-        let inner = next;
-        next = Next::new(move |call| wrapper.wrap(call, inner));
-    }
-    next.run(call)
 }

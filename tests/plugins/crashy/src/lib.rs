@@ -11,7 +11,13 @@
 //! - `allocate`: allocates and touches 8 GiB (past a `memory_limit`).
 //!
 //! It also wraps `shell`: a command containing `crashy:abort` aborts the
-//! process inside the wrapper, before the command runs.
+//! process inside the wrapper, before the command runs; one containing
+//! `crashy:panic` panics there instead. A command containing
+//! `crashy:after=ACTION` is started, and once it has run 300 ms moved to
+//! the background (`crashy:during=ACTION`: left in the foreground); then the wrapper does ACTION while the command runs
+//! on: `abort`, `panic`, `hang` (waits for a day, past any
+//! `call_timeout`) or `wait` (waits for the command, as a wrapper
+//! should).
 //!
 //! `count` adds one to a counter that is handed to the next generation
 //! (`export_state`), and `pid` answers with the process id it runs in.
@@ -86,11 +92,44 @@ fn crash(how: &str) {
     }
 }
 
+/// Starts the call and, after 300 ms, moves it to the background (if
+/// `moving`) and does `action` while it runs.
+async fn after_starting(
+    ctx: &Context,
+    action: &str,
+    moving: bool,
+    call: ToolCall,
+    next: Next,
+) -> Result<ToolResult> {
+    let request = BackgroundRequest::job(call.session_id.clone(), call.job_id.clone());
+    let run = match ctx.race(Duration::from_millis(300), next.run(call)).await {
+        Raced::Finished(result) => return result,
+        Raced::Running(run) => run,
+    };
+    if moving {
+        ctx.session().background(request).await?;
+    }
+    match action {
+        "abort" => {
+            eprintln!("crashy: aborting in a wrapper after moving its call");
+            std::process::abort();
+        }
+        "panic" => panic!("crashy: panicking in a wrapper after moving its call"),
+        "hang" => ctx.sleep(Duration::from_secs(86_400)).await,
+        _ => {}
+    }
+    run.await
+}
+
 impl Plugin for Crashy {
     fn manifest() -> Manifest {
         Manifest::new("crashy", env!("CARGO_PKG_VERSION"))
             .description("ends its own process on demand")
-            .capabilities([capability::TOOL_ADD, capability::TOOL_WRAP])
+            .capabilities([
+                capability::TOOL_ADD,
+                capability::TOOL_WRAP,
+                capability::SESSION_BACKGROUND,
+            ])
     }
 
     fn init(ctx: Context) -> Result<Self> {
@@ -108,17 +147,30 @@ impl Plugin for Crashy {
                 Ok(ToolResult::completed(&call, format!("survived {how}")))
             },
         )?;
+        let host = ctx.clone();
         ctx.tools()
-            .wrap("shell", |call: ToolCall, next: Next| async move {
-                if call.input["command"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .contains("crashy:abort")
-                {
-                    eprintln!("crashy: aborting in a wrapper");
-                    std::process::abort();
+            .wrap("shell", move |call: ToolCall, next: Next| {
+                let ctx = host.clone();
+                async move {
+                    let command = call.input["command"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    for (marker, moving) in [("crashy:after=", true), ("crashy:during=", false)] {
+                        if let Some(action) = command.split(marker).nth(1) {
+                            let action = action.split_whitespace().next().unwrap_or_default();
+                            return after_starting(&ctx, action, moving, call, next).await;
+                        }
+                    }
+                    if command.contains("crashy:abort") {
+                        eprintln!("crashy: aborting in a wrapper");
+                        std::process::abort();
+                    }
+                    if command.contains("crashy:panic") {
+                        panic!("crashy: panicking in a wrapper");
+                    }
+                    next.run(call).await
                 }
-                next.run(call).await
             })?;
         let counter = count.clone();
         ctx.tools().add(

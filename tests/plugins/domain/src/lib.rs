@@ -91,6 +91,8 @@ async fn tour_async(ctx: Context) -> Result<Value> {
     let got_job = domain.job(&running).await?;
     let output_page = domain.job_output(&echo.job_id, 0, None).await?;
     let output_part = domain.job_output(&echo.job_id, 2, Some(3)).await?;
+    let output_tail = domain.job_output_tail(&echo.job_id, 3).await?;
+    let echo_job = domain.job(&echo.job_id).await?;
     let cancelled = domain.cancel_job(&running).await?;
     let interrupted = domain.interrupt(&id).await?;
 
@@ -133,6 +135,8 @@ async fn tour_async(ctx: Context) -> Result<Value> {
         got_job,
         output_page,
         output_part,
+        output_tail,
+        echo_job,
         cancelled,
         interrupted,
         turn,
@@ -181,6 +185,8 @@ fn tour_blocking(ctx: Context, face: &'static str) -> Result<Value> {
     let got_job = domain.job_blocking(&running)?;
     let output_page = domain.job_output_blocking(&echo.job_id, 0, None)?;
     let output_part = domain.job_output_blocking(&echo.job_id, 2, Some(3))?;
+    let output_tail = domain.job_output_tail_blocking(&echo.job_id, 3)?;
+    let echo_job = domain.job_blocking(&echo.job_id)?;
     let cancelled = domain.cancel_job_blocking(&running)?;
     let interrupted = domain.interrupt_blocking(&id)?;
 
@@ -218,6 +224,8 @@ fn tour_blocking(ctx: Context, face: &'static str) -> Result<Value> {
         got_job,
         output_page,
         output_part,
+        output_tail,
+        echo_job,
         cancelled,
         interrupted,
         turn,
@@ -244,6 +252,8 @@ struct Report {
     got_job: Job,
     output_page: OutputChunk,
     output_part: OutputChunk,
+    output_tail: OutputChunk,
+    echo_job: Job,
     cancelled: Job,
     interrupted: bool,
     turn: Vec<Message>,
@@ -274,6 +284,8 @@ fn report(r: Report) -> Value {
         "got_job": { "id": r.got_job.id, "backgrounded": r.got_job.backgrounded, "status": r.got_job.status },
         "output_page": r.output_page,
         "output_part": r.output_part,
+        "output_tail": r.output_tail,
+        "echo_output_bytes": r.echo_job.output_bytes,
         "cancelled": { "id": r.cancelled.id, "status": r.cancelled.status },
         "interrupted": r.interrupted,
         "agent_turn": r.agent_turn.iter().map(|m| json!({ "role": m.role, "text": m.text })).collect::<Vec<_>>(),

@@ -3,6 +3,10 @@
 //! commands pass through. It also adds `hang_tool`, a tool whose future is
 //! pending forever. Neither blocks a thread: they are futures that never
 //! wake, which the host must be able to cancel.
+//!
+//! `block` is the opposite: a tool that blocks its thread inside its poll
+//! (`std::thread::sleep` for `input.ms` milliseconds), what the host's
+//! watchdog must notice.
 
 use offstage_plugin_api::prelude::*;
 
@@ -32,6 +36,14 @@ impl Plugin for Hang {
             |_call: ToolCall| async move {
                 std::future::pending::<()>().await;
                 Err(Error::plugin("unreachable"))
+            },
+        )?;
+        ctx.tools().add(
+            ToolSpec::new("block", "sleeps input.ms milliseconds in its poll"),
+            |call: ToolCall| async move {
+                let ms = call.input["ms"].as_u64().unwrap_or(100);
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                Ok(ToolResult::completed(&call, format!("blocked {ms} ms")))
             },
         )?;
         Ok(Hang)

@@ -3,7 +3,10 @@
 //! the child under the plugin's deadlines, and whose export, shutdown and
 //! release act on the child process.
 
-use std::sync::{atomic::Ordering, Arc};
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
 
 use tokio::runtime::Handle;
 
@@ -64,8 +67,22 @@ impl Downstream for Remote {
                 input,
                 next: id,
             });
+            let answered = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&answered);
+            let call = Box::pin(async move {
+                let result = call.await;
+                flag.store(true, Ordering::SeqCst);
+                result
+            });
             let deadline = link.settings().call_timeout;
-            link.end_if_panicked(link.with_deadline(deadline, "a tool wrapper", call).await)
+            let result = link.with_deadline(deadline, "a tool wrapper", call).await;
+            // Given up on (past its deadline) or dead: the wrapper is lost,
+            // and a call it started goes on without it (`tool::chain`).
+            let dead = link.exited.borrow().is_some();
+            if result.is_err() && (dead || !answered.load(Ordering::SeqCst)) {
+                crate::tool::chain::note_wrapper_lost();
+            }
+            link.end_if_panicked(result)
         })
     }
 
