@@ -38,6 +38,7 @@ pub(super) fn run(args: ServeArgs, watch_src: Option<Vec<PathBuf>>) -> ExitCode 
         data_dir: args.data_dir,
         plugin_dirs: args.plugin_dirs,
         token: args.token,
+        no_token: args.no_token,
         allow_insecure_plugins: args.allow_insecure_plugins,
     };
     let config = match ServeConfig::resolve(overrides) {
@@ -84,6 +85,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
+    let token = token(&config)?;
     // The durable store: a newer, corrupt or foreign database, or a data
     // dir another host holds, stops here with one line and is left as it
     // is. Jobs the last run left running come back cancelled, with their
@@ -152,7 +154,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     let state = AppState {
         service: service.clone(),
         plugins: plugins.clone(),
-        token: config.token.as_deref().map(Arc::from),
+        token: token.as_deref().map(Arc::from),
         shutdown: stopped.clone(),
     };
     let mut until_stop = stopped;
@@ -166,12 +168,20 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     ));
     tracing::info!(
         data_dir = %config.data_dir.display(),
-        token = config.token.is_some(),
+        token = token.is_some(),
         plugins_loaded = count(PluginStatus::Loaded),
         plugins_failed = count(PluginStatus::Failed),
         plugins_disabled = count(PluginStatus::Unloaded),
         "host ready"
     );
+    if let Some(token) = token.as_deref().filter(|_| config.token.is_none()) {
+        // As Jupyter does: the URL with the token, for a person to copy.
+        // Clients on this machine read the file instead.
+        tracing::info!(
+            "token in {}; open http://{local}/api/session?token={token}",
+            super::token::path(&config.data_dir).display()
+        );
+    }
     {
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "listening on http://{local}");
@@ -203,6 +213,32 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     tokio::task::block_in_place(|| plugins.shutdown());
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The token the host requires: the one configured, else the data dir's
+/// token file (made at first start); none only with `--no-token`, which
+/// is said loudly.
+fn token(config: &ServeConfig) -> Result<Option<String>, String> {
+    if config.token.is_some() {
+        return Ok(config.token.clone());
+    }
+    if config.no_token {
+        tracing::warn!(
+            "--no-token: this host requires NO token; any user of this machine can reach {} \
+             and run commands as you",
+            config.addr
+        );
+        return Ok(None);
+    }
+    let (token, made) =
+        super::token::load_or_create(&config.data_dir).map_err(|e| e.to_string())?;
+    if made {
+        tracing::info!(
+            "made a token in {} (mode 0600)",
+            super::token::path(&config.data_dir).display()
+        );
+    }
+    Ok(Some(token))
 }
 
 fn server_ended(ended: Result<std::io::Result<()>, tokio::task::JoinError>) -> String {

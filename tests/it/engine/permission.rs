@@ -447,7 +447,7 @@ fn held_call(
     call_id: &str,
     command: &str,
 ) -> std::thread::JoinHandle<Response> {
-    let addr = server.addr;
+    let (addr, auth) = (server.addr, server.bearer());
     let path = format!("/api/session/{session}/tool");
     let body =
         json!({ "tool": "shell", "input": { "command": command }, "call_id": call_id }).to_string();
@@ -456,7 +456,10 @@ fn held_call(
             addr,
             "POST",
             &path,
-            &[("Content-Type", "application/json")],
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &auth),
+            ],
             body.as_bytes(),
         )
     })
