@@ -7,9 +7,10 @@
 //! tests wait for that line; logs go to stderr.
 //!
 //! On SIGINT or SIGTERM the host stops accepting connections, cancels every
-//! running job (so requests holding a tool call get their answer), waits a
-//! bounded time for open requests, retires its plugins, and exits 0. A
-//! second signal exits at once.
+//! running job (so requests holding a tool call get their answer), ends
+//! the event streams once they carry the shutdown's events, waits a
+//! bounded time for open requests, retires its plugins, keeps the event
+//! history in the store, and exits 0. A second signal exits at once.
 
 use std::{
     collections::BTreeMap, io::Write, path::PathBuf, process::ExitCode, sync::Arc, time::Duration,
@@ -150,14 +151,16 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         }
     };
 
-    let (stop, stopped) = watch::channel(false);
+    // Two steps: the server stops accepting first; the event streams end
+    // only once the shutdown's own events are published.
+    let (stop, mut until_stop) = watch::channel(false);
+    let (end_streams, streams_end) = watch::channel(false);
     let state = AppState {
         service: service.clone(),
         plugins: plugins.clone(),
         token: token.as_deref().map(Arc::from),
-        shutdown: stopped.clone(),
+        shutdown: streams_end,
     };
-    let mut until_stop = stopped;
     let mut server = tokio::spawn(http::serve(
         listener,
         http::router(state),
@@ -198,11 +201,14 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         eprintln!("offstage: {signal} again: exiting now");
         std::process::exit(130);
     });
-    // Stop accepting; event streams end.
+    // Stop accepting; requests in progress go on.
     let _ = stop.send(true);
     // Cancelling jobs releases requests that hold a tool call, so the
-    // server's drain can finish.
+    // server's drain can finish; its events (jobs finished, questions
+    // withdrawn with reason "shutdown") are published before it returns.
     service.shutdown().await;
+    // Event streams end after writing what was published until now.
+    let _ = end_streams.send(true);
     match tokio::time::timeout(DRAIN, server).await {
         Ok(Ok(Ok(()))) => {}
         Ok(ended) => tracing::warn!("{}", server_ended(ended)),
@@ -211,6 +217,12 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // No reloads while the plugins are retired.
     drop(watcher);
     tokio::task::block_in_place(|| plugins.shutdown());
+    // Last: the history, with every event above, for clients that
+    // reconnect to the next run with Last-Event-ID.
+    match tokio::task::block_in_place(|| service.keep_events()) {
+        Ok(kept) => tracing::info!(events = kept, "event history kept for the next start"),
+        Err(error) => tracing::warn!("cannot keep the event history: {error}"),
+    }
     tracing::info!("stopped");
     Ok(())
 }
