@@ -200,6 +200,59 @@ fn garbage_is_refused_and_left_untouched() {
 /// A group that failed to commit keeps SQLite's code along with its text:
 /// read back at start-up, a damaged file is `Corrupt` by that code.
 #[test]
+fn the_event_history_is_kept_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = vec![
+        StoredEvent {
+            id: 7,
+            kind: "job.finished".into(),
+            json: r#"{"id":7,"type":"job.finished","properties":{}}"#.into(),
+        },
+        StoredEvent {
+            id: 9,
+            kind: "session.wake".into(),
+            json: r#"{"id":9,"type":"session.wake","properties":{}}"#.into(),
+        },
+    ];
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.save_events(vec![events[1].clone()]).unwrap();
+        // Saving again replaces what was kept.
+        store.save_events(events.clone()).unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.load_events().unwrap(), events);
+}
+
+#[test]
+fn a_row_that_does_not_parse_is_named_by_table_and_id() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.put_session(&session("ses_1", None)).unwrap();
+        store
+            .append_message(&message("msg_bad", "ses_1", Role::User))
+            .unwrap();
+    }
+    let db = dir.path().join(DB_FILE);
+    Connection::open(&db)
+        .unwrap()
+        .execute(
+            "UPDATE messages SET metadata = '{not json' WHERE id = 'msg_bad'",
+            [],
+        )
+        .unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let error = store.recover("now").unwrap_err();
+    let text = error.at_start(&db).to_string();
+    assert!(
+        text.contains("`messages`") && text.contains("\"msg_bad\""),
+        "{text}"
+    );
+    assert!(text.contains(&db.display().to_string()), "{text}");
+}
+
+#[test]
 fn a_failed_group_on_a_damaged_file_is_corrupt_at_start() {
     let path = Path::new("/data/offstage.db");
     for code in [rusqlite::ffi::SQLITE_CORRUPT, rusqlite::ffi::SQLITE_NOTADB] {
@@ -599,7 +652,8 @@ fn a_version_3_file_is_migrated_to_checks_that_still_refuse_unknown_words() {
     }
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(user_version(&store), SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 4);
+    // 5 (the kept event history) adds a table and changes neither.
+    assert_eq!(SCHEMA_VERSION, 5);
     let conn = store.conn();
     for table in ["jobs", "messages"] {
         let sql: String = conn
