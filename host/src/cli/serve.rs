@@ -86,7 +86,6 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         Signals::install().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     std::fs::create_dir_all(&config.data_dir)
         .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
-    let token = token(&config)?;
     // The durable store: a newer, corrupt or foreign database, or a data
     // dir another host holds, stops here with one line and is left as it
     // is. Jobs the last run left running come back cancelled, with their
@@ -103,6 +102,9 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     })
     .map_err(|e| e.to_string())?;
     service.set_max_output(config.max_output);
+    // After the store opened (and locked the data dir): a refused start
+    // leaves the data dir exactly as it was.
+    let token = token(&config)?;
     // Before any job starts: orphans of jobs are re-parented to the host.
     // (After the store opened, so a refused start stays one line.)
     crate::process::tree::init();

@@ -566,8 +566,9 @@ fn over_http_background_releases_a_call_waiting_on_a_question() {
             .to_string();
         write!(
             stream,
-            "POST /api/session/{session}/tool HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /api/session/{session}/tool HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             server.addr,
+            server.bearer(),
             body.len()
         )
         .unwrap();
