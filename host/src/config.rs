@@ -12,6 +12,7 @@
 //! durability = "normal"         # normal (default) | full, see below
 //!
 //! [http]                        # limits on clients; these are the defaults
+//! first_byte_timeout = "5s"     # a new connection's first byte, from its accept
 //! header_timeout = "10s"        # a request's head, from its first byte
 //! body_timeout = "30s"          # a request's body, from its head
 //! idle_timeout = "60s"          # a keep-alive connection with no request
@@ -128,6 +129,10 @@ pub struct FileConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpTable {
+    /// `first_byte_timeout = "5s"`: time to send the first byte of the
+    /// first request, from the connection's accept.
+    #[serde(default, deserialize_with = "duration")]
+    pub first_byte_timeout: Option<Duration>,
     /// `header_timeout = "10s"`: time to send a request's head, from its
     /// first byte.
     #[serde(default, deserialize_with = "duration")]
@@ -407,6 +412,8 @@ pub(crate) struct Overrides {
     /// Replaces the file's `plugin_dirs` when not empty.
     pub plugin_dirs: Vec<PathBuf>,
     pub token: Option<String>,
+    /// `--no-token`: no token at all, not even the data dir's token file.
+    pub no_token: bool,
     /// `--allow-insecure-plugins`: only ever turns the setting on.
     pub allow_insecure_plugins: bool,
 }
@@ -416,7 +423,11 @@ pub(crate) struct Overrides {
 pub(crate) struct ServeConfig {
     /// The address to bind, resolved.
     pub addr: SocketAddr,
+    /// The token given (flag, environment or file); with none and not
+    /// `no_token`, the host uses its token file (`cli/token.rs`).
     pub token: Option<String>,
+    /// `--no-token`: serve without any token (loopback only).
+    pub no_token: bool,
     pub data_dir: PathBuf,
     pub plugin_dirs: Vec<PathBuf>,
     pub allow_insecure_plugins: bool,
@@ -473,6 +484,13 @@ impl ServeConfig {
                 ));
             }
         }
+        if overrides.no_token && token.is_some() {
+            return Err(ConfigError::Invalid(
+                "--no-token contradicts the token given (--token, OFFSTAGE_TOKEN or `token` in the config); \
+                 drop one of them"
+                    .into(),
+            ));
+        }
         if token.is_none() && !addr.ip().is_loopback() {
             return Err(ConfigError::Invalid(format!(
                 "refusing to listen on {addr_text} ({addr}) without a token: anyone who can reach it could run \
@@ -500,6 +518,7 @@ impl ServeConfig {
         Ok(ServeConfig {
             addr,
             token,
+            no_token: overrides.no_token,
             data_dir,
             plugin_dirs,
             allow_insecure_plugins: overrides.allow_insecure_plugins

@@ -19,6 +19,23 @@
 //! anyone could connect — restart recovery's notices and wakes — are in it
 //! too.
 //!
+//! **What is kept across a restart.** At a clean shutdown the history's
+//! events are written to the store ([`EventBus::kept`]), and the next run
+//! starts with them in its history ([`EventBus::restore`]), so a client
+//! that reconnects after the restart with `Last-Event-ID` gets what it
+//! missed, as far as the history's bounds reach: the shutdown's own events
+//! (questions withdrawn, jobs finished) included. Live-only types
+//! ([`LIVE_ONLY`], e.g. a model's text deltas) are never kept: they mean
+//! nothing once their moment is gone, and they would crowd out the events
+//! that do. A host killed with SIGKILL keeps nothing; its clients get
+//! `stream.lagged` with an unknown count, as before.
+//!
+//! **Start-up.** Until [`EventBus::started`] (after the plugins loaded),
+//! a plugin's subscription starts at this run's first event instead of
+//! now, so plugins see restart recovery's events (its `job.finished` of
+//! the jobs it cancelled, its notices) although those are published
+//! before any plugin could subscribe.
+//!
 //! Ids are increasing integers. A run of the host starts its ids at its
 //! start time in microseconds since the Unix epoch, so that the ids of one
 //! run are above those of the runs before it (a run would have to publish
@@ -26,8 +43,12 @@
 //! run's start) and stay below 2^53, exact in JavaScript.
 
 use std::{
+    borrow::Cow,
     collections::VecDeque,
-    sync::{Arc, RwLock},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, RwLock,
+    },
     time::{SystemTime, UNIX_EPOCH},
 };
 
@@ -41,7 +62,12 @@ use tokio::sync::{
 
 pub use offstage_plugin_api::types::Event;
 
-use crate::util::RwLockExt;
+use crate::{store::StoredEvent, util::RwLockExt};
+
+/// Event types that are never kept across a restart (module docs): they
+/// only mean something live. `message.delta` is reserved for a model's
+/// text as it streams.
+pub(crate) const LIVE_ONLY: &[&str] = &["message.delta"];
 
 /// How much of the past the bus keeps, for slow readers and for replay.
 /// Whichever limit is reached first drops the oldest events; the newest
@@ -75,7 +101,8 @@ impl Default for HistoryLimits {
 #[derive(Debug, Clone)]
 pub struct Published {
     id: u64,
-    kind: &'static str,
+    /// The host's own name; owned only for events restored from the store.
+    kind: Cow<'static, str>,
     /// `id: N\ndata: {json}\n\n`.
     frame: Bytes,
     /// Where the JSON starts in `frame`; it ends two bytes before the end.
@@ -92,7 +119,7 @@ impl Published {
 
     /// The event's type, e.g. `job.finished`.
     pub fn kind(&self) -> &str {
-        self.kind
+        &self.kind
     }
 
     /// The event as one SSE frame with its `id:` line (shared, not copied).
@@ -151,12 +178,16 @@ struct BusInner {
     /// The first id of this run.
     first_id: u64,
     limits: HistoryLimits,
+    /// Until the host has started (see the module docs).
+    starting: AtomicBool,
 }
 
 #[derive(Debug, Default)]
 struct History {
     events: VecDeque<Published>,
     bytes: usize,
+    /// The first and last ids restored from the last run, if any.
+    restored: Option<(u64, u64)>,
 }
 
 impl Default for EventBus {
@@ -241,6 +272,7 @@ impl EventBus {
                     events: limits.events.max(1),
                     bytes: limits.bytes,
                 },
+                starting: AtomicBool::new(true),
             }),
         }
     }
@@ -269,7 +301,7 @@ impl EventBus {
         let first = *inner.next_id.borrow();
         let mut id = first;
         for PreparedEvent { kind, buf } in events {
-            let published = frame(id, kind, buf);
+            let published = frame(id, Cow::Borrowed(kind), buf);
             history.bytes += published.cost();
             history.events.push_back(published);
             id += 1;
@@ -277,14 +309,74 @@ impl EventBus {
         if id == first {
             return;
         }
-        while history.events.len() > 1
-            && (history.events.len() > inner.limits.events || history.bytes > inner.limits.bytes)
-        {
-            if let Some(dropped) = history.events.pop_front() {
-                history.bytes -= dropped.cost();
-            }
-        }
+        history.trim(inner.limits);
         inner.next_id.send_replace(id);
+    }
+
+    /// The held events worth keeping across a restart (not
+    /// [`LIVE_ONLY`]), oldest first, for the store.
+    pub(crate) fn kept(&self) -> Vec<StoredEvent> {
+        let history = self.inner.history.read_unpoisoned();
+        history
+            .events
+            .iter()
+            .filter(|event| !LIVE_ONLY.contains(&event.kind()))
+            .map(|event| StoredEvent {
+                id: event.id,
+                kind: event.kind().to_string(),
+                json: event.json().to_string(),
+            })
+            .collect()
+    }
+
+    /// Puts the last run's kept events (from the store, oldest first) in
+    /// front of this run's history, within its limits. Call it before
+    /// anything is published; events with ids of this run are skipped.
+    pub(crate) fn restore(&self, events: Vec<StoredEvent>) {
+        let inner = &*self.inner;
+        let mut history = inner.history.write_unpoisoned();
+        let mut restored: VecDeque<Published> = events
+            .into_iter()
+            .filter(|event| event.id > 0 && event.id < inner.first_id)
+            .map(|event| {
+                let prefix = format!("id: {}\ndata: ", event.id);
+                let frame = format!("{prefix}{}\n\n", event.json).into_bytes();
+                Published {
+                    id: event.id,
+                    kind: Cow::Owned(event.kind),
+                    held: frame.capacity(),
+                    frame: Bytes::from(frame),
+                    json_start: prefix.len(),
+                }
+            })
+            .collect();
+        // Increasing ids, as the history needs.
+        restored.make_contiguous().sort_by_key(|event| event.id);
+        let (Some(first), Some(last)) = (restored.front(), restored.back()) else {
+            return;
+        };
+        history.restored = Some((first.id, last.id));
+        history.bytes += restored.iter().map(Published::cost).sum::<usize>();
+        restored.append(&mut history.events);
+        history.events = restored;
+        history.trim(inner.limits);
+    }
+
+    /// The host has started: from now on a plugin's subscription starts
+    /// with the next event published (see the module docs).
+    pub fn started(&self) {
+        self.inner.starting.store(false, Ordering::Release);
+    }
+
+    /// A reader for a plugin's subscription: while the host starts, from
+    /// this run's first event (restart recovery's included); after, as
+    /// [`subscribe`](Self::subscribe).
+    pub fn subscribe_plugin(&self) -> Subscriber {
+        if self.inner.starting.load(Ordering::Acquire) {
+            self.reader_from(self.inner.first_id)
+        } else {
+            self.subscribe()
+        }
     }
 
     /// A new reader that sees events published from now on.
@@ -299,14 +391,17 @@ impl EventBus {
     /// longer reaches starts with a [`Delivery::Lagged`].
     pub fn subscribe_after(&self, last_seen: u64) -> Subscriber {
         let next_id = *self.inner.next_id.borrow();
+        let restored = self.inner.history.read_unpoisoned().restored;
+        // The oldest id this run can account for: the last run's kept
+        // events, else this run's first.
+        let floor = restored.map_or(self.inner.first_id, |(first, _)| first);
         if last_seen == 0 {
-            let mut reader = self.reader_from(self.inner.first_id);
-            reader.unknown_gap = false;
-            return reader;
+            return self.reader_from(floor);
         }
-        if last_seen < self.inner.first_id || last_seen >= next_id {
+        let of_last_run = restored.is_some_and(|(first, last)| (first..=last).contains(&last_seen));
+        if !of_last_run && (last_seen < self.inner.first_id || last_seen >= next_id) {
             // An id of another run: what came after it there is unknown.
-            let mut reader = self.reader_from(self.inner.first_id);
+            let mut reader = self.reader_from(floor);
             reader.unknown_gap = true;
             return reader;
         }
@@ -325,7 +420,11 @@ impl EventBus {
     /// The id of the newest event published, if any.
     pub fn last_id(&self) -> Option<u64> {
         let next = *self.inner.next_id.borrow();
-        (next > self.inner.first_id).then(|| next - 1)
+        if next > self.inner.first_id {
+            return Some(next - 1);
+        }
+        let restored = self.inner.history.read_unpoisoned().restored;
+        restored.map(|(_, last)| last)
     }
 
     /// How many events and bytes the history holds now.
@@ -335,9 +434,22 @@ impl EventBus {
     }
 }
 
+impl History {
+    /// Drops the oldest events past `limits`, keeping the newest.
+    fn trim(&mut self, limits: HistoryLimits) {
+        while self.events.len() > 1
+            && (self.events.len() > limits.events || self.bytes > limits.bytes)
+        {
+            if let Some(dropped) = self.events.pop_front() {
+                self.bytes -= dropped.cost();
+            }
+        }
+    }
+}
+
 /// Event `id`'s SSE frame, `id: N\ndata: {"id":N,...}\n\n`, made in
 /// place in its prepared buffer (see [`FRAME_HEADROOM`]).
-fn frame(id: u64, kind: &'static str, mut buf: Vec<u8>) -> Published {
+fn frame(id: u64, kind: Cow<'static, str>, mut buf: Vec<u8>) -> Published {
     use std::io::Write;
     // `id: N\ndata: ` then the JSON's own start, `{"id":N,`: at most 58
     // bytes, written just before the prepared JSON less its `{`.
@@ -389,8 +501,14 @@ impl Subscriber {
                 missed: Some(missed),
             });
         }
-        // Ids are consecutive within a run, so the index is a subtraction.
-        let event = history.events.get((self.next - oldest) as usize)?.clone();
+        // Ids are consecutive within a run, so the index is a subtraction;
+        // across the restored events of the last run it is a search.
+        let guess = usize::try_from(self.next - oldest).unwrap_or(usize::MAX);
+        let index = match history.events.get(guess) {
+            Some(event) if event.id == self.next => guess,
+            _ => history.events.partition_point(|event| event.id < self.next),
+        };
+        let event = history.events.get(index)?.clone();
         self.next = event.id + 1;
         Some(Delivery::Event(event))
     }
@@ -481,7 +599,7 @@ mod tests {
         for id in [1, 1_733_000_000_000_000, u64::MAX] {
             for properties in [json!({ "n": 1 }), json!({ "big": big })] {
                 let prepared = PreparedEvent::prepare("test.tick", &properties);
-                let published = frame(id, prepared.kind, prepared.buf);
+                let published = frame(id, Cow::Borrowed(prepared.kind), prepared.buf);
                 let json = format!(r#"{{"id":{id},"type":"test.tick","properties":{properties}}}"#);
                 assert_eq!(published.sse_frame(), format!("id: {id}\ndata: {json}\n\n"));
                 assert_eq!(published.json(), json);

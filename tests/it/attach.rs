@@ -75,7 +75,9 @@ impl Attached {
             .expect("open a pty");
         let mut command = CommandBuilder::new(offstage_binary());
         command.arg("attach");
+        // The token comes from the host's data dir, as for a user.
         command.args(["--server", &server.url]);
+        command.args(["--data-dir", server.data_dir.to_str().unwrap()]);
         command.args(args);
         command.env("TERM", "xterm-256color");
         for name in ["OFFSTAGE_TOKEN", "OFFSTAGE_SERVER", "NO_COLOR", "RUST_LOG"] {

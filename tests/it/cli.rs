@@ -12,14 +12,17 @@ use offstage_tests::{
 };
 use serde_json::Value;
 
-/// `offstage COMMAND --server URL ARGS...` (before any `--`), with the
-/// server's token in the environment.
+/// `offstage COMMAND --server URL --data-dir DIR ARGS...` (before any
+/// `--`): the CLI reads the token the host made in its data dir; a token
+/// the test chose goes in the environment.
 fn run(server: &Server, args: &[&str]) -> (i32, String, String) {
-    let mut all: Vec<&str> = vec![args[0], "--server", server.url.as_str()];
+    let data = server.data_dir.to_str().unwrap();
+    let mut all: Vec<&str> = vec![args[0], "--server", server.url.as_str(), "--data-dir", data];
     all.extend(&args[1..]);
     let env: Vec<(&str, &str)> = server
         .token
         .iter()
+        .filter(|_| !server.data_dir.join("token").exists())
         .map(|t| ("OFFSTAGE_TOKEN", t.as_str()))
         .collect();
     cli(&all, &env)
@@ -107,6 +110,8 @@ fn background_from_a_second_command_releases_the_first() {
             "shell",
             "--server",
             &server.url,
+            "--data-dir",
+            server.data_dir.to_str().unwrap(),
             "--",
             "echo first; sleep 3; echo second",
         ])
@@ -156,6 +161,7 @@ fn events_are_printed_as_they_happen() {
     let server = Server::start(&[]);
     let mut child = Command::new(offstage_binary())
         .args(["events", "--json", "--server", &server.url])
+        .args(["--data-dir", server.data_dir.to_str().unwrap()])
         .env_remove("OFFSTAGE_TOKEN")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

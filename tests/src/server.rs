@@ -30,8 +30,11 @@ pub struct Server {
     pub addr: SocketAddr,
     /// `http://ADDR`.
     pub url: String,
-    /// The token it was started with.
+    /// The token it requires: the one it was started with, else the one
+    /// it made in its data dir's token file (none with `--no-token`).
     pub token: Option<String>,
+    /// Its data dir.
+    pub data_dir: PathBuf,
     /// The data dir made for it (none when the test chose one).
     _data: Option<tempfile::TempDir>,
     stdout: Option<std::thread::JoinHandle<String>>,
@@ -198,15 +201,32 @@ impl Server {
             rest
         });
         let addr: SocketAddr = url.strip_prefix("http://").unwrap().parse().unwrap();
+        // A host started without a token uses its token file, made before
+        // it prints the line; `--no-token` turns that off.
+        let token = match token {
+            Some(token) => Some(token.to_string()),
+            None if args.contains(&"--no-token") => None,
+            None => Some(token_in(data_dir)),
+        };
         Server {
             child: Some(child),
             addr,
             url,
-            token: token.map(str::to_string),
+            token,
+            data_dir: data_dir.to_path_buf(),
             _data: data,
             stdout: Some(stdout),
             stderr: Some(stderr),
         }
+    }
+
+    /// `Bearer TOKEN` with the server's token, for requests a test writes
+    /// itself (`http`, threads). Panics for a host with `--no-token`.
+    pub fn bearer(&self) -> String {
+        format!(
+            "Bearer {}",
+            self.token.as_deref().expect("a host with a token")
+        )
     }
 
     /// A request with the server's token (if any).
@@ -661,6 +681,14 @@ pub fn cli(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+/// The token a host made in its data dir `data_dir` (`<data_dir>/token`).
+pub fn token_in(data_dir: &Path) -> String {
+    std::fs::read_to_string(data_dir.join("token"))
+        .expect("the host's token file")
+        .trim()
+        .to_string()
 }
 
 /// Where a path names a file in a temp dir; for tests that write configs.

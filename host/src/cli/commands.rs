@@ -15,7 +15,7 @@ use super::{
 };
 
 fn client(args: &ClientArgs) -> Result<Client, ClientError> {
-    Client::new(&args.server, args.token.clone())
+    Client::new(&args.server, args.token())
 }
 
 /// Runs `body`, printing its error to stderr.

@@ -10,6 +10,7 @@ pub(crate) mod attach;
 pub(crate) mod client;
 mod commands;
 mod serve;
+pub(crate) mod token;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -140,6 +141,11 @@ pub(crate) struct ServeArgs {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// Serve without a token: any local user can then drive the host.
+    /// Without this flag and without a token, the host makes one in
+    /// DATA_DIR/token (mode 0600) and uses it; clients read that file.
+    #[arg(long)]
+    pub no_token: bool,
     /// Load plugin files that other users can write (development only).
     #[arg(long)]
     pub allow_insecure_plugins: bool,
@@ -198,7 +204,7 @@ pub(crate) struct ClientArgs {
         value_name = "URL"
     )]
     pub server: String,
-    /// Bearer token for a host that has one.
+    /// Bearer token for the host [default: the one in DATA_DIR/token].
     #[arg(
         long,
         global = true,
@@ -207,9 +213,29 @@ pub(crate) struct ClientArgs {
         value_name = "TOKEN"
     )]
     pub token: Option<String>,
+    /// The host's data dir, whose `token` file holds the token when none is
+    /// given [default: $XDG_DATA_HOME/offstage].
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
     /// Print the API's JSON instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+impl ClientArgs {
+    /// The token to send: `--token` (or `OFFSTAGE_TOKEN`), else the one
+    /// in the data dir's token file, else none (a host started with
+    /// `--no-token`, or one that answers 401 saying where its token is).
+    pub(crate) fn token(&self) -> Option<String> {
+        if let Some(token) = &self.token {
+            return Some(token.clone());
+        }
+        let dir = match &self.data_dir {
+            Some(dir) => dir.clone(),
+            None => crate::config::default_data_dir().ok()?,
+        };
+        token::read(&token::path(&dir)).ok()
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -7,9 +7,10 @@
 //! tests wait for that line; logs go to stderr.
 //!
 //! On SIGINT or SIGTERM the host stops accepting connections, cancels every
-//! running job (so requests holding a tool call get their answer), waits a
-//! bounded time for open requests, retires its plugins, and exits 0. A
-//! second signal exits at once.
+//! running job (so requests holding a tool call get their answer), ends
+//! the event streams once they carry the shutdown's events, waits a
+//! bounded time for open requests, retires its plugins, keeps the event
+//! history in the store, and exits 0. A second signal exits at once.
 
 use std::{
     collections::BTreeMap, io::Write, path::PathBuf, process::ExitCode, sync::Arc, time::Duration,
@@ -48,6 +49,7 @@ pub(super) fn run(args: ServeArgs, dev: Option<Dev>) -> ExitCode {
         data_dir: args.data_dir,
         plugin_dirs: args.plugin_dirs,
         token: args.token,
+        no_token: args.no_token,
         allow_insecure_plugins: args.allow_insecure_plugins,
     };
     let config = match ServeConfig::resolve(overrides) {
@@ -134,6 +136,9 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     })
     .map_err(|e| e.to_string())?;
     service.set_max_output(config.max_output);
+    // After the store opened (and locked the data dir): a refused start
+    // leaves the data dir exactly as it was.
+    let token = token(&config)?;
     // Before any job starts: orphans of jobs are re-parented to the host.
     // (After the store opened, so a refused start stays one line.)
     crate::process::tree::init();
@@ -182,14 +187,16 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         }
     };
 
-    let (stop, stopped) = watch::channel(false);
+    // Two steps: the server stops accepting first; the event streams end
+    // only once the shutdown's own events are published.
+    let (stop, mut until_stop) = watch::channel(false);
+    let (end_streams, streams_end) = watch::channel(false);
     let state = AppState {
         service: service.clone(),
         plugins: plugins.clone(),
-        token: config.token.as_deref().map(Arc::from),
-        shutdown: stopped.clone(),
+        token: token.as_deref().map(Arc::from),
+        shutdown: streams_end,
     };
-    let mut until_stop = stopped;
     let mut server = tokio::spawn(http::serve(
         listener,
         http::router(state),
@@ -200,12 +207,20 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     ));
     tracing::info!(
         data_dir = %config.data_dir.display(),
-        token = config.token.is_some(),
+        token = token.is_some(),
         plugins_loaded = count(PluginStatus::Loaded),
         plugins_failed = count(PluginStatus::Failed),
         plugins_disabled = count(PluginStatus::Unloaded),
         "host ready"
     );
+    if let Some(token) = token.as_deref().filter(|_| config.token.is_none()) {
+        // As Jupyter does: the URL with the token, for a person to copy.
+        // Clients on this machine read the file instead.
+        tracing::info!(
+            "token in {}; open http://{local}/api/session?token={token}",
+            super::token::path(&config.data_dir).display()
+        );
+    }
     {
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout, "listening on http://{local}");
@@ -222,11 +237,14 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         eprintln!("offstage: {signal} again: exiting now");
         std::process::exit(130);
     });
-    // Stop accepting; event streams end.
+    // Stop accepting; requests in progress go on.
     let _ = stop.send(true);
     // Cancelling jobs releases requests that hold a tool call, so the
-    // server's drain can finish.
+    // server's drain can finish; its events (jobs finished, questions
+    // withdrawn with reason "shutdown") are published before it returns.
     service.shutdown().await;
+    // Event streams end after writing what was published until now.
+    let _ = end_streams.send(true);
     match tokio::time::timeout(DRAIN, server).await {
         Ok(Ok(Ok(()))) => {}
         Ok(ended) => tracing::warn!("{}", server_ended(ended)),
@@ -235,8 +253,40 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // No reloads while the plugins are retired.
     drop(watcher);
     tokio::task::block_in_place(|| plugins.shutdown());
+    // Last: the history, with every event above, for clients that
+    // reconnect to the next run with Last-Event-ID.
+    match tokio::task::block_in_place(|| service.keep_events()) {
+        Ok(kept) => tracing::info!(events = kept, "event history kept for the next start"),
+        Err(error) => tracing::warn!("cannot keep the event history: {error}"),
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The token the host requires: the one configured, else the data dir's
+/// token file (made at first start); none only with `--no-token`, which
+/// is said loudly.
+fn token(config: &ServeConfig) -> Result<Option<String>, String> {
+    if config.token.is_some() {
+        return Ok(config.token.clone());
+    }
+    if config.no_token {
+        tracing::warn!(
+            "--no-token: this host requires NO token; any user of this machine can reach {} \
+             and run commands as you",
+            config.addr
+        );
+        return Ok(None);
+    }
+    let (token, made) =
+        super::token::load_or_create(&config.data_dir).map_err(|e| e.to_string())?;
+    if made {
+        tracing::info!(
+            "made a token in {} (mode 0600)",
+            super::token::path(&config.data_dir).display()
+        );
+    }
+    Ok(Some(token))
 }
 
 fn server_ended(ended: Result<std::io::Result<()>, tokio::task::JoinError>) -> String {

@@ -2,10 +2,14 @@
 //!
 //! Three checks run before any handler:
 //!
-//! 1. **Token.** With a token configured, every route but `GET /api/health`
-//!    needs `Authorization: Bearer TOKEN`. The comparison takes the same
-//!    time wherever the first wrong byte is, so the token cannot be guessed
-//!    byte by byte from response times.
+//! 1. **Token.** With a token (by default the data dir's token file,
+//!    `cli/token.rs`; only `--no-token` serves without one), every route
+//!    but `GET /api/health` needs `Authorization: Bearer TOKEN`, or
+//!    `?token=TOKEN` in the query, for what cannot set headers (a
+//!    browser's `EventSource`, a URL pasted from the log); the query
+//!    parameter is taken out before the handler sees the query. The
+//!    comparison takes the same time wherever the first wrong byte is, so
+//!    the token cannot be guessed byte by byte from response times.
 //! 2. **Origin.** A browser names the page that sent a request in `Origin`.
 //!    A request from a page of another origin is refused: otherwise any web
 //!    site open in the user's browser could drive the local host (and its
@@ -29,8 +33,18 @@ use super::{error::ApiError, AppState};
 const OPEN_ROUTE: &str = "/api/health";
 
 /// Middleware: refuses requests that fail any of the checks above.
-pub(crate) async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if let Err(error) = check(&state, request.uri().path(), request.headers()) {
+pub(crate) async fn guard(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let query_token = take_query_token(&mut request);
+    if let Err(error) = check(
+        &state,
+        request.uri().path(),
+        request.headers(),
+        query_token.as_deref(),
+    ) {
         let unauthorized = error.code == "unauthorized";
         let mut response = error.into_response();
         if unauthorized {
@@ -43,7 +57,41 @@ pub(crate) async fn guard(State(state): State<AppState>, request: Request, next:
     next.run(request).await
 }
 
-fn check(state: &AppState, path: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+/// Takes `token=...` out of the request's query and returns its value.
+fn take_query_token(request: &mut Request) -> Option<String> {
+    let query = request.uri().query()?;
+    let mut token = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("token=") {
+            Some(value) => {
+                token = Some(value.to_string());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    token.as_ref()?;
+    let path = request.uri().path();
+    let path_and_query = if rest.is_empty() {
+        path.to_string()
+    } else {
+        format!("{path}?{}", rest.join("&"))
+    };
+    let mut parts = request.uri().clone().into_parts();
+    parts.path_and_query = path_and_query.parse().ok();
+    if let Ok(uri) = axum::http::Uri::from_parts(parts) {
+        *request.uri_mut() = uri;
+    }
+    token
+}
+
+fn check(
+    state: &AppState,
+    path: &str,
+    headers: &HeaderMap,
+    query_token: Option<&str>,
+) -> Result<(), ApiError> {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     if let Some(origin) = headers.get(header::ORIGIN) {
         let origin = origin.to_str().unwrap_or("");
@@ -74,10 +122,12 @@ fn check(state: &AppState, path: &str, headers: &HeaderMap) -> Result<(), ApiErr
                     v.strip_prefix("Bearer ")
                         .or_else(|| v.strip_prefix("bearer "))
                 })
-                .map(str::trim);
+                .map(str::trim)
+                .or(query_token);
             match presented {
                 None => Err(ApiError::unauthorized(
-                    "this host needs Authorization: Bearer TOKEN (see OFFSTAGE_TOKEN)",
+                    "this host needs Authorization: Bearer TOKEN; its token is in the file `token` \
+                     of its data dir, which the offstage commands read (or set OFFSTAGE_TOKEN)",
                 )),
                 Some(presented) if constant_time_eq(presented.as_bytes(), token.as_bytes()) => {
                     Ok(())

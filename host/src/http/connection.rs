@@ -4,8 +4,11 @@
 //! **Timeouts.** A connection is in one of three states, and each has its
 //! own bound (`[http]` in the config, [`Limits`]):
 //!
-//! - *idle*: no request yet, or the last answer sent and nothing new
-//!   arrived. Closed after `idle_timeout`.
+//! - *new*: no byte yet since the connection was accepted. Closed after
+//!   `first_byte_timeout` (a few seconds): a client that connects means to
+//!   send, and a socket that never does only holds a slot.
+//! - *idle*: the last answer sent and nothing new arrived. Closed after
+//!   `idle_timeout`.
 //! - *reading a head*: the first byte of a request arrived, the head is not
 //!   complete. Closed `header_timeout` after that first byte. This is what
 //!   stops a client that trickles a header a byte at a time (slowloris).
@@ -58,19 +61,21 @@ use tokio::{
 };
 use tower::ServiceExt;
 
-use super::{extract::BODY_LIMIT, server::Limits};
+use super::{admission::Ticket, extract::BODY_LIMIT, server::Limits};
 use crate::util::LockExt;
 
 /// Serves HTTP/1.1 on `stream` until the client leaves, a timeout closes
-/// it, or `stopping` turns true (then the request in progress finishes and
-/// the connection closes).
+/// it, it is evicted while waiting for a request (`ticket.close`), or
+/// `stopping` turns true (then the request in progress finishes and the
+/// connection closes).
 pub(super) async fn serve(
     stream: TcpStream,
     router: Router,
     limits: Limits,
     mut stopping: watch::Receiver<bool>,
+    ticket: Ticket,
 ) {
-    let clock = Arc::new(Clock::new());
+    let clock = ticket.clock.clone();
     let io = TokioIo::new(TimedIo::new(stream, clock.clone(), limits));
     let service = hyper::service::service_fn(move |request| {
         handle(router.clone(), clock.clone(), limits, request)
@@ -83,6 +88,11 @@ pub(super) async fn serve(
     tokio::select! {
         ended = connection.as_mut() => {
             log_end(ended);
+            return;
+        }
+        // Evicted while it waited for a request: no request is lost.
+        () = ticket.close.notified() => {
+            tracing::debug!("connection closed to make room for another");
             return;
         }
         _ = stopping.wait_for(|stop| *stop) => {}
@@ -259,8 +269,8 @@ impl Drop for RequestBody {
 }
 
 /// Which of the connection's states (module docs) it is in, and since
-/// when; shared by the socket and the requests.
-struct Clock(Mutex<ClockState>);
+/// when; shared by the socket, the requests and the admission.
+pub(super) struct Clock(Mutex<ClockState>);
 
 struct ClockState {
     /// Requests whose answer is not completely sent.
@@ -269,29 +279,56 @@ struct ClockState {
     idle_since: Instant,
     /// When the first byte of the next request arrived.
     head_started: Option<Instant>,
+    /// Whether any byte arrived yet.
+    used: bool,
+    /// Evicted: closing, never to start a request.
+    closing: bool,
 }
 
 impl Clock {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Clock(Mutex::new(ClockState {
             in_flight: 0,
             idle_since: Instant::now(),
             head_started: None,
+            used: false,
+            closing: false,
         }))
     }
 
-    fn request_started(self: &Arc<Self>) -> InFlight {
+    pub(super) fn request_started(self: &Arc<Self>) -> InFlight {
         let mut state = self.0.lock_unpoisoned();
         state.in_flight += 1;
         state.head_started = None;
         InFlight(self.clone())
     }
 
-    fn bytes_read(&self) {
+    pub(super) fn bytes_read(&self) {
         let mut state = self.0.lock_unpoisoned();
+        state.used = true;
         if state.in_flight == 0 && state.head_started.is_none() {
             state.head_started = Some(Instant::now());
         }
+    }
+
+    /// Since when the connection waits for a request head, having none
+    /// of it yet (new or idle); `None` while it reads a head or handles a
+    /// request.
+    pub(super) fn waiting_since(&self) -> Option<Instant> {
+        let state = self.0.lock_unpoisoned();
+        (state.in_flight == 0 && state.head_started.is_none() && !state.closing)
+            .then_some(state.idle_since)
+    }
+
+    /// Marks the connection closing if it still waits for a request head;
+    /// whether it did.
+    pub(super) fn try_close(&self) -> bool {
+        let mut state = self.0.lock_unpoisoned();
+        let waiting = state.in_flight == 0 && state.head_started.is_none() && !state.closing;
+        if waiting {
+            state.closing = true;
+        }
+        waiting
     }
 
     /// Until when a read may wait, and what it is waiting for; `None` while
@@ -303,6 +340,10 @@ impl Clock {
         }
         Some(match state.head_started {
             Some(started) => (started + limits.header_timeout, "a request head"),
+            None if !state.used => (
+                state.idle_since + limits.first_byte_timeout,
+                "first request byte",
+            ),
             None => (state.idle_since + limits.idle_timeout, "a request"),
         })
     }
@@ -310,7 +351,7 @@ impl Clock {
 
 /// A request whose answer is not completely sent; dropped with the
 /// answer's body.
-struct InFlight(Arc<Clock>);
+pub(super) struct InFlight(Arc<Clock>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {

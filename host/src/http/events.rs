@@ -57,14 +57,15 @@ pub(crate) struct EventsQuery {
 #[utoipa::path(get, path = "/api/event", tag = "event",
     params(
         EventsQuery,
-        ("Last-Event-ID" = Option<u64>, Header,
-            description = "Resume after this event id: the held events after it come first"),
+        ("Last-Event-ID" = Option<String>, Header,
+            description = "Resume after this event id (the `id:` of an SSE frame, digits): the held \
+                events after it come first. Sent as the header's text, as `EventSource` does."),
     ),
     responses(
         (status = 200, description = "Server-Sent Events. Each frame is `id: N` and one \
             `data:` line holding one `StreamEvent`; `server.connected` and `stream.lagged` \
             have no id.", content_type = "text/event-stream", body = super::event_schema::StreamEvent),
-        (status = 400, description = "`since` or `Last-Event-ID` is not a number", body = ErrorBody),
+        (status = 400, description = "`since` or `Last-Event-ID` is not an event id (digits)", body = ErrorBody),
     ))]
 pub(crate) async fn events(
     State(state): State<AppState>,
@@ -126,29 +127,43 @@ const KEEP_ALIVE_FRAME: &[u8] = b":\n\n";
 /// `hello`, then the frame of every delivery from `reader` — shared bytes
 /// for events, a `stream.lagged` frame where events were lost — with a
 /// keep-alive comment after [`KEEP_ALIVE`] without one, until the bus goes
-/// or `shutdown` turns true.
+/// or `shutdown` turns true. The host raises `shutdown` once its own
+/// shutdown's events (jobs cancelled, questions withdrawn) are published,
+/// so a stream ends after writing every event published before then.
 pub(crate) fn frames(
     hello: Bytes,
     reader: Subscriber,
     shutdown: watch::Receiver<bool>,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let rest = stream::unfold(
-        (reader, shutdown),
-        |(mut reader, mut shutdown)| async move {
-            let frame = tokio::select! {
-                biased;
-                // Shutdown ends the stream even when no event comes.
-                _ = shutdown.wait_for(|stop| *stop) => return None,
-                delivery = reader.next() => match delivery? {
-                    Delivery::Event(event) => event.sse_frame(),
-                    Delivery::Lagged { missed } => lagged_frame(missed),
-                },
-                _ = tokio::time::sleep(KEEP_ALIVE) => Bytes::from_static(KEEP_ALIVE_FRAME),
-            };
-            Some((Ok(frame), (reader, shutdown)))
+        (reader, shutdown, false),
+        |(mut reader, mut shutdown, mut draining)| async move {
+            if !draining {
+                let frame = tokio::select! {
+                    biased;
+                    // Shutdown ends the stream even when no event comes,
+                    // after what is already published.
+                    _ = shutdown.wait_for(|stop| *stop) => None,
+                    delivery = reader.next() => Some(delivery_frame(delivery?)),
+                    _ = tokio::time::sleep(KEEP_ALIVE) => Some(Bytes::from_static(KEEP_ALIVE_FRAME)),
+                };
+                match frame {
+                    Some(frame) => return Some((Ok(frame), (reader, shutdown, false))),
+                    None => draining = true,
+                }
+            }
+            let frame = delivery_frame(reader.try_next()?);
+            Some((Ok(frame), (reader, shutdown, draining)))
         },
     );
     futures_util::StreamExt::chain(stream::iter([Ok(hello)]), rest)
+}
+
+fn delivery_frame(delivery: Delivery) -> Bytes {
+    match delivery {
+        Delivery::Event(event) => event.sse_frame(),
+        Delivery::Lagged { missed } => lagged_frame(missed),
+    }
 }
 
 #[cfg(test)]
@@ -232,12 +247,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn shutdown_ends_the_stream() {
+    async fn shutdown_ends_the_stream_after_what_was_published_before_it() {
         let bus = EventBus::default();
         let (stop, events) = stream_of(bus.subscribe());
         let mut events = Box::pin(events);
         events.next().await.unwrap().unwrap();
+        bus.publish("test.one", &json!({}));
+        bus.publish("test.two", &json!({}));
         stop.send(true).unwrap();
+        let one = data(&events.next().await.unwrap().unwrap());
+        let two = data(&events.next().await.unwrap().unwrap());
+        assert_eq!(
+            (one["type"].as_str(), two["type"].as_str()),
+            (Some("test.one"), Some("test.two"))
+        );
         assert!(events.next().await.is_none());
     }
 }

@@ -18,9 +18,11 @@
 //! - `openapi.rs`: the document's frame (info, security, tags), and the
 //!   refusals the checks around the handlers add to every route;
 //! - `server.rs`: the accept loop with its connection cap, and the
-//!   open-file limit; `connection.rs`: one connection's timeouts, and
+//!   open-file limit; `admission.rs`: who holds a slot, and who gives one
+//!   up at the cap; `connection.rs`: one connection's timeouts, and
 //!   request bodies settled so that a refusal never breaks keep-alive.
 
+mod admission;
 pub(crate) mod auth;
 mod connection;
 pub(crate) mod error;

@@ -29,12 +29,12 @@ use super::event_schema as schema;
     info(
         title = "Offstage",
         description = "Session host for agent tools with native, hot-reloadable plugins. \
-            Errors are `{\"error\": {\"code\", \"message\"}}` with a 4xx status.",
+            Errors are `{\"error\": {\"code\", \"message\"}}` with a 4xx or 5xx status.",
     ),
     components(schemas(
         Session, SessionStatus, Message, Role, Job, JobStatus, ToolResult, ToolStatus,
         schema::StreamEvent, schema::EventPayload, schema::NoticeMetadata,
-        crate::permission::PermissionStatus,
+        crate::permission::PermissionStatus, crate::permission::WithdrawReason,
         crate::permission::PermissionRequest, crate::process::output::OutputChunk,
         crate::plugin::PluginInfo, crate::plugin::PluginStatus,
         error::ErrorBody, error::ErrorDetail,
@@ -62,7 +62,9 @@ pub(crate) struct ApiDoc;
 /// - 401 on every route but `GET /api/health`, which is marked open
 ///   (`security: [{}]`);
 /// - 400 where there is a path or query parameter or a body to parse;
-/// - 408, 413, 415 where there is a body (`connection.rs`, `extract.rs`).
+/// - 408, 413, 415 where there is a body (`connection.rs`, `extract.rs`);
+/// - 500 and 503 (the connection cap, `server.rs`) on every route, and 507
+///   (a full disk) on every route that writes.
 ///
 /// And request bodies say whether they are required. An optional body
 /// (`POST /api/session`, `.../background`) is described as its object with
@@ -84,6 +86,13 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
         "RequestTimeout": error("`request_timeout`: the body did not arrive within `[http] body_timeout`"),
         "PayloadTooLarge": error("`payload_too_large`: a body over 1 MiB"),
         "UnsupportedMediaType": error("`unsupported_media_type`: a non-empty body without `Content-Type: application/json`"),
+        "InternalError": error("`internal`: the host is at fault (a bug); never the answer to a bad request"),
+        "ServiceUnavailable": {
+            "description": "`too_many_connections`: every one of the host's `[http] max_connections` connections is in a request; try again after `Retry-After`",
+            "headers": { "Retry-After": { "description": "Seconds to wait before trying again", "schema": { "type": "integer" } } },
+            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } },
+        },
+        "InsufficientStorage": error("`storage_full`: the disk is full; nothing of the request was saved"),
     });
     let refer =
         |name: &str| serde_json::json!({ "$ref": format!("#/components/responses/{name}") });
@@ -95,6 +104,12 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
         for (method, operation) in item.iter_mut() {
             if !matches!(method.as_str(), "get" | "post" | "put" | "patch" | "delete") {
                 continue;
+            }
+            if let Some(parameters) = operation
+                .get_mut("parameters")
+                .and_then(|p| p.as_array_mut())
+            {
+                parameters.iter_mut().for_each(not_null);
             }
             let has_parameters = operation
                 .get("parameters")
@@ -125,9 +140,35 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
                 add("413", "PayloadTooLarge");
                 add("415", "UnsupportedMediaType");
             }
+            add("500", "InternalError");
+            add("503", "ServiceUnavailable");
+            if writes(method, path) {
+                add("507", "InsufficientStorage");
+            }
         }
     }
     doc
+}
+
+/// An optional parameter (`Option<T>` in the annotation) is typed as
+/// `[T, "null"]`; but a parameter is either sent, as text, or not sent
+/// (`required: false`), never null, and a generated client that sees
+/// `null` allowed may send the word. So its type is `T` alone.
+fn not_null(parameter: &mut serde_json::Value) {
+    let schema = &mut parameter["schema"];
+    let Some(types) = schema.get("type").and_then(|t| t.as_array()) else {
+        return;
+    };
+    let kept: Vec<serde_json::Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+    if let [only] = &kept[..] {
+        schema["type"] = only.clone();
+    }
+}
+
+/// Whether an operation writes to the store, so that a full disk answers
+/// it `507` (reads are served from memory; a plugin reload stores nothing).
+fn writes(method: &str, path: &str) -> bool {
+    method != "get" && !path.starts_with("/api/plugin")
 }
 
 /// Sets `required` on a request body: `false`, with the schema made the
@@ -282,6 +323,15 @@ mod tests {
                     assert!(has(status), "{what}: no {status}");
                 }
             }
+            // Every 5xx the host can give.
+            for status in ["500", "503"] {
+                assert!(has(status), "{what}: no {status}");
+            }
+            assert_eq!(
+                has("507"),
+                method != "get" && !path.starts_with("/api/plugin"),
+                "{what}: 507"
+            );
             // Every reference to a shared answer resolves.
             for answer in responses.as_object().unwrap().values() {
                 if let Some(reference) = answer["$ref"].as_str() {
@@ -295,6 +345,59 @@ mod tests {
         }
         // The whole document's default stays "a bearer token".
         assert_eq!(doc["security"], json!([{ "bearer": [] }]));
+    }
+
+    #[test]
+    fn last_event_id_is_a_string_and_withdraw_reasons_match_the_contract() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let parameters = doc["paths"]["/api/event"]["get"]["parameters"]
+            .as_array()
+            .unwrap();
+        let header = parameters
+            .iter()
+            .find(|p| p["name"] == "Last-Event-ID")
+            .expect("Last-Event-ID");
+        assert_eq!(header["in"], "header");
+        assert_eq!(header["schema"]["type"], "string", "{header}");
+
+        let reason = &doc["components"]["schemas"]["PermissionRequest"]["properties"]["reason"];
+        let name = reason["$ref"]
+            .as_str()
+            .or_else(|| reason["oneOf"][1]["$ref"].as_str())
+            .or_else(|| reason["oneOf"][0]["$ref"].as_str())
+            .unwrap_or_else(|| panic!("reason: {reason}"))
+            .rsplit('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let values: Vec<&str> = doc["components"]["schemas"][&name]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            values,
+            ["interrupted", "cancelled", "session_removed", "shutdown"]
+        );
+        // docs/contract.md names the same, in its words.
+        let contract = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/contract.md"),
+        )
+        .unwrap();
+        let line = contract
+            .split("`reason` (only when\n  `withdrawn`) is ")
+            .nth(1)
+            .expect("the contract's reason sentence");
+        let sentence = &line[..line.find('.').unwrap()];
+        for value in &values {
+            assert!(sentence.contains(&format!("`{value}`")), "{sentence}");
+        }
+        assert_eq!(
+            sentence.matches('`').count(),
+            values.len() * 2,
+            "{sentence}"
+        );
     }
 
     #[test]

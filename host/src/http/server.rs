@@ -6,8 +6,9 @@
 //! Why a loop of our own rather than `axum::serve`: that one has no
 //! timeouts and no cap, so a thousand clients that send half a request and
 //! wait hold a thousand descriptors forever, and once the process runs out
-//! of descriptors nobody gets an answer. Here a connection past the cap is
-//! answered `503` at once and closed (bounded work, one descriptor for
+//! of descriptors nobody gets an answer. Here a connection at the cap
+//! takes the slot of one that is waiting for a request (`admission.rs`),
+//! else it is answered `503` and closed (bounded work, one descriptor for
 //! moments), and every connection is closed when its client stalls.
 
 use std::{
@@ -24,12 +25,14 @@ use tokio::{
     sync::{watch, OwnedSemaphorePermit, Semaphore},
 };
 
-use super::connection;
+use super::{admission::Admission, connection};
 use crate::config::HttpTable;
 
 /// The bounds every connection is held to (`[http]` in the config).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Limits {
+    /// Time to send the first byte of the first request, from the accept.
+    pub first_byte_timeout: Duration,
     /// Time to send a request's head, from its first byte.
     pub header_timeout: Duration,
     /// Time to send a request's body, from the end of its head.
@@ -44,6 +47,7 @@ pub(crate) struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
+            first_byte_timeout: Duration::from_secs(5),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
@@ -60,6 +64,9 @@ impl Limits {
     pub(crate) fn resolve(table: &HttpTable, open_files: Option<u64>) -> (Limits, Option<String>) {
         let default = Limits::default();
         let mut limits = Limits {
+            first_byte_timeout: table
+                .first_byte_timeout
+                .unwrap_or(default.first_byte_timeout),
             header_timeout: table.header_timeout.unwrap_or(default.header_timeout),
             body_timeout: table.body_timeout.unwrap_or(default.body_timeout),
             idle_timeout: table.idle_timeout.unwrap_or(default.idle_timeout),
@@ -80,15 +87,15 @@ impl Limits {
     }
 }
 
-/// Refusals (503 past the cap) being written at once, at most; past
-/// this, a connection over the cap is closed without an answer. Also at
-/// most a quarter of the cap, so that refusals fit in the descriptors the
-/// cap leaves free.
+/// Refusals (503 past the cap) being written at once, at most; more wait
+/// for one of these to end (the kernel's backlog holds them meanwhile).
+/// Also at most a quarter of the cap, so that refusals fit in the
+/// descriptors the cap leaves free.
 const REFUSALS_AT_ONCE: usize = 64;
 
-/// How long a refusal waits for its client, writing and then reading what
-/// it sent (so that closing does not reset the connection before the
-/// client read the answer).
+/// How long a refusal may take to write its answer, and then to read what
+/// its client sent until the client closes (so that closing does not reset
+/// the connection before the client read the answer).
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
 /// Pause after an accept that failed for want of resources (descriptors,
@@ -103,13 +110,17 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// resolves; then stops accepting, lets each connection finish its
 /// request in progress, and returns when all are closed. Event streams
 /// end by themselves when the state's shutdown flag is raised.
+///
+/// At the cap a new connection takes the slot of one that waits for a
+/// request (`admission.rs`); only when none does is it refused, with a
+/// 503 that is really sent ([`refuse`]).
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let admission = Admission::new(limits.max_connections);
     let refusals = Arc::new(Semaphore::new(
         REFUSALS_AT_ONCE.min(limits.max_connections / 4).max(1),
     ));
@@ -135,40 +146,45 @@ pub(crate) async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => {
-                let (router, stopping) = (router.clone(), stopping.clone());
-                tokio::spawn(async move {
-                    connection::serve(stream, router, limits, stopping).await;
-                    drop(slot);
-                });
-            }
-            Err(_) => {
-                if cap_warned.due() {
-                    tracing::warn!(
-                        max_connections = limits.max_connections,
-                        "connection cap reached; new connections are answered 503"
-                    );
-                }
-                if let Ok(permit) = refusals.clone().try_acquire_owned() {
-                    tokio::spawn(refuse(stream, limits.max_connections, permit));
-                }
-            }
+        #[cfg(unix)]
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+        #[cfg(not(unix))]
+        let fd = ();
+        if let Some(ticket) = admission.admit(fd) {
+            let (router, stopping) = (router.clone(), stopping.clone());
+            tokio::spawn(connection::serve(stream, router, limits, stopping, ticket));
+            continue;
+        }
+        if cap_warned.due() {
+            tracing::warn!(
+                max_connections = limits.max_connections,
+                "connection cap reached with every connection in a request; new connections are answered 503"
+            );
+        }
+        // Never dropped unanswered: past the refusals at once, the loop
+        // waits (bounded by [`REFUSAL_TIME`] per refusal).
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = refusals.clone().acquire_owned() => permit,
+        };
+        if let Ok(permit) = permit {
+            tokio::spawn(refuse(stream, limits.max_connections, permit));
         }
     }
     drop(listener);
     stop.send_replace(true);
     // Every slot back means every connection closed.
-    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    let _ = slots.acquire_many(all).await;
+    admission.all_closed(limits.max_connections).await;
     Ok(())
 }
 
-/// Answers a connection over the cap with `503 too_many_connections` and
-/// closes it, spending at most [`REFUSAL_TIME`] twice on it.
+/// Answers a connection over the cap with `503 too_many_connections`:
+/// writes it, half-closes, and reads what the client sent until it closes,
+/// so that the close does not reset the connection under the unread
+/// answer; at most [`REFUSAL_TIME`] for each step.
 async fn refuse(mut stream: TcpStream, cap: usize, _permit: OwnedSemaphorePermit) {
     let body = format!(
-        "{{\"error\":{{\"code\":\"too_many_connections\",\"message\":\"the host has {cap} connections open, its limit; try again\"}}}}"
+        "{{\"error\":{{\"code\":\"too_many_connections\",\"message\":\"the host has {cap} connections open, its limit, each in a request; try again\"}}}}"
     );
     let answer = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
@@ -179,8 +195,6 @@ async fn refuse(mut stream: TcpStream, cap: usize, _permit: OwnedSemaphorePermit
         return;
     }
     let _ = stream.shutdown().await;
-    // Read what the client sent until it closes, so that our close does
-    // not reset the connection under its unread answer.
     let mut sink = [0u8; 4096];
     let _ = tokio::time::timeout(REFUSAL_TIME, async {
         while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}

@@ -50,6 +50,23 @@ pub enum Reply {
     Reject,
 }
 
+/// Why a question was withdrawn (docs/contract.md, "Records"). A job's
+/// foreground timeout counts from the answer, so a question is never
+/// withdrawn for a timeout.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[allow(dead_code)] // Only described: the reason travels as a string.
+#[serde(rename_all = "snake_case")]
+pub(crate) enum WithdrawReason {
+    /// The session was interrupted.
+    Interrupted,
+    /// The job was cancelled (`DELETE /api/job/:id`).
+    Cancelled,
+    /// The session was deleted.
+    SessionRemoved,
+    /// The host shut down.
+    Shutdown,
+}
+
 /// A permission question's status.
 #[derive(serde::Serialize, utoipa::ToSchema)]
 #[allow(dead_code)] // Only described: the status travels as a string.
@@ -81,9 +98,9 @@ pub struct PermissionRequest {
     /// `pending`, `allowed`, `rejected` or `withdrawn`.
     #[schema(value_type = PermissionStatus)]
     pub status: String,
-    /// Why a `withdrawn` question went away: `interrupted`, `cancelled`,
-    /// `session_removed`, `timeout` or `shutdown`. Absent otherwise.
+    /// Why a `withdrawn` question went away; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<WithdrawReason>)]
     pub reason: Option<String>,
     /// When it was asked (RFC 3339).
     pub created_at: String,

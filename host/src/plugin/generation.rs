@@ -450,9 +450,12 @@ impl GenerationState {
             .collect()
     }
 
-    /// A queue of the events published from now on.
+    /// A queue of the events published from now on (while the host
+    /// starts: from its first event, restart recovery's included).
     pub(super) fn new_queue(&self) -> EventQueue {
-        Arc::new(tokio::sync::Mutex::new(self.service.events().subscribe()))
+        Arc::new(tokio::sync::Mutex::new(
+            self.service.events().subscribe_plugin(),
+        ))
     }
 
     /// Runs `callback` for each event of `types` (all when empty) read from

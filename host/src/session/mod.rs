@@ -363,12 +363,14 @@ impl SessionService {
         let service = Self::with_store(config, store, EventBus::new(history));
         // Damage found while reading the store back is reported with the
         // file's path, like damage found when opening it.
-        service
-            .restore()
-            .map_err(|error| match service.store().path() {
-                Some(path) => error.at_start(path),
-                None => error,
-            })?;
+        let at_start = |error: StoreError| match service.store().path() {
+            Some(path) => error.at_start(path),
+            None => error,
+        };
+        // The last run's kept events first, so that recovery's follow them.
+        let kept = service.store().load_events().map_err(at_start)?;
+        service.inner.events.restore(kept);
+        service.restore().map_err(at_start)?;
         Ok(service)
     }
 
@@ -380,6 +382,9 @@ impl SessionService {
     /// for the session's next turn when the host stopped count too: after a
     /// restart that next turn runs at once.
     pub fn resume(&self) -> usize {
+        // The plugins are loaded: their subscriptions have seen recovery's
+        // events; later ones start with what comes next.
+        self.inner.events.started();
         let waiting: Vec<String> = {
             let state = self.state();
             state
@@ -393,6 +398,17 @@ impl SessionService {
             self.wake(id);
         }
         waiting.len()
+    }
+
+    /// Writes the event history to the store, so that the next run
+    /// replays it to clients that reconnect with `Last-Event-ID`
+    /// (`event.rs`, "What is kept across a restart"). Blocks the thread:
+    /// call it at shutdown, once the shutdown's own events are published.
+    pub fn keep_events(&self) -> std::result::Result<usize, StoreError> {
+        let kept = self.inner.events.kept();
+        let count = kept.len();
+        self.inner.store.save_events(kept)?;
+        Ok(count)
     }
 
     /// The store this service writes through, for reading (tests,

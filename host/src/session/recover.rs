@@ -41,6 +41,7 @@ use crate::process::{
     tree,
 };
 use crate::{
+    event::PreparedEvent,
     ids::now,
     store::{NoticeReason, StoreError},
 };
@@ -117,6 +118,15 @@ impl SessionService {
                 }
             }
         }
+        // The jobs recovery cancelled end here, as any job does: for event
+        // readers, and for plugins, whose subscriptions made while the
+        // host starts begin before these (`event.rs`, "Start-up").
+        self.inner.events.publish_all(
+            recovery
+                .cancelled
+                .iter()
+                .map(|job| PreparedEvent::prepare("job.finished", job)),
+        );
         let state = self.state();
         tracing::info!(
             sessions = state.sessions.len(),

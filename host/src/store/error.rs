@@ -186,6 +186,15 @@ impl StoreError {
                 path: path.to_path_buf(),
                 cause: format!("a record cannot be read: {error}"),
             },
+            // A row that does not parse, named by table and id.
+            StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(error))
+                if error.is::<super::rows::BadRow>() =>
+            {
+                StoreError::Corrupt {
+                    path: path.to_path_buf(),
+                    cause: error.to_string(),
+                }
+            }
             StoreError::Sqlite(error) => open::classify(path, error),
             StoreError::Unsaved {
                 cause,

@@ -39,6 +39,9 @@
 //! - **Reads** take the connection between groups; they are for
 //!   recovery, tests and diagnostics (the service serves from memory).
 //!
+//! Since schema version 5 the event history is kept across a clean
+//! restart ([`Store::save_events`], [`Store::load_events`]).
+//!
 //! Job output is not stored here: it stays in files under the data dir
 //! (`Job::output_path`), which the service removes with the session.
 //!
@@ -62,6 +65,7 @@
 
 mod checkpoint;
 mod error;
+mod events;
 mod open;
 mod recover;
 mod rows;
@@ -80,6 +84,7 @@ use offstage_plugin_api::types::Message;
 use rusqlite::Connection;
 
 pub use error::StoreError;
+pub(crate) use events::StoredEvent;
 pub use open::DB_FILE;
 #[cfg(test)]
 use open::LOCK_FILE;
@@ -305,6 +310,19 @@ impl Store {
     pub fn add_always_rule(&self, rule: &Rule) -> Result<(), StoreError> {
         let rule = rule.clone();
         self.write(move |conn| sql::add_always_rule(conn, &rule))
+    }
+
+    // ----- events --------------------------------------------------------
+
+    /// Replaces the event history kept across a restart with `events`
+    /// (at a clean shutdown). One commit.
+    pub(crate) fn save_events(&self, events: Vec<StoredEvent>) -> Result<(), StoreError> {
+        self.write(move |conn| events::save(conn, &events))
+    }
+
+    /// The event history the last run kept, oldest first.
+    pub(crate) fn load_events(&self) -> Result<Vec<StoredEvent>, StoreError> {
+        events::load(&self.conn())
     }
 
     // ----- recovery ------------------------------------------------------

@@ -70,7 +70,40 @@ pub(super) fn parse_word<T: DeserializeOwned>(row: &Row<'_>, index: usize) -> ru
         .map_err(|e| rusqlite::Error::FromSqlConversionFailure(index, Type::Text, Box::new(e)))
 }
 
+/// A stored row that does not parse, named by its table and id, so that
+/// the message says which record to look at (`sqlite3 offstage.db`).
+#[derive(Debug, thiserror::Error)]
+#[error("row {id:?} of table `{table}` cannot be read: {source}")]
+pub(crate) struct BadRow {
+    /// The table, e.g. `jobs`.
+    pub table: &'static str,
+    /// The row's id (its first column), or `?` when even that is unreadable.
+    pub id: String,
+    /// What did not parse.
+    #[source]
+    pub source: rusqlite::Error,
+}
+
+/// Reads a row of `table` with `read`; a failure names the table and the
+/// row's id (column 0), as a [`BadRow`] inside rusqlite's error (the
+/// variant whose message is its inner error's alone; nothing converts to
+/// SQL here).
+fn named<T>(
+    table: &'static str,
+    row: &Row<'_>,
+    read: impl FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    read(row).map_err(|source| {
+        let id = row.get::<_, String>(0).unwrap_or_else(|_| "?".into());
+        rusqlite::Error::ToSqlConversionFailure(Box::new(BadRow { table, id, source }))
+    })
+}
+
 pub(super) fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Session> {
+    named("sessions", row, session_fields)
+}
+
+fn session_fields(row: &Row<'_>) -> rusqlite::Result<Session> {
     Ok(Session {
         id: row.get(0)?,
         title: row.get(1)?,
@@ -83,6 +116,10 @@ pub(super) fn session_from_row(row: &Row<'_>) -> rusqlite::Result<Session> {
 }
 
 pub(super) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<Message> {
+    named("messages", row, message_fields)
+}
+
+fn message_fields(row: &Row<'_>) -> rusqlite::Result<Message> {
     let metadata: String = row.get(4)?;
     Ok(Message {
         id: row.get(0)?,
@@ -96,6 +133,10 @@ pub(super) fn message_from_row(row: &Row<'_>) -> rusqlite::Result<Message> {
 }
 
 pub(super) fn job_from_row(row: &Row<'_>) -> rusqlite::Result<Job> {
+    named("jobs", row, job_fields)
+}
+
+fn job_fields(row: &Row<'_>) -> rusqlite::Result<Job> {
     Ok(Job {
         id: row.get(0)?,
         session_id: row.get(1)?,

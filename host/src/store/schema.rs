@@ -228,4 +228,15 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     ALTER TABLE messages_v4 RENAME TO messages;
     CREATE INDEX messages_by_session ON messages(session_id, seq);
     "#,
+    // 5: the event history kept across a restart (event.rs, "What is
+    // kept across a restart"): written whole at a clean shutdown, read
+    // back at the next start. `body` is the event's JSON as it was served,
+    // `{"id", "type", "properties"}`.
+    r#"
+    CREATE TABLE events (
+        id    INTEGER PRIMARY KEY NOT NULL,
+        type  TEXT NOT NULL,
+        body  TEXT NOT NULL
+    );
+    "#,
 ];

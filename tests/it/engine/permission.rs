@@ -447,7 +447,7 @@ fn held_call(
     call_id: &str,
     command: &str,
 ) -> std::thread::JoinHandle<Response> {
-    let addr = server.addr;
+    let (addr, auth) = (server.addr, server.bearer());
     let path = format!("/api/session/{session}/tool");
     let body =
         json!({ "tool": "shell", "input": { "command": command }, "call_id": call_id }).to_string();
@@ -456,7 +456,10 @@ fn held_call(
             addr,
             "POST",
             &path,
-            &[("Content-Type", "application/json")],
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &auth),
+            ],
             body.as_bytes(),
         )
     })
@@ -563,8 +566,9 @@ fn over_http_background_releases_a_call_waiting_on_a_question() {
             .to_string();
         write!(
             stream,
-            "POST /api/session/{session}/tool HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /api/session/{session}/tool HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             server.addr,
+            server.bearer(),
             body.len()
         )
         .unwrap();

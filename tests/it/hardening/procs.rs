@@ -17,7 +17,7 @@ use std::{
 
 use offstage_tests::{
     proc::processes_of,
-    server::{http, offstage_binary, Response},
+    server::{http, offstage_binary, token_in, Response},
     wait::eventually,
 };
 use serde_json::{json, Value};
@@ -75,6 +75,8 @@ impl Sleeper {
 struct Host {
     child: Child,
     addr: SocketAddr,
+    /// `Bearer TOKEN`, the token the host made in its data dir.
+    auth: String,
 }
 
 impl Host {
@@ -101,17 +103,17 @@ impl Host {
             let mut rest = String::new();
             let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
         });
-        Host { child, addr }
+        let auth = format!("Bearer {}", token_in(data));
+        Host { child, addr, auth }
     }
 
     fn request(&self, method: &str, path: &str, body: Option<Value>) -> Response {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let headers: &[(&str, &str)] = if body.is_empty() {
-            &[]
-        } else {
-            &[("Content-Type", "application/json")]
-        };
-        http(self.addr, method, path, headers, body.as_bytes())
+        let mut headers = vec![("Authorization", self.auth.as_str())];
+        if !body.is_empty() {
+            headers.push(("Content-Type", "application/json"));
+        }
+        http(self.addr, method, path, &headers, body.as_bytes())
     }
 
     fn expect(&self, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {

@@ -36,7 +36,7 @@ fn background_releases_a_held_tool_call_from_another_connection() {
     let session = create_session(&server);
     let job_id = "job_http_background";
     let held = {
-        let (addr, session) = (server.addr, session.clone());
+        let (addr, session, auth) = (server.addr, session.clone(), server.bearer());
         thread::spawn(move || {
             let body = json!({
                 "tool": "shell",
@@ -48,7 +48,10 @@ fn background_releases_a_held_tool_call_from_another_connection() {
                 addr,
                 "POST",
                 &format!("/api/session/{session}/tool"),
-                &[("Content-Type", "application/json")],
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", &auth),
+                ],
                 body.as_bytes(),
             )
         })
@@ -172,8 +175,9 @@ fn a_client_that_hangs_up_does_not_cancel_its_job() {
         let body = json!({ "tool": "shell", "input": { "command": "sleep 2; echo done" }, "call_id": job_id }).to_string();
         write!(
             stream,
-            "POST /api/session/{session}/tool HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            "POST /api/session/{session}/tool HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             server.addr,
+        server.bearer(),
             body.len()
         )
         .unwrap();
@@ -371,9 +375,11 @@ fn sessions_jobs_and_shapes() {
 fn every_bad_request_is_a_json_4xx() {
     let server = Server::start(&[]);
     let session = create_session(&server);
+    let auth = server.bearer();
     let raw = |method: &str, path: &str, content_type: Option<&str>, body: &[u8]| {
-        let headers: Vec<(&str, &str)> =
+        let mut headers: Vec<(&str, &str)> =
             content_type.iter().map(|t| ("Content-Type", *t)).collect();
+        headers.push(("Authorization", &auth));
         http(server.addr, method, path, &headers, body)
     };
     let json_type = Some("application/json");
@@ -565,8 +571,64 @@ fn a_token_guards_every_route_but_health() {
 }
 
 #[test]
+fn a_host_makes_a_token_by_default_even_on_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_on(&dir.path().join("data"), &[]);
+    // Made at first start, readable by the user alone.
+    let file = server.data_dir.join("token");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{file:?}");
+    }
+    let token = server.token.clone().unwrap();
+    let plain = |path: &str, headers: &[(&str, &str)]| http(server.addr, "GET", path, headers, b"");
+    // On loopback, without the token: refused, saying where the token is.
+    let refused = plain("/api/session", &[]);
+    refused.assert_error(401, "unauthorized");
+    assert!(refused.body.contains("data dir"), "{}", refused.body);
+    assert_eq!(plain("/api/health", &[]).status, 200);
+    let bearer = format!("Bearer {token}");
+    assert_eq!(
+        plain("/api/session", &[("Authorization", &bearer)]).status,
+        200
+    );
+    // The URL the log prints works, and its token never reaches the
+    // handler's strict query.
+    assert_eq!(
+        plain(&format!("/api/session?token={token}"), &[]).status,
+        200
+    );
+    let status = plain(&format!("/api/job?token={token}&session_id=ses_x"), &[]).status;
+    assert!(matches!(status, 200 | 404), "{status}");
+    plain("/api/session?token=wrong", &[]).assert_error(401, "unauthorized");
+    // The same token after a restart on the same data dir.
+    let data = server.data_dir.clone();
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("made a token in"), "{log}");
+    assert!(log.contains(&format!("?token={token}")), "{log}");
+    let again = Server::start_on(&data, &[]);
+    assert_eq!(again.token.as_deref(), Some(token.as_str()));
+    let (_, log) = again.stop();
+    assert!(!log.contains("made a token"), "{log}");
+
+    // `--no-token` turns it off, loudly.
+    let open = Server::start(&["--no-token"]);
+    assert_eq!(http(open.addr, "GET", "/api/session", &[], b"").status, 200);
+    assert!(!open.data_dir.join("token").exists());
+    let (status, log) = open.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains("--no-token: this host requires NO token"),
+        "{log}"
+    );
+}
+
+#[test]
 fn browsers_from_other_origins_are_refused() {
-    let server = Server::start(&[]);
+    // Without a token, to see the Host check it adds.
+    let server = Server::start(&["--no-token"]);
     let same = format!("http://{}", server.addr);
     let get = |headers: &[(&str, &str)]| http(server.addr, "GET", "/api/session", headers, b"");
     assert_eq!(get(&[("Origin", &same)]).status, 200);
@@ -659,14 +721,17 @@ fn ask_rules_from_the_config_wait_for_a_reply() {
     let mut events = server.events();
     events.next_event().unwrap();
     let held = {
-        let (addr, tool) = (server.addr, tool.clone());
+        let (addr, tool, auth) = (server.addr, tool.clone(), server.bearer());
         thread::spawn(move || {
             let body = json!({ "tool": "shell", "input": { "command": "touch /dev/null && echo allowed" } }).to_string();
             http(
                 addr,
                 "POST",
                 &tool,
-                &[("Content-Type", "application/json")],
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", &auth),
+                ],
                 body.as_bytes(),
             )
         })
@@ -698,7 +763,7 @@ fn shutdown_answers_held_calls_and_exits_cleanly() {
     let session = create_session(&server);
     let job_id = "job_http_shutdown";
     let held = {
-        let (addr, session) = (server.addr, session.clone());
+        let (addr, session, auth) = (server.addr, session.clone(), server.bearer());
         thread::spawn(move || {
             let body =
                 json!({ "tool": "shell", "input": { "command": "sleep 60" }, "call_id": job_id })
@@ -707,7 +772,10 @@ fn shutdown_answers_held_calls_and_exits_cleanly() {
                 addr,
                 "POST",
                 &format!("/api/session/{session}/tool"),
-                &[("Content-Type", "application/json")],
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", &auth),
+                ],
                 body.as_bytes(),
             )
         })

@@ -29,8 +29,9 @@ fn a_disconnected_tool_call_moves_its_job_to_the_background() {
     let mut stream = TcpStream::connect(server.addr).unwrap();
     write!(
         stream,
-        "POST /api/session/{id}/tool HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /api/session/{id}/tool HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         server.addr,
+        server.bearer(),
         body.len()
     )
     .unwrap();

@@ -98,8 +98,9 @@ fn each_event_frame_has_an_id_line_matching_its_json() {
     let mut stream = TcpStream::connect(server.addr).unwrap();
     write!(
         stream,
-        "GET /api/event HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-        server.addr
+        "GET /api/event HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nConnection: close\r\n\r\n",
+        server.addr,
+        server.bearer()
     )
     .unwrap();
     stream

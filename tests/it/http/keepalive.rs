@@ -154,8 +154,9 @@ fn a_body_too_large_to_drain_is_answered_with_connection_close() {
     let mut stream = TcpStream::connect(server.addr).unwrap();
     stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
     let head = format!(
-        "POST /api/session HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /api/session HTTP/1.1\r\nHost: {}\r\nAuthorization: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         server.addr,
+        server.bearer(),
         3 * 1024 * 1024
     );
     stream.write_all(head.as_bytes()).unwrap();

@@ -48,10 +48,11 @@ fn stalled_clients_are_closed_and_others_still_get_answers() {
     let config = write_file(
         dir.path(),
         "offstage.toml",
-        "[http]\nheader_timeout = \"1s\"\nbody_timeout = \"1s\"\nidle_timeout = \"2s\"\n",
+        "[http]\nfirst_byte_timeout = \"1s\"\nheader_timeout = \"1s\"\nbody_timeout = \"1s\"\nidle_timeout = \"2s\"\n",
     );
     let server = Server::start(&["--config", config.to_str().unwrap()]);
     let host = server.addr.to_string();
+    let auth = server.bearer();
 
     let half_heads: Vec<TcpStream> = (0..300)
         .map(|_| {
@@ -66,7 +67,7 @@ fn stalled_clients_are_closed_and_others_still_get_answers() {
             connect(
                 &server,
                 &format!(
-                    "POST /api/session HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"title\": "
+                    "POST /api/session HTTP/1.1\r\nHost: {host}\r\nAuthorization: {auth}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"title\": "
                 ),
             )
         })
@@ -201,4 +202,131 @@ fn near_its_open_file_limit_the_host_keeps_answering() {
         log.contains("max_connections lowered from 1024 to 64"),
         "{log}"
     );
+}
+
+/// Raises this test process's soft open-file limit to its hard limit, so
+/// that it can hold thousands of sockets; the hard limit, which must
+/// allow `needed`.
+fn allow_open_files(needed: u64) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `limit` is a valid `rlimit` to fill and then to read.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        limit.rlim_cur = limit.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &limit), 0);
+    }
+    assert!(
+        limit.rlim_max >= needed,
+        "this test needs {needed} open files; the hard limit is {}",
+        limit.rlim_max
+    );
+}
+
+/// Whatever `stream` has received so far, without waiting.
+fn received(stream: &TcpStream) -> String {
+    stream.set_nonblocking(true).unwrap();
+    let mut text = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let mut reader = stream;
+    while let Ok(n) = reader.read(&mut buffer) {
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+#[test]
+fn idle_sockets_cannot_lock_a_real_client_out() {
+    allow_open_files(2_200);
+    // The default config: 1,024 connections, and a first byte within 5 s.
+    let server = Server::start(&[]);
+    // 2,000 sockets that never send a byte, from the client's own address.
+    let idle: Vec<TcpStream> = (0..2_000)
+        .map(|_| TcpStream::connect(server.addr).unwrap())
+        .collect();
+    let asked = std::time::Instant::now();
+    let response = server.request("GET", "/api/session", None);
+    let took = asked.elapsed();
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert!(took < Duration::from_secs(1), "served after {took:?}");
+    // The idle sockets were closed to make room, never refused: no 503
+    // reached any of them.
+    let refused = idle
+        .iter()
+        .filter(|stream| received(stream).starts_with("HTTP/1.1 503"))
+        .count();
+    assert_eq!(refused, 0);
+    drop(idle);
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+}
+
+#[test]
+fn a_refusal_is_a_503_every_client_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    // Every slot busy reading a head, for longer than the test.
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[http]\nmax_connections = 8\nheader_timeout = \"10m\"\n",
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let _busy: Vec<TcpStream> = (0..8)
+        .map(|_| connect(&server, "GET /api/health HTTP/1.1\r\n"))
+        .collect();
+    // Many at once, each sending a whole request: every one reads its
+    // 503, none gets a reset or a bare close.
+    let clients: Vec<_> = (0..300)
+        .map(|_| {
+            let addr = server.addr;
+            thread::spawn(move || {
+                let mut stream = TcpStream::connect(addr).unwrap();
+                let _ = stream.write_all(
+                    format!("GET /api/health HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes(),
+                );
+                read_until_closed(&mut stream, "a refused client")
+            })
+        })
+        .collect();
+    let answers: Vec<String> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    let read_503 = answers
+        .iter()
+        .filter(|a| a.starts_with("HTTP/1.1 503") && a.contains("too_many_connections"))
+        .count();
+    assert_eq!(
+        read_503,
+        300,
+        "{:?}",
+        answers.iter().find(|a| !a.starts_with("HTTP/1.1 503"))
+    );
+}
+
+#[test]
+fn a_connection_must_send_its_first_byte_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        "[http]\nfirst_byte_timeout = \"300ms\"\nidle_timeout = \"10m\"\n",
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let opened = std::time::Instant::now();
+    let mut silent = connect(&server, "");
+    read_until_closed(&mut silent, "a silent connection");
+    assert!(
+        opened.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        opened.elapsed()
+    );
+    // Once a connection sent a request, keep-alive waits are idle_timeout's.
+    let mut used = offstage_tests::server::KeepAlive::connect(server.addr);
+    used.send("GET", "/api/health", &[], b"").unwrap();
+    thread::sleep(Duration::from_millis(600));
+    let again = used.send("GET", "/api/health", &[], b"").unwrap();
+    assert_eq!(again.status, 200);
 }

@@ -450,7 +450,7 @@ fn the_real_server_survives_the_corpus() {
     let other = server.expect("POST", "/api/session", Some(&json!({})), 201);
     let other = other["id"].as_str().unwrap().to_string();
     let hung = {
-        let addr = server.addr;
+        let (addr, auth) = (server.addr, server.bearer());
         let path = format!("/api/session/{other}/tool");
         std::thread::spawn(move || {
             let body = json!({
@@ -463,7 +463,10 @@ fn the_real_server_survives_the_corpus() {
                 addr,
                 "POST",
                 &path,
-                &[("Content-Type", "application/json")],
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", &auth),
+                ],
                 body.as_bytes(),
             )
         })

@@ -12,7 +12,11 @@ use serde_json::Value;
 #[test]
 fn a_null_body_where_the_document_allows_one_means_no_body() {
     let server = Server::start(&[]);
-    let json = [("Content-Type", "application/json")];
+    let auth = server.bearer();
+    let json = [
+        ("Content-Type", "application/json"),
+        ("Authorization", auth.as_str()),
+    ];
     let created = http(server.addr, "POST", "/api/session", &json, b"null");
     assert_eq!(created.status, 201, "{}", created.body);
     let session = created.json();

@@ -63,10 +63,19 @@ fn reload_over_the_api_and_the_cli() {
     let listed = server.expect("GET", "/api/plugin", None, 200);
     assert_eq!(listed[0]["generation"], 2);
 
-    // The CLI: a broken build is refused and generation 2 keeps serving.
+    // The CLI, with the token from the host's data dir: a broken build is refused and generation 2 keeps serving.
+    let data = server.data_dir.to_str().unwrap();
     install(Variant::Broken, &dest);
     let (code, stdout, stderr) = cli(
-        &["plugin", "reload", "reloadable", "--server", &server.url],
+        &[
+            "plugin",
+            "reload",
+            "reloadable",
+            "--server",
+            &server.url,
+            "--data-dir",
+            data,
+        ],
         &[],
     );
     assert_eq!(code, 1, "{stdout}{stderr}");
@@ -83,7 +92,15 @@ fn reload_over_the_api_and_the_cli() {
     // Fixed: the broken attempt used generation 3.
     install(Variant::A, &dest);
     let (code, stdout, stderr) = cli(
-        &["plugin", "reload", "reloadable", "--server", &server.url],
+        &[
+            "plugin",
+            "reload",
+            "reloadable",
+            "--server",
+            &server.url,
+            "--data-dir",
+            data,
+        ],
         &[],
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
@@ -99,6 +116,8 @@ fn reload_over_the_api_and_the_cli() {
             "--json",
             "--server",
             &server.url,
+            "--data-dir",
+            data,
         ],
         &[],
     );
@@ -111,7 +130,15 @@ fn reload_over_the_api_and_the_cli() {
     assert_eq!(whoami(&server, json!({}))["output"], stamp(Variant::A, 4));
 
     let (code, _, stderr) = cli(
-        &["plugin", "reload", "nobody", "--server", &server.url],
+        &[
+            "plugin",
+            "reload",
+            "nobody",
+            "--server",
+            &server.url,
+            "--data-dir",
+            data,
+        ],
         &[],
     );
     assert_eq!(code, 1);

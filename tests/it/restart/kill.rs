@@ -19,7 +19,7 @@ use std::{
 };
 
 use offstage_tests::{
-    server::{cli, http, offstage_binary},
+    server::{cli, http, offstage_binary, token_in},
     wait::eventually,
 };
 use serde_json::{json, Value};
@@ -29,6 +29,8 @@ use serde_json::{json, Value};
 struct Host {
     child: Option<Child>,
     addr: SocketAddr,
+    /// `Bearer TOKEN`, the token the host made in its data dir.
+    auth: String,
     stderr: Option<JoinHandle<String>>,
 }
 
@@ -70,18 +72,18 @@ impl Host {
         Host {
             child: Some(child),
             addr,
+            auth: format!("Bearer {}", token_in(data)),
             stderr: Some(stderr),
         }
     }
 
     fn expect(&self, method: &str, path: &str, body: Option<Value>, status: u16) -> Value {
         let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let headers: &[(&str, &str)] = if body.is_empty() {
-            &[]
-        } else {
-            &[("Content-Type", "application/json")]
-        };
-        let response = http(self.addr, method, path, headers, body.as_bytes());
+        let mut headers = vec![("Authorization", self.auth.as_str())];
+        if !body.is_empty() {
+            headers.push(("Content-Type", "application/json"));
+        }
+        let response = http(self.addr, method, path, &headers, body.as_bytes());
         assert_eq!(
             response.status, status,
             "{method} {path}: {}",

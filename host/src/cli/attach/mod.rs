@@ -70,7 +70,7 @@ pub(crate) fn run(client: &ClientArgs, session: Option<String>) -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    let http = match Client::new(&client.server, client.token.clone()) {
+    let http = match Client::new(&client.server, client.token()) {
         Ok(http) => http,
         Err(error) => {
             eprintln!("offstage attach: {error}");

@@ -59,7 +59,7 @@ pub(in crate::plugin) struct Module(PluginModuleRef);
 /// Opens the library at `copy` (a private copy of `path`, which is the name
 /// errors use) and returns its checked root module.
 pub(in crate::plugin) fn open(path: &Path, copy: &Path) -> Result<(Module, Mapping), LoadError> {
-    let library = RawLibrary::load_at(copy).map_err(|e| classify(path, e))?;
+    let library = RawLibrary::load_at(copy).map_err(|e| classify(path, copy, e))?;
     // Kept mapped from here on, failures included (abi_stable's checks may
     // have run the library's code), unless `Mapping::unmap` says otherwise.
     let mapping = Mapping(Some(library));
@@ -67,10 +67,11 @@ pub(in crate::plugin) fn open(path: &Path, copy: &Path) -> Result<(Module, Mappi
     // SAFETY: the header and the module point into `raw`, which stays
     // mapped as long as anything may use them: `Mapping` never unmaps but
     // through `unmap`, whose caller drops every reference first.
-    let header = unsafe { lib_header_from_raw_library(raw) }.map_err(|e| classify(path, e))?;
+    let header =
+        unsafe { lib_header_from_raw_library(raw) }.map_err(|e| classify(path, copy, e))?;
     let module = header
         .init_root_module::<PluginModuleRef>()
-        .map_err(|e| classify(path, e))?;
+        .map_err(|e| classify(path, copy, e))?;
     Ok((Module(module), mapping))
 }
 
@@ -154,20 +155,33 @@ fn classify_init_error(path: &Path, name: &str, error: AbiError) -> LoadError {
     }
 }
 
+/// The dynamic loader's message names the file it opened, the private
+/// copy, which the user never gave: the message names it once, at the
+/// end, so that the user's file (in front of it) comes first.
+fn copy_named_last(detail: &str, copy: &Path) -> String {
+    let copy = copy.display().to_string();
+    if !detail.contains(&copy) {
+        return detail.to_string();
+    }
+    let detail = detail.strip_prefix(&format!("{copy}: ")).unwrap_or(detail);
+    let detail = detail.replace(&copy, "the private copy");
+    format!("{detail} (opened as its private copy {copy})")
+}
+
 fn abi_header_version(header: &AbiHeader) -> String {
     format!("{}.{}", header.abi_major, header.abi_minor)
 }
 
 /// Maps abi_stable's errors to ours. `path` is the user's file, not the copy
-/// abi_stable saw.
-fn classify(path: &Path, error: LibraryError) -> LoadError {
+/// abi_stable saw; the copy is named after it where the loader named it.
+fn classify(path: &Path, copy: &Path, error: LibraryError) -> LoadError {
     let path = path.to_path_buf();
     match error {
         // Not a library, or a truncated one, was refused before the open
         // by `file::check_format`; what is left is the loader's own cause.
         LibraryError::OpenError { err, .. } => LoadError::Open {
             path,
-            detail: one_line(&err.to_string()),
+            detail: copy_named_last(&one_line(&err.to_string()), copy),
         },
         LibraryError::GetSymbolError { symbol, .. } => LoadError::NoRootModule {
             path,
@@ -221,5 +235,33 @@ fn classify(path: &Path, error: LibraryError) -> LoadError {
             path,
             detail: one_line(&other.to_string()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loader_message_names_the_private_copy_last() {
+        let copy = Path::new("/data/plugins/hello-3-77.so");
+        let detail = copy_named_last(
+            "/data/plugins/hello-3-77.so: undefined symbol: nothing_here",
+            copy,
+        );
+        assert_eq!(
+            detail,
+            "undefined symbol: nothing_here (opened as its private copy /data/plugins/hello-3-77.so)"
+        );
+        // The user's file goes in front of it.
+        let error = LoadError::Open {
+            path: "/home/me/plugins/libhello.so".into(),
+            detail,
+        };
+        assert!(error
+            .to_string()
+            .starts_with("/home/me/plugins/libhello.so: cannot open library: undefined symbol"));
+        // A message without the copy is left as it is.
+        assert_eq!(copy_named_last("no such file", copy), "no such file");
     }
 }

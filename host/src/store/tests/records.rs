@@ -223,3 +223,56 @@ fn the_words_written_for_statuses_and_roles_are_serdes() {
         assert_eq!(role_word(role), word(&role));
     }
 }
+
+#[test]
+fn the_event_history_is_kept_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = vec![
+        StoredEvent {
+            id: 7,
+            kind: "job.finished".into(),
+            json: r#"{"id":7,"type":"job.finished","properties":{}}"#.into(),
+        },
+        StoredEvent {
+            id: 9,
+            kind: "session.wake".into(),
+            json: r#"{"id":9,"type":"session.wake","properties":{}}"#.into(),
+        },
+    ];
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.save_events(vec![events[1].clone()]).unwrap();
+        // Saving again replaces what was kept.
+        store.save_events(events.clone()).unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.load_events().unwrap(), events);
+}
+
+#[test]
+fn a_row_that_does_not_parse_is_named_by_table_and_id() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.put_session(&session("ses_1", None)).unwrap();
+        store
+            .append_message(&message("msg_bad", "ses_1", Role::User))
+            .unwrap();
+    }
+    let db = dir.path().join(DB_FILE);
+    Connection::open(&db)
+        .unwrap()
+        .execute(
+            "UPDATE messages SET metadata = '{not json' WHERE id = 'msg_bad'",
+            [],
+        )
+        .unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let error = store.recover("now").unwrap_err();
+    let text = error.at_start(&db).to_string();
+    assert!(
+        text.contains("`messages`") && text.contains("\"msg_bad\""),
+        "{text}"
+    );
+    assert!(text.contains(&db.display().to_string()), "{text}");
+}
