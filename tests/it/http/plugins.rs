@@ -396,12 +396,16 @@ fn a_hook_that_blocks_its_worker_is_counted_and_logged_once_a_minute() {
     let block = |ms: u64| {
         let body = json!({ "tool": "block", "input": { "ms": ms } }).to_string();
         let (addr, path) = (server.addr, format!("/api/session/{session}/tool"));
+        let auth = server.bearer();
         std::thread::spawn(move || {
             let answer = offstage_tests::server::http(
                 addr,
                 "POST",
                 &path,
-                &[("Content-Type", "application/json")],
+                &[
+                    ("Content-Type", "application/json"),
+                    ("Authorization", &auth),
+                ],
                 body.as_bytes(),
             );
             assert_eq!(answer.status, 200);

@@ -83,7 +83,12 @@ fn every_tool_is_listed_with_its_owner_and_input_schema() {
 
         // The CLI lists the same, one line a tool and one for its input.
         let url = format!("http://{}", server.addr);
-        let (code, stdout, stderr) = cli(&["tool", "list", "--server", &url], &[]);
+        // The CLI reads the host's token from its data dir, as a user's would.
+        let data_dir = server.data_dir.to_str().unwrap().to_string();
+        let (code, stdout, stderr) = cli(
+            &["tool", "list", "--server", &url, "--data-dir", &data_dir],
+            &[],
+        );
         assert_eq!(code, 0, "{stderr}");
         assert!(
             stdout.contains("input: command*: string"),

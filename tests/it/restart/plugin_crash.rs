@@ -21,7 +21,7 @@ fn call_and_crash(server: &Server, tool: &str, input: serde_json::Value) {
         .unwrap()
         .to_string();
     let body = json!({ "tool": tool, "input": input }).to_string();
-    let addr = server.addr;
+    let (addr, auth) = (server.addr, server.bearer());
     // The connection ends with the host: an empty reply, which the
     // client helper may take badly; only the host's end matters here.
     let _ = std::thread::spawn(move || {
@@ -29,7 +29,10 @@ fn call_and_crash(server: &Server, tool: &str, input: serde_json::Value) {
             addr,
             "POST",
             &format!("/api/session/{session}/tool"),
-            &[("Content-Type", "application/json")],
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &auth),
+            ],
             body.as_bytes(),
         )
     })
