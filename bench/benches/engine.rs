@@ -231,8 +231,9 @@ async fn faces() {
         );
     }
     // The per-poll row pays for a fresh poll per call: the plugin's future
-    // wakes itself and returns `Pending`, and tokio's scheduler polls it
-    // again. What that costs without a call, and the
+    // wakes itself and returns `Pending`, the host polls it again (at once,
+    // within the re-poll budget of host/src/plugin/abi/repoll.rs; past it,
+    // through tokio's scheduler). What that costs without a call, and the
     // call's own part, are shown beside it (the target stays on the row
     // above).
     let polls = median(results.get_mut("polls-only").unwrap());

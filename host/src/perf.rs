@@ -6,6 +6,9 @@
 //! variable is read once, the first time any switch is asked about, and
 //! never again. Names ([`Mechanism::name`]):
 //!
+//! - `repoll`: a plugin future that woke itself during a poll goes back
+//!   through tokio's scheduler instead of being polled again at once
+//!   (`plugin/abi/repoll.rs`).
 //! - `flush-thread`: no thread writes the WAL out ahead of a checkpoint;
 //!   the checkpoint syncs the log itself (`store/checkpoint.rs`).
 //! - `beside`: a large move of jobs does all its work on the thread that
@@ -23,17 +26,20 @@ pub(crate) const VAR: &str = "OFFSTAGE_PERF_OFF";
 /// A mechanism that can be switched off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mechanism {
+    Repoll,
     FlushThread,
     Beside,
 }
 
 impl Mechanism {
     /// Every mechanism, in the order documented above.
-    pub(crate) const ALL: [Mechanism; 2] = [Mechanism::FlushThread, Mechanism::Beside];
+    pub(crate) const ALL: [Mechanism; 3] =
+        [Mechanism::Repoll, Mechanism::FlushThread, Mechanism::Beside];
 
     /// Its name in [`VAR`].
     pub(crate) fn name(self) -> &'static str {
         match self {
+            Mechanism::Repoll => "repoll",
             Mechanism::FlushThread => "flush-thread",
             Mechanism::Beside => "beside",
         }
@@ -93,9 +99,10 @@ mod tests {
         assert_eq!(parse(""), Switches::default());
         assert_eq!(parse(" , "), Switches::default());
         let switches = parse(" flush-thread,bogus,,");
-        assert_eq!(switches.off, [true, false]);
+        assert_eq!(switches.off, [false, true, false]);
         assert_eq!(switches.unknown, ["bogus"]);
-        assert_eq!(parse("beside,flush-thread").off, [true, true]);
+        assert_eq!(parse("beside,flush-thread").off, [false, true, true]);
+        assert_eq!(parse("repoll").off, [true, false, false]);
         let all: Vec<&str> = Mechanism::ALL.iter().map(|m| m.name()).collect();
         assert_eq!(parse(&all.join(",")).off, [true; Mechanism::ALL.len()]);
         assert_eq!(parse("Beside").unknown, ["Beside"], "names are exact");

@@ -1,6 +1,6 @@
-//! How the host polls a plugin's future: a future that woke itself during
-//! a poll goes back through tokio's scheduler. These tests show what the
-//! host's polling must not break, with the real racer
+//! How the host polls a plugin's future (`host/src/plugin/abi/repoll.rs`):
+//! a future that woke itself during a poll is polled again at once, within
+//! a budget. These tests show what that must not break, with the real racer
 //! plugin (`tests/plugins/racer`) on a runtime with ONE worker, where a
 //! task that never yields would stop every other task:
 //!

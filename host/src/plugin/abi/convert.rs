@@ -23,6 +23,7 @@ use offstage_plugin_api::{
 use serde::de::DeserializeOwned;
 use tokio::runtime::Handle;
 
+use super::repoll::Repoller;
 use crate::plugin::{
     generation::GenerationState,
     watchdog::{self, Hook},
@@ -116,16 +117,22 @@ impl<F: Future<Output = Result<String>>, H: Borrow<Handle>> Future for InRuntime
 
 /// Awaits a future a plugin returned; a panic that escaped the plugin's own
 /// guard (async-ffi re-raises it here) becomes an error. A plugin future
-/// that wakes itself goes back through tokio's scheduler like any task.
+/// that wakes itself while polled is polled again at once, within a budget
+/// ([`Repoller`], `repoll.rs`).
 pub(in crate::plugin) struct FromPlugin {
     inner: FfiFuture<AbiResult>,
+    repoller: Repoller,
     /// Whose hook it is, for the marks of `watchdog.rs`.
     watch: Option<(&'static GenerationState, Hook)>,
 }
 
 impl FromPlugin {
     pub(in crate::plugin) fn new(inner: FfiFuture<AbiResult>) -> Self {
-        FromPlugin { inner, watch: None }
+        FromPlugin {
+            inner,
+            repoller: Repoller::default(),
+            watch: None,
+        }
     }
 
     /// Marks each poll on its thread as `plugin`'s `hook`, when the
@@ -146,18 +153,24 @@ impl Future for FromPlugin {
     type Output = Result<String>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<String>> {
-        let FromPlugin { inner, watch } = &mut *self;
+        let FromPlugin {
+            inner,
+            repoller,
+            watch,
+        } = &mut *self;
         let _entered = watch.map(|(plugin, hook)| watchdog::enter(plugin, hook));
-        match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *inner).poll(cx))) {
-            Ok(poll) => poll.map(from_abi),
-            Err(payload) => Poll::Ready(Err(ServiceError::PluginPanic {
-                plugin: None,
-                message: format!(
-                    "panicked in its code: plugin future panicked: {}",
-                    panic_message(payload.as_ref())
-                ),
-            })),
-        }
+        repoller.poll(cx, |cx| {
+            match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut *inner).poll(cx))) {
+                Ok(poll) => poll.map(from_abi),
+                Err(payload) => Poll::Ready(Err(ServiceError::PluginPanic {
+                    plugin: None,
+                    message: format!(
+                        "panicked in its code: plugin future panicked: {}",
+                        panic_message(payload.as_ref())
+                    ),
+                })),
+            }
+        })
     }
 }
 

@@ -19,6 +19,8 @@
 //!   plugin's data dir.
 //! - `hooks.rs`: tools, wrappers, agents and subscriptions a plugin adds.
 //! - `convert.rs`: results, JSON and futures across the boundary.
+//! - `repoll.rs`: how the host polls a plugin's future (a self-wake is
+//!   polled again at once, within a budget).
 
 // The method table marks the methods of other API releases with
 // `cfg(offstage_api_variant = ...)`, a cfg only the compatibility fixtures
@@ -31,6 +33,7 @@ mod hooks;
 mod instance;
 mod library;
 pub(in crate::plugin) mod remote;
+mod repoll;
 mod services;
 
 use std::{
