@@ -19,6 +19,8 @@
 //! max_connections = 1024        # open connections; more get a 503
 //! [jobs]
 //! max_output = "1GiB"           # bytes of output saved per job (default)
+//! max_running = 200             # tool calls running at once; more get a 503
+//!                               # (default: from the open-file limit)
 //! [events]
 //! history = 4096                # events kept for replay and slow readers
 //! history_bytes = 16777216      # and at most this many bytes of them
@@ -169,6 +171,10 @@ fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duratio
 pub struct JobsTable {
     /// `max_output = "64MiB"`: bytes of output saved per job.
     pub max_output: Option<ByteSize>,
+    /// `max_running = 200`: tool calls running at once; one more is
+    /// refused (503 `busy`). At least 1; unset, it is worked out from the
+    /// open-file limit (`session::jobs_for_open_files`).
+    pub max_running: Option<std::num::NonZeroUsize>,
 }
 
 /// A size in bytes, written as a number of bytes or a string with a unit:
@@ -442,6 +448,8 @@ pub(crate) struct ServeConfig {
     pub http: HttpTable,
     /// `[jobs] max_output`, in bytes.
     pub max_output: u64,
+    /// `[jobs] max_running`, if set.
+    pub max_running: Option<usize>,
     /// `[events]`: the event history's limits.
     pub event_history: HistoryLimits,
     /// Things worth a warning in the log, e.g. a token in a file that
@@ -532,6 +540,7 @@ impl ServeConfig {
                 .jobs
                 .max_output
                 .map_or(crate::process::output::DEFAULT_MAX_OUTPUT, |size| size.0),
+            max_running: file.jobs.max_running.map(std::num::NonZeroUsize::get),
             event_history: event_history(&file.events)?,
             warnings,
         })
@@ -765,6 +774,18 @@ action = "deny"
             "\"99999999999TiB\"",
         ] {
             let error = max(&format!("[jobs]\nmax_output = {bad}\n")).unwrap_err();
+            assert!(error.contains("line 2"), "{bad}: {error}");
+        }
+        let running = |text: &str| FileConfig::parse(text).map(|c| c.jobs.max_running);
+        assert_eq!(running("").unwrap(), None);
+        assert_eq!(
+            running("[jobs]\nmax_running = 7\n")
+                .unwrap()
+                .map(|n| n.get()),
+            Some(7)
+        );
+        for bad in ["0", "-1", "\"many\""] {
+            let error = running(&format!("[jobs]\nmax_running = {bad}\n")).unwrap_err();
             assert!(error.contains("line 2"), "{bad}: {error}");
         }
         let error = FileConfig::parse("[jobs]\nmax_outptu = 1\n").unwrap_err();

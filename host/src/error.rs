@@ -48,6 +48,10 @@ pub enum ServiceError {
     /// with this until space returns; removing a session still works.
     #[error("{0}")]
     StorageFull(String),
+    /// The host is at its cap of running jobs (`[jobs] max_running`): the
+    /// call was refused before it became a job; try again once jobs end.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl ServiceError {
@@ -67,6 +71,7 @@ impl ServiceError {
             ServiceError::Plugin(_) | ServiceError::PluginPanic { .. } => "plugin_failure",
             ServiceError::Internal(_) => "internal",
             ServiceError::StorageFull(_) => "storage_full",
+            ServiceError::Busy(_) => "busy",
         }
     }
 }
@@ -109,7 +114,11 @@ impl From<ServiceError> for PluginError {
             ServiceError::PermissionDenied(_) => ErrorKind::PermissionDenied,
             ServiceError::Unsupported(_) => ErrorKind::Unsupported,
             ServiceError::Plugin(_) => ErrorKind::PluginFailure,
-            ServiceError::Internal(_) | ServiceError::StorageFull(_) => ErrorKind::HostFailure,
+            // A plugin API 1.x has no kind for "busy": the host could not
+            // do it now, and the message says so and why.
+            ServiceError::Internal(_) | ServiceError::StorageFull(_) | ServiceError::Busy(_) => {
+                ErrorKind::HostFailure
+            }
         };
         PluginError::new(kind, error.to_string())
     }

@@ -148,6 +148,24 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     if let Some(lowered) = lowered {
         tracing::warn!("{lowered}");
     }
+    // The cap on running tool calls: as set, else what the descriptors
+    // left after the connections allow (no cap where the limit is unknown).
+    let computed = open_files
+        .map(|open_files| crate::session::jobs_for_open_files(open_files, limits.max_connections));
+    match (config.max_running, computed) {
+        (Some(set), Some(room)) if set > room => tracing::warn!(
+            "[jobs] max_running = {set} is more than the open-file limit leaves room for ({room}); \
+             calls past that may fail for want of descriptors"
+        ),
+        _ => {}
+    }
+    if let Some(max_running) = config.max_running.or(computed) {
+        service.set_max_running(max_running);
+        tracing::info!(
+            max_running,
+            "running tool calls capped ([jobs] max_running)"
+        );
+    }
     let settings = plugin_settings(&config.plugins);
     let plugins = PluginHost::with_isolation(
         service.clone(),

@@ -40,7 +40,7 @@ pub(crate) struct ErrorBody {
 pub(crate) struct ErrorDetail {
     /// Stable, lower-case: `not_found`, `bad_request`, `conflict`,
     /// `forbidden`, `unauthorized`, `unsupported`, `payload_too_large`,
-    /// `request_timeout`, `too_many_connections`, ...
+    /// `request_timeout`, `too_many_connections`, `busy`, ...
     pub code: String,
     pub message: String,
 }
@@ -80,6 +80,8 @@ impl ApiError {
 /// - `Unsupported` is 422: the request is well-formed but asks for
 ///   something this host (or plugin) does not do; 501 would blame the
 ///   server for what is a client's choice.
+/// - `Busy` is 503 with `Retry-After`: the host is at its cap of running
+///   jobs; the same call succeeds once jobs end.
 /// - `Plugin` is 424 (Failed Dependency): a plugin the request went through
 ///   failed. It is not the host's fault, and the host keeps serving.
 pub fn status_of(error: &ServiceError) -> StatusCode {
@@ -92,6 +94,7 @@ pub fn status_of(error: &ServiceError) -> StatusCode {
         ServiceError::Plugin(_) | ServiceError::PluginPanic { .. } => StatusCode::FAILED_DEPENDENCY,
         ServiceError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         ServiceError::StorageFull(_) => StatusCode::INSUFFICIENT_STORAGE,
+        ServiceError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -127,15 +130,30 @@ pub(crate) async fn wrong_method(request: Request) -> ApiError {
     )
 }
 
+/// `Retry-After` of every 503 (`busy`, `too_many_connections`), in seconds.
+pub(crate) const RETRY_AFTER_SECONDS: &str = "1";
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        // A refusal for want of capacity (at the job cap) is expected
+        // under load, not a fault: a warning would flood the log.
+        if self.code == "busy" {
+            tracing::debug!(code = self.code, message = %self.message, "request refused");
+        } else if self.status.is_server_error() {
             tracing::error!(code = self.code, message = %self.message, "request failed");
         } else {
             tracing::debug!(status = %self.status, code = self.code, message = %self.message, "request refused");
         }
+        let retry = self.status == StatusCode::SERVICE_UNAVAILABLE;
         let body = json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if retry {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
+        }
+        response
     }
 }
 
@@ -161,5 +179,15 @@ mod tests {
         assert!(ApiError::from(ServiceError::Internal("x".into()))
             .status
             .is_server_error());
+    }
+
+    #[test]
+    fn busy_is_503_with_retry_after() {
+        let api = ApiError::from(ServiceError::Busy("at the cap".into()));
+        assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(api.code, "busy");
+        let response = api.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()["retry-after"], RETRY_AFTER_SECONDS);
     }
 }

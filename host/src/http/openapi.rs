@@ -63,7 +63,8 @@ pub(crate) struct ApiDoc;
 ///   (`security: [{}]`);
 /// - 400 where there is a path or query parameter or a body to parse;
 /// - 408, 413, 415 where there is a body (`connection.rs`, `extract.rs`);
-/// - 500 and 503 (the connection cap, `server.rs`) on every route, and 507
+/// - 500 and 503 (the connection cap, `server.rs`) on every route (with
+///   `busy`, the job cap, on the tool call), and 507
 ///   (a full disk) on every route that writes.
 ///
 /// And request bodies say whether they are required. An optional body
@@ -89,6 +90,11 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
         "InternalError": error("`internal`: the host is at fault (a bug); never the answer to a bad request"),
         "ServiceUnavailable": {
             "description": "`too_many_connections`: every one of the host's `[http] max_connections` connections is in a request; try again after `Retry-After`",
+            "headers": { "Retry-After": { "description": "Seconds to wait before trying again", "schema": { "type": "integer" } } },
+            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } },
+        },
+        "Busy": {
+            "description": "`busy`: the host runs its most tool calls at once (`[jobs] max_running`); the call was refused before it became a job. Or `too_many_connections`: every one of the host's `[http] max_connections` connections is in a request. Either way, try again after `Retry-After`",
             "headers": { "Retry-After": { "description": "Seconds to wait before trying again", "schema": { "type": "integer" } } },
             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/ErrorBody" } } },
         },
@@ -141,6 +147,9 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
                 add("415", "UnsupportedMediaType");
             }
             add("500", "InternalError");
+            if starts_jobs(method, path) {
+                add("503", "Busy");
+            }
             add("503", "ServiceUnavailable");
             if writes(method, path) {
                 add("507", "InsufficientStorage");
@@ -163,6 +172,12 @@ fn not_null(parameter: &mut serde_json::Value) {
     if let [only] = &kept[..] {
         schema["type"] = only.clone();
     }
+}
+
+/// Whether an operation starts tool calls, so that the job cap
+/// (`[jobs] max_running`) answers it `503 busy`.
+fn starts_jobs(method: &str, path: &str) -> bool {
+    method == "post" && path == "/api/session/{id}/tool"
 }
 
 /// Whether an operation writes to the store, so that a full disk answers
@@ -326,6 +341,12 @@ mod tests {
             // Every 5xx the host can give.
             for status in ["500", "503"] {
                 assert!(has(status), "{what}: no {status}");
+            }
+            if path == "/api/session/{id}/tool" {
+                assert_eq!(
+                    responses["503"]["$ref"], "#/components/responses/Busy",
+                    "{what}: 503 busy"
+                );
             }
             assert_eq!(
                 has("507"),

@@ -39,7 +39,7 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard,
     },
 };
@@ -49,6 +49,7 @@ use rusqlite::Connection;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
+pub(crate) use jobs::jobs_for_open_files;
 use jobs::CancelReason;
 pub(crate) use jobs::JobRuntime;
 
@@ -93,6 +94,12 @@ struct Inner {
     store: Arc<Store>,
     /// `[jobs] max_output`: bytes of output each job's file may hold.
     max_output: AtomicU64,
+    /// `[jobs] max_running`: tool calls running at once, at most (no cap
+    /// unless set); see `JobSlot` in `jobs/call.rs`.
+    max_running: AtomicUsize,
+    /// Tool calls holding a `JobSlot`: from their checks until
+    /// their job's task is done.
+    running_calls: AtomicUsize,
     /// What every job marker of this data dir starts with, worked out on
     /// first use (it canonicalises the data dir: a few syscalls that every
     /// shell call would otherwise pay).
@@ -323,6 +330,8 @@ impl SessionService {
                 data_dir: config.data_dir,
                 store,
                 max_output: AtomicU64::new(crate::process::output::DEFAULT_MAX_OUTPUT),
+                max_running: AtomicUsize::new(usize::MAX),
+                running_calls: AtomicUsize::new(0),
                 marker_prefix: std::sync::OnceLock::new(),
             }),
         }
@@ -471,6 +480,19 @@ impl SessionService {
     /// What [`set_max_output`](Self::set_max_output) set.
     pub fn max_output(&self) -> u64 {
         self.inner.max_output.load(Ordering::Relaxed)
+    }
+
+    /// Caps the tool calls that run at once (`[jobs] max_running`): one
+    /// more is refused with [`ServiceError::Busy`] before it is a job, so
+    /// that a host short of descriptors refuses work rather than fails it.
+    pub fn set_max_running(&self, jobs: usize) {
+        self.inner.max_running.store(jobs.max(1), Ordering::Relaxed);
+    }
+
+    /// What [`set_max_running`](Self::set_max_running) set (`usize::MAX`:
+    /// no cap).
+    pub fn max_running(&self) -> usize {
+        self.inner.max_running.load(Ordering::Relaxed)
     }
 
     /// Where job output files live.

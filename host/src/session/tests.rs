@@ -338,3 +338,49 @@ async fn a_panicking_background_job_still_gets_its_notice() {
     service.wait_idle(&session).await.unwrap();
     assert_eq!(notices_of(&service, &session, "job_panics").len(), 1);
 }
+
+/// At `max_running`, a call is refused `Busy` and is no job; once a job
+/// ends, the next call is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_job_cap_is_refused_busy_and_is_no_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = service(&dir);
+    service.set_max_running(2);
+    let session = session(&service).await;
+    let flag = dir.path().join("go");
+    let mut input = wait_for_flag(&flag);
+    input["background"] = json!(true);
+    for _ in 0..2 {
+        let started = service
+            .call_tool(&session, ToolRequest::new("shell", input.clone()))
+            .await
+            .unwrap();
+        assert_eq!(started.status, ToolStatus::Backgrounded);
+    }
+    let mut request = ToolRequest::new("shell", json!({ "command": "true" }));
+    request.call_id = Some("over".into());
+    let refused = service.call_tool(&session, request.clone()).await;
+    assert!(
+        matches!(refused, Err(crate::error::ServiceError::Busy(_))),
+        "{refused:?}"
+    );
+    assert!(
+        service.job("over").await.is_err(),
+        "a refused call is no job"
+    );
+    assert_eq!(service.jobs(Some(&session)).await.unwrap().len(), 2);
+    std::fs::write(&flag, "").unwrap();
+    let taken = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match service.call_tool(&session, request.clone()).await {
+                Err(crate::error::ServiceError::Busy(_)) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => break other,
+            }
+        }
+    })
+    .await
+    .expect("a place freed up");
+    assert_eq!(taken.unwrap().status, ToolStatus::Completed);
+}

@@ -330,3 +330,109 @@ fn a_connection_must_send_its_first_byte_in_time() {
     let again = used.send("GET", "/api/health", &[], b"").unwrap();
     assert_eq!(again.status, 200);
 }
+
+/// A host whose open-file limit (soft and hard) is 1024 caps its running
+/// tool calls (`[jobs] max_running`, worked out from the limit): past the
+/// cap a call is refused `503 busy` with `Retry-After` before it is a job,
+/// no job fails for want of descriptors, and once jobs end calls are
+/// taken again.
+#[cfg(unix)]
+#[test]
+fn at_the_job_cap_tool_calls_get_503_busy_not_failed_jobs() {
+    let server = Server::start_with_open_files(&[], 1024);
+    let session = server.expect("POST", "/api/session", Some(&serde_json::json!({})), 201);
+    let session = session["id"].as_str().unwrap().to_string();
+    let path = format!("/api/session/{session}/tool");
+    // Each job writes (so its output file is open) and then waits.
+    let call = |id: &str| {
+        server.request(
+            "POST",
+            &path,
+            Some(&serde_json::json!({
+                "tool": "shell",
+                "call_id": id,
+                "input": { "command": "echo up; sleep 60", "background": true },
+            })),
+        )
+    };
+    let assert_busy = |response: &offstage_tests::server::Response| {
+        response.assert_error(503, "busy");
+        assert_eq!(
+            response.header("retry-after"),
+            Some("1"),
+            "{:?}",
+            response.headers
+        );
+    };
+    // Callers at once, each calling until it is refused.
+    let (started, refused): (Vec<Vec<String>>, Vec<_>) = thread::scope(|scope| {
+        let callers: Vec<_> = (0..8)
+            .map(|caller| {
+                let call = &call;
+                scope.spawn(move || {
+                    let mut started = Vec::new();
+                    for n in 0..400 {
+                        let id = format!("cap_{caller}_{n}");
+                        let response = call(&id);
+                        if response.status != 200 {
+                            return (started, response);
+                        }
+                        started.push(id);
+                    }
+                    panic!("400 calls of caller {caller} and never a refusal");
+                })
+            })
+            .collect();
+        callers.into_iter().map(|c| c.join().unwrap()).unzip()
+    });
+    for response in &refused {
+        assert_busy(response);
+    }
+    let started: Vec<String> = started.into_iter().flatten().collect();
+    assert!(started.len() >= 8, "only {} calls taken", started.len());
+    // At the cap, every call is refused, and is no job.
+    for n in 0..20 {
+        assert_busy(&call(&format!("over_{n}")));
+    }
+    let jobs = server.expect("GET", &format!("/api/job?session_id={session}"), None, 200);
+    let jobs = jobs.as_array().unwrap();
+    assert_eq!(jobs.len(), started.len(), "a refused call left a job");
+    assert!(
+        jobs.iter().all(|job| job["status"] == "running"),
+        "{:?}",
+        jobs.iter()
+            .filter(|job| job["status"] != "running")
+            .collect::<Vec<_>>()
+    );
+    // One job cancelled: its place is free once it has ended.
+    server.expect("DELETE", &format!("/api/job/{}", started[0]), None, 200);
+    let again = eventually("a call taken after a job ended", || {
+        let response = call("after_cancel");
+        (response.status != 503).then_some(response)
+    });
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_busy(&call("over_again"));
+    // None of them ended as an error: each is cancelled by its caller.
+    for id in started
+        .iter()
+        .skip(1)
+        .chain(["after_cancel".to_string()].iter())
+    {
+        server.expect("DELETE", &format!("/api/job/{id}"), None, 200);
+    }
+    let jobs = server.expect("GET", &format!("/api/job?session_id={session}"), None, 200);
+    let errors: Vec<_> = jobs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|job| job["status"] == "error")
+        .collect();
+    assert!(errors.is_empty(), "jobs ended as errors: {errors:?}");
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        log.contains(&format!("max_running={}", started.len())),
+        "{} calls taken; {log}",
+        started.len()
+    );
+}

@@ -2,7 +2,8 @@
 //!
 //! 1. [`check_call`](SessionService::check_call): the session, the tool,
 //!    its input, the job id and the permission rules — nothing exists yet;
-//!    a `deny` refuses here;
+//!    a `deny` refuses here, and so does the cap on running calls
+//!    (`[jobs] max_running`, [`JobSlot`]);
 //! 2. [`start_job`](SessionService::start_job): the output file, the job's
 //!    record (committed first), and its task on the runtime (which asks
 //!    first when a rule says `ask`, so a call waiting on a question is a
@@ -53,6 +54,72 @@ struct CheckedCall {
     ask: Option<String>,
     /// Holds the job id from the first check until the job is registered.
     reservation: IdReservation,
+    /// The call's place under `[jobs] max_running`, until its task is done.
+    slot: JobSlot,
+}
+
+/// One of the `[jobs] max_running` places: taken by a call that passed its
+/// checks, before anything of the job exists, and given back when its
+/// task is done (its process reaped, its output file closed) — or when the
+/// call fails before that. Each running shell job holds a few descriptors
+/// (a pidfd, its output pipe, its output file), so the cap, computed from
+/// the open-file limit unless set, keeps a host from running out of them:
+/// a call past it is refused ([`ServiceError::Busy`]), not failed.
+pub(crate) struct JobSlot {
+    service: SessionService,
+}
+
+impl JobSlot {
+    /// A place, or `Busy` when all are taken.
+    fn take(service: &SessionService) -> Result<JobSlot> {
+        let max = service.max_running();
+        let taken = service.inner.running_calls.fetch_update(
+            Ordering::AcqRel,
+            Ordering::Acquire,
+            |running| (running < max).then_some(running + 1),
+        );
+        match taken {
+            Ok(_) => Ok(JobSlot {
+                service: service.clone(),
+            }),
+            Err(_) => Err(ServiceError::Busy(format!(
+                "the host is running its most tool calls at once ({max}, [jobs] max_running); \
+                 try again when one ends"
+            ))),
+        }
+    }
+}
+
+/// Descriptors a running shell job holds, rounded up: measured 3 (a
+/// pidfd, its output pipe, its output file, once it wrote), and one more
+/// for the moments of its spawn (the pipe's other end, exec's error pipe).
+const DESCRIPTORS_PER_JOB: u64 = 4;
+
+/// Descriptors kept for everything else: the store, its log and lock, the
+/// listener, the event loop, plugins and their files.
+const DESCRIPTORS_RESERVED: u64 = 64;
+
+/// The default of `[jobs] max_running` for a host with `open_files`
+/// descriptors of which `max_connections` go to connections: what is
+/// left after those and [`DESCRIPTORS_RESERVED`], at
+/// [`DESCRIPTORS_PER_JOB`] each; at least 1. (1024 open files and 512
+/// connections: 112 jobs.)
+pub(crate) fn jobs_for_open_files(open_files: u64, max_connections: usize) -> usize {
+    let connections = u64::try_from(max_connections).unwrap_or(u64::MAX);
+    let room = open_files
+        .saturating_sub(connections)
+        .saturating_sub(DESCRIPTORS_RESERVED)
+        / DESCRIPTORS_PER_JOB;
+    usize::try_from(room).unwrap_or(usize::MAX).max(1)
+}
+
+impl Drop for JobSlot {
+    fn drop(&mut self) {
+        self.service
+            .inner
+            .running_calls
+            .fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A job id taken by a call that passed its first checks but is not a job
@@ -210,6 +277,8 @@ impl SessionService {
             Action::Ask => Some(pattern),
             Action::Deny => return Err(Permissions::denied(&request.tool, &pattern)),
         };
+        // Last: a call refused for anything else is refused for that.
+        let slot = JobSlot::take(self)?;
         Ok(CheckedCall {
             call: ToolCall {
                 session_id: session_id.to_string(),
@@ -223,6 +292,7 @@ impl SessionService {
             file_id,
             ask,
             reservation,
+            slot,
         })
     }
 
@@ -321,6 +391,7 @@ impl SessionService {
             policy,
             ask,
             reservation,
+            slot,
             ..
         } = checked;
         let ctx = JobContext {
@@ -367,6 +438,8 @@ impl SessionService {
             service
                 .run_job(task_runtime, ctx, call, ask, tool, wrappers)
                 .await;
+            // Its process reaped and its output closed: the place is free.
+            drop(slot);
         });
         started_rx
     }
@@ -489,4 +562,20 @@ async fn sleep_once_running(duration: Option<Duration>, running: &SetOnce<()>) {
     };
     running.wait().await;
     tokio::time::sleep(duration).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::jobs_for_open_files;
+
+    #[test]
+    fn the_job_cap_leaves_room_for_connections_and_the_rest() {
+        assert_eq!(jobs_for_open_files(1024, 512), 112);
+        assert_eq!(jobs_for_open_files(128, 64), 1);
+        assert_eq!(jobs_for_open_files(10, 512), 1);
+        assert_eq!(
+            jobs_for_open_files(1 << 20, 1024),
+            ((1 << 20) - 1024 - 64) / 4
+        );
+    }
 }

@@ -64,6 +64,7 @@ use tokio::sync::watch;
 
 pub(super) use run::notice_message;
 
+pub(crate) use self::call::jobs_for_open_files;
 use self::signal::SetOnce;
 use super::JobEntry;
 use super::SessionService;
