@@ -56,6 +56,9 @@ struct Inner {
     total: u64,
     /// Bytes in the file (at most `max`).
     saved: u64,
+    /// The disk filled up: the file stopped growing there (`saved` is
+    /// what it holds) and the output is cut, as past the cap.
+    disk_full: bool,
 }
 
 /// Where the output file is in its life.
@@ -96,6 +99,7 @@ impl OutputSink {
                 tail: Vec::new(),
                 total: 0,
                 saved: 0,
+                disk_full: false,
             }),
         }
     }
@@ -115,7 +119,9 @@ impl OutputSink {
 
     /// Appends `bytes`: to the file up to its cap, and to the tail. A
     /// failed write to the file is logged once and the file closed; the
-    /// tail keeps going so the caller still sees output.
+    /// tail keeps going so the caller still sees output. A full disk
+    /// (`ENOSPC`) stops the file where it is and marks the output cut, as
+    /// the cap does: the job goes on.
     pub fn write(&self, bytes: &[u8]) {
         let mut inner = self.inner.lock_unpoisoned();
         let room = self.max.saturating_sub(inner.saved);
@@ -132,16 +138,33 @@ impl OutputSink {
                     tracing::error!(path = %self.path.display(), %error, "cannot create the job's output file: its directory is gone");
                     FileState::Closed
                 }
+                Err(error) if is_disk_full(&error) => {
+                    inner.disk_full = true;
+                    tracing::error!(path = %self.path.display(), %error, "disk full: cannot create the job's output file; the output is cut, the job goes on");
+                    FileState::Closed
+                }
                 Err(error) => {
                     tracing::error!(path = %self.path.display(), %error, "cannot create the job's output file");
                     FileState::Closed
                 }
             };
         }
+        let mut written = 0;
         if let FileState::Open(file) = &mut inner.file {
             if saved > 0 {
-                if let Err(error) = file.write_all(&bytes[..saved]) {
-                    tracing::error!(path = %self.path.display(), %error, "cannot write job output");
+                let result = write_counted(file, &bytes[..saved], &mut written);
+                if let Err(error) = result {
+                    if is_disk_full(&error) {
+                        inner.disk_full = true;
+                        tracing::error!(
+                            path = %self.path.display(),
+                            %error,
+                            saved = inner.saved + written as u64,
+                            "disk full: the job's output file stops growing; the output is cut, the job goes on"
+                        );
+                    } else {
+                        tracing::error!(path = %self.path.display(), %error, "cannot write job output");
+                    }
                     inner.file = FileState::Closed;
                 }
             }
@@ -158,7 +181,8 @@ impl OutputSink {
                 }
             }
         }
-        inner.saved += saved as u64;
+        // Once the disk is full the count is what the file holds.
+        inner.saved += if inner.disk_full { written } else { saved } as u64;
         inner.total += bytes.len() as u64;
         inner.tail.extend_from_slice(bytes);
         if inner.tail.len() > TAIL_BYTES * 2 {
@@ -182,10 +206,11 @@ impl OutputSink {
         self.len() == 0
     }
 
-    /// Whether output went past the cap: the file lacks some of it.
+    /// Whether output went past the cap, or the disk filled up: the file
+    /// lacks some of it.
     pub fn capped(&self) -> bool {
         let inner = self.inner.lock_unpoisoned();
-        inner.total > inner.saved && inner.saved >= self.max
+        inner.total > inner.saved && (inner.saved >= self.max || inner.disk_full)
     }
 
     /// The output so far as text, cut to the last [`TAIL_BYTES`] with a
@@ -197,7 +222,15 @@ impl OutputSink {
         let tail = &inner.tail[inner.tail.len() - keep..];
         let cut = inner.total - keep as u64;
         let text = String::from_utf8_lossy(tail);
-        if inner.total > inner.saved && inner.saved >= self.max {
+        if inner.disk_full && inner.total > inner.saved {
+            format!(
+                "[... output cut: {} bytes written, but the disk is full; \
+                 {} holds the first {} bytes; the last {keep} follow ...]\n{text}",
+                inner.total,
+                self.path.display(),
+                inner.saved
+            )
+        } else if inner.total > inner.saved && inner.saved >= self.max {
             format!(
                 "[... output cut: {} bytes written, over the {}-byte limit ([jobs] max_output); \
                  {} holds the first {} bytes; the last {keep} follow ...]\n{text}",
@@ -228,6 +261,28 @@ impl OutputSink {
             FileState::Closed => {}
         }
     }
+}
+
+/// Whether `error` says the disk (or the user's quota) is full.
+fn is_disk_full(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// `file.write_all(bytes)`, counting in `written` the bytes that reached
+/// the file even when it fails part way.
+fn write_counted(file: &mut File, mut bytes: &[u8], written: &mut usize) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        match file.write(bytes) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                *written += n;
+                bytes = &bytes[n..];
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
 }
 
 /// How many bytes at the end of `data` are the start of a UTF-8 character

@@ -68,6 +68,7 @@ mod error;
 mod events;
 mod open;
 mod recover;
+mod reserve;
 mod rows;
 mod schema;
 mod sql;
@@ -135,6 +136,8 @@ pub struct Store {
     conn: Arc<Mutex<Connection>>,
     stats: Arc<WriterStats>,
     path: Option<PathBuf>,
+    /// Room kept on the disk for job ends (`reserve.rs`); none in memory.
+    reserve: Option<reserve::Reserve>,
     // Declared after `conn`: dropped after it, so the lock is let go only
     // once the connection has closed (and checkpointed).
     _lock: Option<open::DirLock>,
@@ -173,7 +176,9 @@ impl Store {
         // The writer checkpoints between its groups, not inside a commit.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(|e| open::classify(&path, e))?;
-        Ok(Store::start(conn, Some(path), Some(lock)))
+        let mut store = Store::start(conn, Some(path), Some(lock));
+        store.reserve = Some(reserve::Reserve::open(data_dir));
+        Ok(store)
     }
 
     /// A store in memory with the same schema, for tests and benchmarks.
@@ -195,7 +200,23 @@ impl Store {
             conn,
             stats,
             path,
+            reserve: None,
             _lock: lock,
+        }
+    }
+
+    /// Lets go of the room kept for job ends (ARCHITECTURE.md §STORE-1):
+    /// `true` if there was some, so a write that failed with
+    /// [`StoreError::Full`] is worth trying again at once.
+    pub fn release_reserve(&self) -> bool {
+        self.reserve.as_ref().is_some_and(|r| r.release())
+    }
+
+    /// Makes the room kept for job ends again if it was let go and the
+    /// disk has room now (looks at most once a second; cheap otherwise).
+    pub fn restore_reserve(&self) {
+        if let Some(reserve) = &self.reserve {
+            reserve.restore();
         }
     }
 

@@ -1,8 +1,9 @@
 //! A full disk, simulated honestly with SQLite's `max_page_count`: once
 //! the database may not grow, every write that needs room fails inside
 //! SQLite with `SQLITE_FULL`, the same error a full file system gives.
-//! (A full tmpfs or loop file system is not exercised: mounting one needs
-//! root, which a test cannot assume; that check is still to do.)
+//! And a real full file system: a small tmpfs, mounted by the test (it
+//! needs root, and says so and skips without), filled by a job's own
+//! output.
 //!
 //! - a write that cannot be saved is shown to nobody: the call fails with
 //!   `StorageFull` (HTTP 507, code `storage_full`), no event is published,
@@ -113,4 +114,145 @@ async fn a_full_disk_fails_writes_with_507_shows_nothing_and_resumes() {
         .unwrap()
         .iter()
         .any(|m| m.id == message.id));
+}
+
+/// A tmpfs of `size` mounted on a new temporary directory, unmounted (and
+/// the directory removed) when dropped, the test failing or not.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None`, said on stderr, when it cannot be mounted.
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status();
+        match status {
+            Ok(status) if status.success() => Some(Tmpfs { dir }),
+            other => {
+                eprintln!("SKIPPED: cannot mount a tmpfs: {other:?}");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let path = std::ffi::CString::new(self.dir.path().as_os_str().as_encoded_bytes()).unwrap();
+        // Detached: a process still holding a file there cannot keep it.
+        // SAFETY: `path` is a NUL-terminated string that outlives the call.
+        if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } != 0 {
+            eprintln!(
+                "cannot unmount {}: {}",
+                self.dir.path().display(),
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// A job whose own output fills a real (small) file system: its output
+/// file stops at the full disk and says it was cut, the job goes on, its
+/// end is recorded from the store's reserved room, so its caller is
+/// answered; the next call works too, and the room is made again once
+/// space is back.
+#[test]
+fn a_job_that_fills_the_disk_ends_and_its_caller_is_answered() {
+    use offstage_tests::server::Server;
+    use std::time::{Duration, Instant};
+
+    // SAFETY: `geteuid` takes nothing and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: a_job_that_fills_the_disk_ends_and_its_caller_is_answered needs root to mount a tmpfs");
+        return;
+    }
+    let Some(disk) = Tmpfs::mount("6m") else {
+        return;
+    };
+    let data = disk.path().join("data");
+    // Declared after the mount: stopped before it is unmounted.
+    let server = Server::start_on(&data, &[]);
+    let reserve = data.join("reserve");
+    assert!(reserve.exists(), "the store keeps its room from the start");
+    let session = server.expect("POST", "/api/session", Some(&json!({})), 201)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let call = |id: &str, command: &str| {
+        server.expect(
+            "POST",
+            &format!("/api/session/{session}/tool"),
+            Some(&json!({ "tool": "shell", "input": { "command": command }, "call_id": id })),
+            200,
+        )
+    };
+
+    let started = Instant::now();
+    let result = call(
+        "job_fill",
+        "yes offstage-fill | head -c 20000000; echo END-OF-FILL",
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "answered in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["exit_code"], 0, "{result}");
+    let output = result["output"].as_str().unwrap();
+    assert!(
+        output.starts_with("[... output cut:") && output.contains("disk is full"),
+        "the output is marked cut: {}",
+        &output[..output.len().min(400)]
+    );
+    assert!(output.ends_with("END-OF-FILL\n"), "the job went on");
+    let path = result["output_path"].as_str().unwrap().to_string();
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(
+        size > 0 && size < 6 << 20,
+        "the file stopped at the full disk: {size}"
+    );
+    assert!(!reserve.exists(), "the reserved room was used");
+
+    // The job's record says it ended.
+    let job = server.expect("GET", "/api/job/job_fill", None, 200);
+    assert_eq!(job["status"], "completed", "{job}");
+    assert_eq!(job["exit_code"], 0, "{job}");
+    assert!(job["completed_at"].is_string(), "{job}");
+
+    // The disk is still full of that output, and the host still works.
+    let result = call("job_after", "echo ok");
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["output"], "ok\n");
+    let job = server.expect("GET", "/api/job/job_after", None, 200);
+    assert_eq!(job["status"], "completed", "{job}");
+
+    // Space is back: a later job's end makes the room again.
+    std::fs::remove_file(&path).unwrap();
+    let mut n = 0;
+    while !reserve.exists() {
+        n += 1;
+        assert!(n < 20, "the reserve is made again once there is room");
+        std::thread::sleep(Duration::from_millis(300));
+        call(&format!("job_room_{n}"), "true");
+    }
+
+    let (_, log) = server.stop();
+    assert!(
+        log.contains("disk full: the job's output file stops growing"),
+        "the log says the output was cut"
+    );
+    assert!(
+        log.contains("released the store's reserved room"),
+        "the log says the reserve was used"
+    );
+    drop(disk);
 }

@@ -160,7 +160,14 @@ impl SessionService {
                 .wait()
                 .await
             {
-                Ok(_) => return,
+                Ok(_) => {
+                    self.inner.store.restore_reserve();
+                    return;
+                }
+                // The disk is full: the store's reserved room is let go
+                // (logged) and the end tried again at once, so that its
+                // caller is answered (ARCHITECTURE.md §STORE-1).
+                Err(StoreError::Full(_)) if self.inner.store.release_reserve() => continue,
                 Err(error) => {
                     attempt += 1;
                     if attempt == 1 || attempt.is_multiple_of(60) {
