@@ -100,6 +100,7 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
         },
         "InsufficientStorage": error("`storage_full`: the disk is full; nothing of the request was saved"),
     });
+    add_tool_body(&mut doc["components"]["schemas"]);
     let refer =
         |name: &str| serde_json::json!({ "$ref": format!("#/components/responses/{name}") });
     let paths = doc["paths"].as_object_mut().expect("paths");
@@ -157,6 +158,51 @@ pub(super) fn finish(document: utoipa::openapi::OpenApi) -> serde_json::Value {
         }
     }
     doc
+}
+
+/// `POST /api/session/{id}/tool`'s body, typed per tool: a call of each
+/// built-in tool with its input's JSON Schema (the schema the tool itself
+/// declares, so the two cannot drift), and a call of a plugin's tool,
+/// whose input schema `GET /api/tool` serves (plugins load after the
+/// document is made). Each is a named component, so a generated client
+/// gets one type per call. `anyOf`, not `oneOf`: a built-in tool's call
+/// also fits the plugin call's shape.
+fn add_tool_body(schemas: &mut serde_json::Value) {
+    let call_id = serde_json::json!({
+        "type": "string",
+        "description": "The id for the call and its job; generated when absent.",
+    });
+    let call = |tool: Option<&str>, input: serde_json::Value| {
+        let tool = match tool {
+            Some(name) => serde_json::json!({ "type": "string", "enum": [name] }),
+            None => serde_json::json!({
+                "type": "string",
+                "description": "A plugin's tool (see `GET /api/tool`).",
+            }),
+        };
+        serde_json::json!({
+            "type": "object",
+            "properties": { "tool": tool, "input": input, "call_id": call_id },
+            "required": ["tool"],
+            "additionalProperties": false,
+        })
+    };
+    let refer = |name: &str| serde_json::json!({ "$ref": format!("#/components/schemas/{name}") });
+    schemas["ShellInput"] = crate::tool::shell::input_schema();
+    schemas["SubagentInput"] = crate::session::subagent::input_schema();
+    schemas["ShellCall"] = call(Some("shell"), refer("ShellInput"));
+    schemas["SubagentCall"] = call(Some("subagent"), refer("SubagentInput"));
+    schemas["PluginToolCall"] = call(
+        None,
+        serde_json::json!({
+            "type": "object",
+            "description": "The tool's input, as its `input_schema` in `GET /api/tool` describes.",
+        }),
+    );
+    schemas["ToolBody"] = serde_json::json!({
+        "description": "A tool call: `tool` names the tool, `input` is its input.",
+        "anyOf": [refer("ShellCall"), refer("SubagentCall"), refer("PluginToolCall")],
+    });
 }
 
 /// An optional parameter (`Option<T>` in the annotation) is typed as
@@ -266,6 +312,42 @@ mod tests {
 
     fn json_fields(value: Value) -> BTreeSet<String> {
         value.as_object().unwrap().keys().cloned().collect()
+    }
+
+    #[test]
+    fn a_tool_calls_input_is_typed_by_the_tools_own_schema() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let calls: Vec<&str> = schemas["ToolBody"]["anyOf"]
+            .as_array()
+            .expect("ToolBody is a union of calls")
+            .iter()
+            .map(|v| v["$ref"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                "#/components/schemas/ShellCall",
+                "#/components/schemas/SubagentCall",
+                "#/components/schemas/PluginToolCall"
+            ]
+        );
+        assert_eq!(
+            schemas["ShellCall"]["properties"]["tool"]["enum"],
+            json!(["shell"])
+        );
+        assert_eq!(
+            schemas["ShellCall"]["properties"]["input"]["$ref"],
+            "#/components/schemas/ShellInput"
+        );
+        assert_eq!(schemas["ShellInput"], crate::tool::shell::input_schema());
+        assert_eq!(
+            schemas["SubagentInput"],
+            crate::session::subagent::input_schema()
+        );
+        let body = &doc["paths"]["/api/session/{id}/tool"]["post"]["requestBody"]["content"]
+            ["application/json"]["schema"]["$ref"];
+        assert_eq!(body, "#/components/schemas/ToolBody");
     }
 
     #[test]

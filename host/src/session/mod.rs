@@ -31,7 +31,7 @@
 pub(crate) mod agent;
 pub(crate) mod jobs;
 mod recover;
-mod subagent;
+pub(crate) mod subagent;
 mod turn;
 
 use crate::util::LockExt;

@@ -27,6 +27,30 @@ fn parse(input: &Value) -> Result<SubagentInput> {
         .map_err(|e| ServiceError::InvalidInput(format!("subagent input: {e}")))
 }
 
+/// The JSON Schema of `subagent`'s input, for models, `GET /api/tool`
+/// and the OpenAPI document.
+pub(crate) fn input_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "agent": {
+                "type": "string",
+                "description": "The agent that runs the child session's turn."
+            },
+            "prompt": {
+                "type": "string",
+                "description": "What the child session's agent is asked."
+            },
+            "description": {
+                "type": "string",
+                "description": "A short title for the child session and the job."
+            }
+        },
+        "required": ["agent", "prompt"],
+        "additionalProperties": false
+    })
+}
+
 /// The `subagent` tool. It drives the service that owns it, so it holds
 /// the service weakly.
 pub(super) struct Subagent {
@@ -65,25 +89,7 @@ impl Tool for Subagent {
     }
 
     fn input_schema(&self) -> Option<Value> {
-        Some(serde_json::json!({
-            "type": "object",
-            "properties": {
-                "agent": {
-                    "type": "string",
-                    "description": "The agent that runs the child session's turn."
-                },
-                "prompt": {
-                    "type": "string",
-                    "description": "What the child session's agent is asked."
-                },
-                "description": {
-                    "type": "string",
-                    "description": "A short title for the child session and the job."
-                }
-            },
-            "required": ["agent", "prompt"],
-            "additionalProperties": false
-        }))
+        Some(input_schema())
     }
 
     fn policy(&self, input: &Value) -> Result<ForegroundPolicy> {

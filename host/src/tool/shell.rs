@@ -66,7 +66,7 @@ a notice when the command ends.";
 
 /// The JSON Schema of `shell`'s input: [`ShellInput`], for models and
 /// `GET /api/tool`. A test checks that it accepts what `parse` accepts.
-fn input_schema() -> Value {
+pub(crate) fn input_schema() -> Value {
     serde_json::json!({
         "type": "object",
         "properties": {
