@@ -24,6 +24,8 @@ use offstage_plugin_api::name_record;
 
 /// Section headers read at most (a cdylib has a few dozen).
 const MAX_SECTIONS: usize = 4096;
+/// The largest section header entry read (an ELF64 one is 64 bytes).
+const MAX_ENTRY: usize = 256;
 /// The section-name table read at most, in bytes.
 const MAX_NAMES: u64 = 1 << 20;
 /// The record read at most, in bytes.
@@ -63,7 +65,13 @@ pub(super) fn declared_name(path: &Path) -> Result<Option<String>, SectionError>
     if count == 0 {
         return Ok(None);
     }
-    if entry < 64 || count > MAX_SECTIONS || names_index >= count {
+    if !(64..=MAX_ENTRY).contains(&entry) || count > MAX_SECTIONS || names_index >= count {
+        return Ok(None);
+    }
+    // Allocated only for headers the file really holds.
+    let size = file.metadata()?.len();
+    let needed = (entry * count) as u64;
+    if table.checked_add(needed).is_none_or(|end| end > size) {
         return Ok(None);
     }
     let mut headers = vec![0u8; entry * count];
@@ -125,17 +133,10 @@ mod tests {
     }
 
     /// The test binary is ELF without the section, and a big one (every
-    /// section header is read): what the look costs per plugin at start.
+    /// section header is read).
     #[test]
-    fn an_elf_file_without_the_section_declares_nothing_cheaply() {
+    fn an_elf_file_without_the_section_declares_nothing() {
         let exe = std::env::current_exe().unwrap();
         assert!(declared_name(&exe).unwrap().is_none());
-        let started = std::time::Instant::now();
-        for _ in 0..100 {
-            declared_name(&exe).unwrap();
-        }
-        let each = started.elapsed() / 100;
-        eprintln!("reading a file's declared name: {each:?}");
-        assert!(each < std::time::Duration::from_millis(5), "{each:?}");
     }
 }
