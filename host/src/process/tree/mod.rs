@@ -187,9 +187,14 @@ impl Registry {
     }
 }
 
-/// The host's session id (its own process's).
+/// The host's session id (its own process's), read from `/proc` the way
+/// every other process's is, so the two compare alike.
+///
+/// Not `getsid(2)`: when the session's leader lives outside the host's pid
+/// namespace (a container started under another session), the kernel
+/// answers 0 there, and `rustix` asserts a pid is never 0.
 fn host_session() -> i32 {
-    rustix::process::getsid(None).map_or(-1, |sid| sid.as_raw_nonzero().get())
+    read_stat(std::process::id() as i32).map_or(-1, |p| p.session)
 }
 
 /// Reaps child `pid`, if it has exited, without blocking: by pid only, so
