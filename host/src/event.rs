@@ -69,6 +69,12 @@ use crate::{store::StoredEvent, util::RwLockExt};
 /// text as it streams.
 pub(crate) const LIVE_ONLY: &[&str] = &["message.delta"];
 
+/// At most this many [`LIVE_ONLY`] events are held for readers that are
+/// behind; older ones leave the history first (a reader further behind
+/// misses those deltas without a `stream.lagged`: the finished message,
+/// `message.added`, carries the whole text).
+const LIVE_HELD: usize = 256;
+
 /// How much of the past the bus keeps, for slow readers and for replay.
 /// Whichever limit is reached first drops the oldest events; the newest
 /// event is always kept, however large.
@@ -185,7 +191,13 @@ struct BusInner {
 #[derive(Debug, Default)]
 struct History {
     events: VecDeque<Published>,
+    /// Bytes of the held events that count against the limits (all but
+    /// the [`LIVE_ONLY`] ones).
     bytes: usize,
+    /// How many [`LIVE_ONLY`] events are held: they count against
+    /// [`LIVE_HELD`] only, never against the limits, so a long streamed
+    /// answer cannot push a `job.finished` out of what replay reaches.
+    live: usize,
     /// The first and last ids restored from the last run, if any.
     restored: Option<(u64, u64)>,
 }
@@ -302,7 +314,11 @@ impl EventBus {
         let mut id = first;
         for PreparedEvent { kind, buf } in events {
             let published = frame(id, Cow::Borrowed(kind), buf);
-            history.bytes += published.cost();
+            if LIVE_ONLY.contains(&kind) {
+                history.live += 1;
+            } else {
+                history.bytes += published.cost();
+            }
             history.events.push_back(published);
             id += 1;
         }
@@ -436,12 +452,31 @@ impl EventBus {
 
 impl History {
     /// Drops the oldest events past `limits`, keeping the newest.
+    /// Live-only events past [`LIVE_HELD`] go first, oldest first, and
+    /// count for neither limit.
     fn trim(&mut self, limits: HistoryLimits) {
+        while self.live > LIVE_HELD {
+            match self
+                .events
+                .iter()
+                .position(|event| LIVE_ONLY.contains(&event.kind()))
+            {
+                Some(index) => {
+                    self.events.remove(index);
+                    self.live -= 1;
+                }
+                None => self.live = 0,
+            }
+        }
         while self.events.len() > 1
-            && (self.events.len() > limits.events || self.bytes > limits.bytes)
+            && (self.events.len() - self.live > limits.events || self.bytes > limits.bytes)
         {
             if let Some(dropped) = self.events.pop_front() {
-                self.bytes -= dropped.cost();
+                if LIVE_ONLY.contains(&dropped.kind()) {
+                    self.live -= 1;
+                } else {
+                    self.bytes -= dropped.cost();
+                }
             }
         }
     }
@@ -646,6 +681,30 @@ mod tests {
         })
         .collect();
         assert_eq!(rest, (15..25).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn deltas_never_push_other_events_out_of_replay() {
+        let bus = EventBus::new(HistoryLimits {
+            events: 4,
+            bytes: 1 << 20,
+        });
+        bus.publish("job.finished", &json!({ "id": "job_1" }));
+        for n in 0..(LIVE_HELD * 3) {
+            bus.publish("message.delta", &json!({ "delta": n.to_string() }));
+        }
+        let mut reader = bus.subscribe_after(0);
+        let mut kinds = Vec::new();
+        while let Some(Delivery::Event(event)) = reader.try_next() {
+            kinds.push(event.kind().to_string());
+        }
+        assert_eq!(kinds[0], "job.finished", "replay still reaches it");
+        assert_eq!(
+            kinds.len(),
+            1 + LIVE_HELD,
+            "only the newest deltas are held"
+        );
+        assert!(bus.kept().iter().all(|e| e.kind != "message.delta"));
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod ids;
 #[cfg(test)]
 mod layers;
 mod logging;
+mod model;
 mod perf;
 mod permission;
 mod plugin;

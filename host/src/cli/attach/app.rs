@@ -180,9 +180,43 @@ impl App {
     }
 
     fn add_message(&mut self, message: Message) {
-        if !self.messages.iter().any(|m| m.id == message.id) {
-            self.messages.push(message);
-            self.scroll = 0;
+        match self.messages.iter_mut().find(|m| m.id == message.id) {
+            // The answer streamed so far gives way to the finished message.
+            Some(existing) if existing.metadata["streaming"] == true => *existing = message,
+            Some(_) => {}
+            None => {
+                self.messages.push(message);
+                self.scroll = 0;
+            }
+        }
+    }
+
+    /// A `message.delta`: appended to the answer being streamed, which
+    /// shows as a message until its `message.added` replaces it.
+    fn add_delta(&mut self, props: &Value) {
+        let (Some(session_id), Some(id), Some(delta)) = (
+            props["session_id"].as_str(),
+            props["message_id"].as_str(),
+            props["delta"].as_str(),
+        ) else {
+            return;
+        };
+        match self.messages.iter_mut().find(|m| m.id == id) {
+            Some(existing) if existing.metadata["streaming"] == true => {
+                existing.text.push_str(delta)
+            }
+            Some(_) => {}
+            None => {
+                self.messages.push(Message {
+                    id: id.to_string(),
+                    session_id: session_id.to_string(),
+                    role: offstage_plugin_api::types::Role::Assistant,
+                    text: delta.to_string(),
+                    metadata: serde_json::json!({ "streaming": true }),
+                    created_at: String::new(),
+                });
+                self.scroll = 0;
+            }
         }
     }
 
@@ -518,6 +552,7 @@ impl App {
                     }
                 }
             }
+            "message.delta" if self.is_current(&session_of(&props)) => self.add_delta(&props),
             "session.status" if self.is_current(&session_of(&props)) => {
                 if let (Some(session), Ok(status)) = (
                     self.session.as_mut(),

@@ -452,3 +452,28 @@ fn a_stale_refresh_never_undoes_what_the_stream_showed() {
     app.apply(Msg::Jobs(SES.into(), vec![job("job_3", "running", true)]));
     assert!(app.jobs.iter().any(|j| j.id == "job_3" && j.backgrounded));
 }
+
+#[test]
+fn deltas_show_as_they_arrive_and_the_finished_message_replaces_them() {
+    let mut app = attached(true);
+    for delta in ["Hel", "lo, ", "world"] {
+        app.apply(Msg::Event(json!({"type": "message.delta", "properties": {
+            "session_id": SES, "message_id": "msg_r", "delta": delta}})));
+    }
+    // Another session's deltas are not this one's.
+    app.apply(Msg::Event(json!({"type": "message.delta", "properties": {
+        "session_id": "ses_other", "message_id": "msg_o", "delta": "nope"}})));
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("Hello, world"), "{screen}");
+    assert!(!screen.contains("nope"), "{screen}");
+    app.apply(Msg::Event(json!({"type": "message.added", "properties": {
+        "id": "msg_r", "session_id": SES, "role": "assistant",
+        "text": "Hello, world!", "metadata": {"model": "m"},
+        "created_at": "2026-01-01T00:00:00Z"}})));
+    assert_eq!(app.messages.len(), 1);
+    assert_eq!(app.messages[0].text, "Hello, world!");
+    // A late delta of a finished message changes nothing.
+    app.apply(Msg::Event(json!({"type": "message.delta", "properties": {
+        "session_id": SES, "message_id": "msg_r", "delta": "x"}})));
+    assert_eq!(app.messages[0].text, "Hello, world!");
+}
