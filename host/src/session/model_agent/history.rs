@@ -32,7 +32,8 @@
 //!    they were and which job's output file holds them whole;
 //! 2. then whole exchanges, oldest first, are left out (a note at the
 //!    start says how many messages), never the system prompt and never
-//!    the newest message.
+//!    the newest message (with the tool call its answers belong to), so
+//!    no answer is ever sent without its call.
 //!
 //! Nothing is elided in the store: the next request starts again from the
 //! whole history.
@@ -269,18 +270,11 @@ fn notice_text(message: &Message) -> String {
 /// Cuts `request` to `budget` tokens (module docs, "Context elision").
 fn elide(request: &mut ChatRequest, budget: usize) {
     let mut size = estimate(request);
-    if size <= budget {
-        return;
-    }
-    let last = request.messages.len().saturating_sub(1);
-    for (index, message) in request.messages.iter_mut().enumerate() {
+    for message in request.messages.iter_mut() {
         if size <= budget {
             return;
         }
-        if message.role != ChatRole::Tool
-            || index == last
-            || message.content.len() <= ELIDED.len() * 2
-        {
+        if message.role != ChatRole::Tool || message.content.len() <= ELIDED.len() * 2 {
             continue;
         }
         let before = estimate_tokens(&message.content);
@@ -290,19 +284,31 @@ fn elide(request: &mut ChatRequest, budget: usize) {
         );
         size = size + estimate_tokens(&message.content) - before;
     }
-    // Still too big: leave out whole exchanges, oldest first.
+    if size <= budget {
+        return;
+    }
+    // Still too big: leave out whole exchanges, oldest first, up to the
+    // newest one (the last message, with the call its answers belong to),
+    // so that no tool answer is left without its call.
     let start = usize::from(
         request
             .messages
             .first()
             .is_some_and(|m| m.role == ChatRole::System),
     );
+    let newest = |messages: &[ChatMessage]| {
+        let mut index = messages.len().saturating_sub(1);
+        while index > 0 && messages[index].role == ChatRole::Tool {
+            index -= 1;
+        }
+        index
+    };
     let mut dropped = 0;
-    while size > budget && request.messages.len() > start + 1 {
+    while size > budget && start < newest(&request.messages) {
         request.messages.remove(start);
         dropped += 1;
-        // A tool answer without its call (or a call-less start) goes too.
-        while request.messages.len() > start + 1 && request.messages[start].role == ChatRole::Tool {
+        // Answers whose call just went, go too.
+        while start < newest(&request.messages) && request.messages[start].role == ChatRole::Tool {
             request.messages.remove(start);
             dropped += 1;
         }
@@ -408,6 +414,11 @@ mod tests {
         assert_eq!(cut.messages[4].content, big, "only as much as needed");
         let tiny = build(None, &history, Vec::new(), Some(20));
         assert!(tiny.messages[0].content.contains("left out"));
+        assert_eq!(tiny.messages.len(), 2, "{:?}", tiny.messages);
         assert_eq!(tiny.messages.last().unwrap().content, "two");
+        // A newest exchange that is a call and its answer keeps both.
+        let calls = build(None, &history[..5], Vec::new(), Some(20));
+        let roles: Vec<_> = calls.messages.iter().map(|m| m.role).collect();
+        assert_eq!(roles, [ChatRole::User, ChatRole::Assistant, ChatRole::Tool]);
     }
 }
