@@ -181,6 +181,29 @@ impl Reply {
         }
     }
 
+    /// The same answer, held after its `after`-th content chunk until
+    /// [`ModelServer::release`]: text on the client's screen mid-answer.
+    pub fn held_after(self, after: usize) -> Reply {
+        match self {
+            Reply::Stream(steps) => {
+                let mut held = Vec::new();
+                let mut content = 0;
+                for step in steps {
+                    let is_content = is_content(&step);
+                    held.push(step);
+                    if is_content {
+                        content += 1;
+                        if content == after {
+                            held.push(Step::Gate);
+                        }
+                    }
+                }
+                Reply::Stream(held)
+            }
+            other => other,
+        }
+    }
+
     /// The answer's steps up to `keep` content chunks, then `end`.
     pub fn stopping_after(self, keep: usize, end: Step) -> Reply {
         match self {
@@ -188,7 +211,7 @@ impl Reply {
                 let mut kept = Vec::new();
                 let mut content = 0;
                 for step in steps {
-                    let is_content = matches!(&step, Step::Chunk(c) if c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()));
+                    let is_content = is_content(&step);
                     kept.push(step);
                     if is_content {
                         content += 1;
@@ -203,6 +226,12 @@ impl Reply {
             other => other,
         }
     }
+}
+
+/// Whether `step` carries text.
+fn is_content(step: &Step) -> bool {
+    matches!(step, Step::Chunk(c)
+        if c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty()))
 }
 
 #[derive(Default)]
