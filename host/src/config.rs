@@ -25,6 +25,14 @@
 //! history = 4096                # events kept for replay and slow readers
 //! history_bytes = 16777216      # and at most this many bytes of them
 //!
+//! [sessions]
+//! default_agent = "gpt"         # the agent of new sessions (default "script")
+//!
+//! [agent.gpt]                   # a model agent (docs/agents.md)
+//! provider = "openai"           # Chat Completions
+//! model = "gpt-4.1-mini"
+//! api_key_env = "OPENAI_API_KEY" # the variable's name, never the key
+//!
 //! [plugins]
 //! isolation = "none"            # none (default) | process: each plugin in a child
 //!

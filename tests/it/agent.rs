@@ -211,7 +211,19 @@ fn one_tool_call_then_two_parallel_calls_with_deltas_usage_and_the_key_never_sho
     assert_eq!(m["kind"], "model");
     assert_eq!(m["provider"], "openai");
     assert_eq!(m["model"], "test-model");
+    let token = server.token.clone().unwrap();
+    let (code, listed, _) = cli(
+        &["agent", "list", "--server", &server.url, "--token", &token],
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert!(
+        listed.lines().any(|l| l.starts_with("m ") && l.contains("model") && l.contains("test-model")),
+        "{listed}"
+    );
+    assert!(listed.lines().any(|l| l.starts_with("script ") && l.contains("builtin")), "{listed}");
     let mut shown = agents.to_string();
+    shown.push_str(&listed);
     shown.push_str(&json!(messages(&server, &id)).to_string());
     shown.push_str(&json!(seen).to_string());
     let data_dir = server.data_dir.clone();
@@ -330,11 +342,17 @@ fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
         moved.starts_with("Moved to the background as job "),
         "{moved}"
     );
-    let notice = requests[2].messages().last().unwrap().clone();
+    let wake = requests[2].messages();
+    let notice = wake.last().unwrap().clone();
     assert!(
         notice["content"].as_str().unwrap().contains("late"),
         "{notice}"
     );
+    // The wake-up turn's request is built from the store: the moved
+    // call's answer is the one recorded then, not an "interrupted".
+    let stored = tool_answer(wake, "call_y")["content"].as_str().unwrap();
+    assert!(stored.starts_with("Moved to the background as job "), "{stored}");
+    assert!(stored.contains("early"), "{stored}");
 }
 
 #[test]
@@ -644,4 +662,25 @@ fn agent_check_reports_each_line_and_a_missing_variable_stops_the_start() {
     );
     assert_ne!(code, 0);
     assert!(err.contains("[agent.m]") && err.contains(KEY_ENV), "{err}");
+}
+
+#[test]
+fn max_steps_ends_a_turn_that_keeps_calling_tools() {
+    let model = ModelServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let server = host_on(&dir.path().join("data"), &model, "max_steps = 2");
+    let id = session(&server);
+    model.script([
+        Reply::tool_calls(&[("s1", "shell", r#"{"command":"echo 1"}"#)]),
+        Reply::tool_calls(&[("s2", "shell", r#"{"command":"echo 2"}"#)]),
+    ]);
+    let reply = prompt(&server, &id, "loop").last().unwrap().clone();
+    assert!(reply["text"].as_str().unwrap().contains("max_steps"), "{reply}");
+    assert_eq!(model.requests().len(), 2, "two requests, no more");
+    // The unrun call is answered, so the next request is well formed.
+    model.script([Reply::text(&["ok"])]);
+    prompt(&server, &id, "next");
+    let requests = model.wait_requests(3);
+    let answer = tool_answer(requests[2].messages(), "s2")["content"].as_str().unwrap();
+    assert!(answer.starts_with("Not run"), "{answer}");
 }

@@ -212,7 +212,7 @@ impl ModelAgent {
                 .iter()
                 .map(|(call, job)| (call.clone(), job.clone()))
                 .collect();
-            if step > self.settings.max_steps {
+            if step >= self.settings.max_steps {
                 for (call, job) in &calls {
                     let text = format!(
                         "Not run: the turn reached its limit of {} steps ([agent.{}] max_steps).",
