@@ -218,10 +218,17 @@ fn one_tool_call_then_two_parallel_calls_with_deltas_usage_and_the_key_never_sho
     );
     assert_eq!(code, 0);
     assert!(
-        listed.lines().any(|l| l.starts_with("m ") && l.contains("model") && l.contains("test-model")),
+        listed
+            .lines()
+            .any(|l| l.starts_with("m ") && l.contains("model") && l.contains("test-model")),
         "{listed}"
     );
-    assert!(listed.lines().any(|l| l.starts_with("script ") && l.contains("builtin")), "{listed}");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("script ") && l.contains("builtin")),
+        "{listed}"
+    );
     let mut shown = agents.to_string();
     shown.push_str(&listed);
     shown.push_str(&json!(messages(&server, &id)).to_string());
@@ -351,7 +358,10 @@ fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
     // The wake-up turn's request is built from the store: the moved
     // call's answer is the one recorded then, not an "interrupted".
     let stored = tool_answer(wake, "call_y")["content"].as_str().unwrap();
-    assert!(stored.starts_with("Moved to the background as job "), "{stored}");
+    assert!(
+        stored.starts_with("Moved to the background as job "),
+        "{stored}"
+    );
     assert!(stored.contains("early"), "{stored}");
 }
 
@@ -675,12 +685,17 @@ fn max_steps_ends_a_turn_that_keeps_calling_tools() {
         Reply::tool_calls(&[("s2", "shell", r#"{"command":"echo 2"}"#)]),
     ]);
     let reply = prompt(&server, &id, "loop").last().unwrap().clone();
-    assert!(reply["text"].as_str().unwrap().contains("max_steps"), "{reply}");
+    assert!(
+        reply["text"].as_str().unwrap().contains("max_steps"),
+        "{reply}"
+    );
     assert_eq!(model.requests().len(), 2, "two requests, no more");
     // The unrun call is answered, so the next request is well formed.
     model.script([Reply::text(&["ok"])]);
     prompt(&server, &id, "next");
     let requests = model.wait_requests(3);
-    let answer = tool_answer(requests[2].messages(), "s2")["content"].as_str().unwrap();
+    let answer = tool_answer(requests[2].messages(), "s2")["content"]
+        .as_str()
+        .unwrap();
     assert!(answer.starts_with("Not run"), "{answer}");
 }

@@ -92,11 +92,7 @@ fn memfind(haystack: &[u8], needle: &[u8]) -> bool {
 
 /// Through Offstage: the prompt until the first delta and until the
 /// finished message, both on the event stream.
-fn through(
-    conn: &mut Conn,
-    events: &mut EventStream,
-    session: &str,
-) -> (Duration, Duration) {
+fn through(conn: &mut Conn, events: &mut EventStream, session: &str) -> (Duration, Duration) {
     let start = Instant::now();
     conn.send(
         "POST",
@@ -159,7 +155,12 @@ pub(crate) fn model() {
     report::header();
     for (name, deltas, first_token, pace) in [
         ("first delta", 2, FIRST_TOKEN, Duration::ZERO),
-        ("first delta, no model wait", 2, Duration::ZERO, Duration::ZERO),
+        (
+            "first delta, no model wait",
+            2,
+            Duration::ZERO,
+            Duration::ZERO,
+        ),
         ("2,000-delta answer end to end", LONG, Duration::ZERO, PACE),
     ] {
         let words: Vec<String> = (0..deltas).map(|i| format!("w{i} ")).collect();

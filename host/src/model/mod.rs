@@ -20,6 +20,7 @@
 
 #[cfg(feature = "model")]
 mod openai;
+#[cfg(feature = "model")]
 mod retry;
 
 use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
@@ -27,6 +28,7 @@ use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+#[cfg(feature = "model")]
 pub(crate) use retry::Backoff;
 
 /// A future borrowing its provider and request.
@@ -213,6 +215,8 @@ pub(crate) struct Completion {
 
 /// Why a request failed, worded for the session's reader.
 #[derive(Debug, Clone, thiserror::Error)]
+// Without the client only `Unsupported` is ever made.
+#[cfg_attr(not(feature = "model"), allow(dead_code))]
 pub(crate) enum ModelError {
     /// 401 or 403: the key is missing or refused. Never retried.
     #[error("{server} refused the key{}: {status} {detail}", key_env.as_deref().map(|v| format!(" in ${v}")).unwrap_or_else(|| " (no api_key_env is set)".into()))]
