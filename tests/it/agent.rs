@@ -271,7 +271,16 @@ fn a_call_moved_mid_turn_answers_at_once_and_its_notice_waits_for_the_turn_then_
     let mut events = server.events();
     thread::scope(|scope| {
         let turn = scope.spawn(|| prompt(&server, &id, "start the long job"));
-        events.until("job.started", |job| job["session_id"] == id);
+        let started = events.until("job.started", |job| job["session_id"] == id);
+        let job = started.last().unwrap()["properties"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        // Moved once it has printed, so that the output so far has it.
+        eventually("the job's first line", || {
+            let chunk = server.expect("GET", &format!("/api/job/{job}/output"), None, 200);
+            chunk.to_string().contains("started").then_some(())
+        });
         server.expect(
             "POST",
             &format!("/api/session/{id}/background"),
@@ -333,7 +342,7 @@ fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
         Reply::tool_calls(&[(
             "call_y",
             "shell",
-            r#"{"command":"echo early; sleep 1; echo late","background_after_ms":200}"#,
+            r#"{"command":"echo early; sleep 1.5; echo late","background_after_ms":500}"#,
         )]),
         Reply::text(&["it moved"]),
         Reply::text(&["and it ended"]),
@@ -446,8 +455,20 @@ fn a_429_is_retried_and_a_401_is_one_clear_message_naming_the_variable() {
     assert_eq!(reply["metadata"]["error"], "model_unauthorized");
     assert_eq!(model.requests().len(), 4, "a 401 is not retried");
 
-    // The host keeps serving: the next prompt works.
-    model.script([Reply::text(&["back"])]);
+    // A stream cut mid-answer: the text so far is kept, one message says
+    // what happened.
+    model.script([Reply::text(&["half ", "an ", "answer"]).stopping_after(2, Step::Cut)]);
+    let added = prompt(&server, &id, "talk");
+    let kept = added
+        .iter()
+        .find(|m| m["metadata"]["cut"] == true)
+        .expect("the text so far");
+    assert_eq!(kept["text"], "half an ");
+    let failed = added.last().unwrap();
+    assert_eq!(failed["metadata"]["error"], "model_stream_cut", "{failed}");
+
+    // The host keeps serving; a dropped connection is retried.
+    model.script([Reply::Hangup, Reply::text(&["back"])]);
     assert_eq!(
         prompt(&server, &id, "still there?").last().unwrap()["text"],
         "back"

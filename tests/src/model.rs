@@ -78,6 +78,8 @@ pub enum Reply {
     Stream(Vec<Step>),
     /// A refusal: status, extra headers, JSON body.
     Status(u16, Vec<(String, String)>, Value),
+    /// The connection closed without an answer (a dropped connection).
+    Hangup,
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> Step {
@@ -364,6 +366,7 @@ fn serve(stream: TcpStream, state: &(Mutex<Script>, Condvar)) {
     let mut stream = stream;
     let reply = reply.unwrap_or_else(|| Reply::status(500, "the test scripted no more answers"));
     match reply {
+        Reply::Hangup => {}
         Reply::Status(status, headers, body) => {
             let body = body.to_string();
             let mut head = format!(
