@@ -25,9 +25,11 @@
 //! that reconnects after the restart with `Last-Event-ID` gets what it
 //! missed, as far as the history's bounds reach: the shutdown's own events
 //! (questions withdrawn, jobs finished) included. Live-only types
-//! ([`LIVE_ONLY`], e.g. a model's text deltas) are never kept: they mean
+//! ([`LIVE_ONLY`], e.g. a model's text deltas) are never kept, nor
+//! replayed to a reader that resumes with `Last-Event-ID`: they mean
 //! nothing once their moment is gone, and they would crowd out the events
-//! that do. A host killed with SIGKILL keeps nothing; its clients get
+//! that do. For readers that are only behind, the newest [`LIVE_HELD`]
+//! are held, outside the history's limits. A host killed with SIGKILL keeps nothing; its clients get
 //! `stream.lagged` with an unknown count, as before.
 //!
 //! **Start-up.** Until [`EventBus::started`] (after the plugins loaded),
@@ -412,16 +414,21 @@ impl EventBus {
         // events, else this run's first.
         let floor = restored.map_or(self.inner.first_id, |(first, _)| first);
         if last_seen == 0 {
-            return self.reader_from(floor);
+            let mut reader = self.reader_from(floor);
+            reader.live_from = next_id;
+            return reader;
         }
         let of_last_run = restored.is_some_and(|(first, last)| (first..=last).contains(&last_seen));
         if !of_last_run && (last_seen < self.inner.first_id || last_seen >= next_id) {
             // An id of another run: what came after it there is unknown.
             let mut reader = self.reader_from(floor);
             reader.unknown_gap = true;
+            reader.live_from = next_id;
             return reader;
         }
-        self.reader_from(last_seen + 1)
+        let mut reader = self.reader_from(last_seen + 1);
+        reader.live_from = next_id;
+        reader
     }
 
     fn reader_from(&self, next: u64) -> Subscriber {
@@ -429,6 +436,7 @@ impl EventBus {
             bus: self.inner.clone(),
             next,
             unknown_gap: false,
+            live_from: 0,
             published: self.inner.next_id.subscribe(),
         }
     }
@@ -517,6 +525,9 @@ pub struct Subscriber {
     /// Set when the reader resumed from an id of another run: its first
     /// delivery is a `Lagged` with an unknown count.
     unknown_gap: bool,
+    /// A replay ([`EventBus::subscribe_after`]) skips the [`LIVE_ONLY`]
+    /// events published before it was made: those are not replayed.
+    live_from: u64,
     published: watch::Receiver<u64>,
 }
 
@@ -539,11 +550,24 @@ impl Subscriber {
         // Ids are consecutive within a run, so the index is a subtraction;
         // across the restored events of the last run it is a search.
         let guess = usize::try_from(self.next - oldest).unwrap_or(usize::MAX);
-        let index = match history.events.get(guess) {
+        let mut index = match history.events.get(guess) {
             Some(event) if event.id == self.next => guess,
             _ => history.events.partition_point(|event| event.id < self.next),
         };
-        let event = history.events.get(index)?.clone();
+        // What a replay skips: deltas of answers that streamed before it.
+        while let Some(event) = history.events.get(index) {
+            if event.id >= self.live_from || !LIVE_ONLY.contains(&event.kind()) {
+                break;
+            }
+            index += 1;
+        }
+        let Some(event) = history.events.get(index).cloned() else {
+            // Only skipped events were left: wait past them.
+            if let Some(last) = history.events.back() {
+                self.next = self.next.max(last.id + 1);
+            }
+            return None;
+        };
         self.next = event.id + 1;
         Some(Delivery::Event(event))
     }
@@ -698,13 +722,31 @@ mod tests {
         while let Some(Delivery::Event(event)) = reader.try_next() {
             kinds.push(event.kind().to_string());
         }
-        assert_eq!(kinds[0], "job.finished", "replay still reaches it");
         assert_eq!(
-            kinds.len(),
+            kinds,
+            ["job.finished"],
+            "replay reaches it; no delta is replayed"
+        );
+        assert_eq!(
+            bus.held().0,
             1 + LIVE_HELD,
             "only the newest deltas are held"
         );
         assert!(bus.kept().iter().all(|e| e.kind != "message.delta"));
+        // Readers get the deltas published after they came.
+        let mut live = bus.subscribe();
+        let mut replay = bus.subscribe_after(0);
+        assert!(
+            matches!(replay.try_next(), Some(Delivery::Event(e)) if e.kind() == "job.finished")
+        );
+        assert!(replay.try_next().is_none());
+        bus.publish("message.delta", &json!({ "delta": "new" }));
+        for reader in [&mut live, &mut replay] {
+            match reader.try_next() {
+                Some(Delivery::Event(event)) => assert_eq!(event.kind(), "message.delta"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
