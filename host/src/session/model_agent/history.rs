@@ -389,6 +389,48 @@ mod tests {
     }
 
     #[test]
+    fn notices_of_one_wake_arrive_together_after_the_answers() {
+        let history = vec![
+            message(Role::User, "go", json!({})),
+            message(
+                Role::Assistant,
+                "",
+                json!({"tool_calls": [{"id": "c", "name": "shell", "arguments": "{}", "job_id": "job_c"}]}),
+            ),
+            message(
+                Role::Notice,
+                "job_a ended",
+                json!({"job_id": "job_a", "state": "completed"}),
+            ),
+            message(
+                Role::Notice,
+                "job_b ended",
+                json!({"job_id": "job_b", "state": "error", "exit_code": 2}),
+            ),
+            message(
+                Role::Tool,
+                "",
+                json!({"job_id": "job_c", "status": "backgrounded"}),
+            ),
+        ];
+        let request = build(None, &history, Vec::new(), None);
+        let texts: Vec<&str> = request
+            .messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect();
+        assert!(
+            texts[2].starts_with("Moved to the background as job job_c"),
+            "{texts:?}"
+        );
+        assert!(texts[3].starts_with("[notice] job_a ended"), "{texts:?}");
+        assert_eq!(
+            texts[4],
+            "[notice] job_b ended (job_id: job_b, state: error, exit_code: 2)"
+        );
+    }
+
+    #[test]
     fn oldest_tool_outputs_go_first_then_old_exchanges() {
         let big = "x".repeat(4000);
         let history = vec![
