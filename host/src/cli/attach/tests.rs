@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{
     app::{App, Connection},
-    events::{Action, Msg, OutputChunk},
+    events::{Action, CallError, Msg, OutputChunk},
     ui,
 };
 
@@ -70,7 +70,18 @@ fn attached(color: bool) -> App {
         json!({"name": "audit-log", "status": "loaded"}),
         json!({"name": "broken", "status": "failed"}),
     ]));
+    app.now = at("2026-01-01T00:00:05Z");
     app
+}
+
+/// A tick, five seconds after the test jobs started.
+fn tick() -> Msg {
+    Msg::Tick(at("2026-01-01T00:00:05Z"))
+}
+
+/// A time, as the host writes them.
+fn at(time: &str) -> std::time::SystemTime {
+    humantime::parse_rfc3339_weak(time).unwrap()
 }
 
 fn render(app: &mut App) -> (String, ratatui::buffer::Buffer) {
@@ -107,7 +118,7 @@ fn the_screen_shows_roles_running_calls_and_plugins_in_80x24() {
         json!({"type": "job.started", "properties": job_json("job_2", "running", false)}),
     ));
     assert_eq!(
-        app.apply(Msg::Tick),
+        app.apply(tick()),
         vec![Action::FetchOutput {
             job_id: "job_2".into(),
             offset: 0,
@@ -132,11 +143,12 @@ fn the_screen_shows_roles_running_calls_and_plugins_in_80x24() {
         "broken failed",
         "you     echo hi",
         "tool    hi",
-        "agent   `echo hi`",
+        "agent   echo hi → completed",
         "notice  Background job job_1",
-        "job_2 fg shell sleep 3; echo done",
+        "shell   $ sleep 3; echo done",
+        "running 5.0s · ^G background · ^C interrupt",
         "│ step 2",
-        "Ctrl+B background",
+        "^B/^G bg",
         "> ",
     ] {
         assert!(
@@ -146,7 +158,7 @@ fn the_screen_shows_roles_running_calls_and_plugins_in_80x24() {
     }
     // The next tick asks for what follows.
     assert_eq!(
-        app.apply(Msg::Tick),
+        app.apply(tick()),
         vec![Action::FetchOutput {
             job_id: "job_2".into(),
             offset: 14,
@@ -176,35 +188,80 @@ fn no_color_draws_without_colours_and_keeps_the_labels() {
     assert!(buffer.content().iter().any(|c| c.fg != Color::Reset));
 }
 
+/// The action a line sent now asks for, with the key it was given.
+fn prompt_key(actions: &[Action]) -> String {
+    match actions {
+        [Action::Prompt { key, .. }] => key.clone(),
+        other => panic!("not one prompt: {other:?}"),
+    }
+}
+
 #[test]
-fn enter_prompts_and_a_bang_runs_a_shell_call() {
+fn enter_prompts_and_a_line_typed_while_busy_is_queued_then_sent() {
     let mut app = attached(true);
     typed(&mut app, "sleep 3; echo done");
-    assert_eq!(
-        app.apply(key(KeyCode::Enter)),
-        vec![Action::Prompt {
-            session: SES.into(),
-            text: "sleep 3; echo done".into()
-        }]
-    );
+    let sent = app.apply(key(KeyCode::Enter));
+    assert!(matches!(&sent[..], [Action::Prompt { session, text, .. }]
+        if session == SES && text == "sleep 3; echo done"));
     assert!(app.busy());
-    // A second line waits for the first.
+    // Typed while busy: queued and shown, not refused.
     typed(&mut app, "!ls");
     assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
-    assert!(app.status.as_deref().unwrap().contains("Ctrl+B"));
-    app.apply(Msg::PromptDone(
-        SES.into(),
-        Ok(vec![message("msg_9", "assistant", "ok")]),
-    ));
-    assert!(!app.busy());
-    assert_eq!(app.messages.len(), 1);
+    typed(&mut app, "second");
+    assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
+    assert_eq!(app.queue.len(), 2);
+    let (screen, _) = render(&mut app);
+    assert!(
+        screen.contains("queued (2) · Esc takes back: !ls"),
+        "{screen}"
+    );
+    // Esc takes the last one back into the input line.
+    app.apply(key(KeyCode::Esc));
+    assert_eq!(app.input.text(), "second");
+    assert_eq!(app.queue.len(), 1);
+    // The turn ends: the next queued line goes at once.
     assert_eq!(
-        app.apply(key(KeyCode::Enter)),
+        app.apply(Msg::PromptDone(
+            SES.into(),
+            Ok(vec![message("msg_9", "assistant", "ok")]),
+        )),
         vec![Action::Shell {
             session: SES.into(),
             command: "ls".into()
         }]
     );
+    assert!(app.queue.is_empty());
+    assert_eq!(app.messages.len(), 1);
+}
+
+#[test]
+fn a_prompt_whose_answer_was_lost_is_sent_again_with_the_same_key_after_the_reconnect() {
+    let mut app = attached(true);
+    typed(&mut app, "echo once");
+    let key_sent = prompt_key(&app.apply(key(KeyCode::Enter)));
+    // The host dies before answering.
+    app.apply(Msg::PromptDone(
+        SES.into(),
+        Err(CallError::Unreachable("connection reset".into())),
+    ));
+    app.apply(Msg::Disconnected("connection refused".into()));
+    assert_eq!(app.queue.len(), 1);
+    // Typed while the host is down: kept too.
+    typed(&mut app, "echo twice");
+    assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("queued (2)"), "{screen}");
+    // Back: the session is read again, then the first line goes, same key.
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::Refresh(SES.into())]
+    );
+    let again = app.apply(Msg::Session(Ok(session("idle"))));
+    assert_eq!(prompt_key(&again), key_sent);
+    let next = app.apply(Msg::PromptDone(SES.into(), Ok(vec![])));
+    let second = prompt_key(&next);
+    assert_ne!(second, key_sent);
+    assert!(app.queue.is_empty());
 }
 
 #[test]
@@ -327,7 +384,7 @@ fn the_jobs_list_opens_a_paged_output() {
     });
     // Not at the end yet: the next page is asked for.
     assert_eq!(
-        app.apply(Msg::Tick),
+        app.apply(tick()),
         vec![Action::FetchOutput {
             job_id: "job_1".into(),
             offset: first.len() as u64,
@@ -344,7 +401,7 @@ fn the_jobs_list_opens_a_paged_output() {
             eof: true,
         }),
     });
-    assert_eq!(app.apply(Msg::Tick), vec![]);
+    assert_eq!(app.apply(tick()), vec![]);
     app.apply(key(KeyCode::End));
     let (screen, _) = render(&mut app);
     assert!(screen.contains("line 31"), "{screen}");
