@@ -19,6 +19,11 @@ use super::{
 
 /// Most bytes of live output kept per running job.
 const TAIL_BYTES: usize = 4096;
+/// How the status lines about the queue begin.
+const QUEUED: &str = "queued";
+/// How long a prompt whose answer was lost waits before it is sent again
+/// (sooner when the event stream reconnects).
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most bytes the pager keeps of one job's output.
 const PAGER_BYTES: usize = 8 * 1024 * 1024;
 
@@ -139,6 +144,10 @@ pub(crate) struct App {
     pub now: SystemTime,
     /// Ticks so far, for the spinner.
     pub ticks: u64,
+    /// A prompt's answer was lost to a host that went away: the queue
+    /// waits until then (or the next connect) before trying again, so a
+    /// host that is down is not asked in a tight loop.
+    retry_at: Option<SystemTime>,
     /// Transcript lines scrolled up from the bottom.
     pub scroll: usize,
     pub connection: Connection,
@@ -180,6 +189,7 @@ impl App {
             tmux: false,
             now: SystemTime::now(),
             ticks: 0,
+            retry_at: None,
             scroll: 0,
             connection: Connection::Connecting,
             resumed: false,
@@ -209,6 +219,7 @@ impl App {
             && !self.gone
             && !self.busy()
             && !self.creating
+            && self.retry_at.is_none_or(|at| self.now >= at)
     }
 
     /// Sends the oldest queued line if the session takes it now.
@@ -220,6 +231,15 @@ impl App {
             return Vec::new();
         };
         self.scroll = 0;
+        // What the queue said is no longer true once it is empty.
+        if self.queue.is_empty()
+            && self
+                .status
+                .as_deref()
+                .is_some_and(|s| s.starts_with(QUEUED))
+        {
+            self.status = None;
+        }
         let action = match next.line.strip_prefix('!') {
             Some(command) => Action::Shell {
                 session,
@@ -381,6 +401,7 @@ impl App {
             Msg::Connected { resumed } => {
                 self.connection = Connection::Connected;
                 self.resumed = resumed;
+                self.retry_at = None;
                 if resumed && self.session_id.is_some() {
                     // The host replays what the gap missed; lines typed
                     // meanwhile go now.
@@ -485,19 +506,18 @@ impl App {
                                 self.add_message(message);
                             }
                         }
-                        Err(CallError::Unreachable(error)) => {
+                        Err(CallError::Unreachable(_)) => {
                             // The answer was lost, not necessarily the
                             // prompt: sent again with the same key after
                             // the reconnect, it runs at most once.
                             if let Some(call) = call {
                                 self.queue.push_front(call.sent);
                             }
-                            self.connection = Connection::Disconnected(error);
-                            self.status = Some(
-                                "the host went away: the prompt is kept and sent again \
-                                 (with its idempotency key) once it is back"
-                                    .into(),
-                            );
+                            self.retry_at = Some(self.now + RETRY);
+                            self.status = Some(format!(
+                                "{QUEUED} again: the host went away before answering; the \
+                                 prompt is sent again (same idempotency key) once it is back"
+                            ));
                             return Vec::new();
                         }
                         Err(CallError::NotFound(_)) => {
@@ -658,6 +678,8 @@ impl App {
                 });
             }
         }
+        // A prompt waiting for its retry goes when its time comes.
+        actions.extend(self.send_next());
         actions
     }
 
@@ -979,12 +1001,13 @@ impl App {
         let actions = self.send_next();
         if actions.is_empty() {
             self.status = Some(if self.gone {
-                "queued: this session is gone; pick another (Ctrl+S) or make one (Ctrl+N)"
-                    .to_string()
+                format!(
+                    "{QUEUED}: this session is gone; pick another (Ctrl+S) or make one (Ctrl+N)"
+                )
             } else if self.connection != Connection::Connected {
-                "queued: sent once the host is back".to_string()
+                format!("{QUEUED}: sent once the host is back")
             } else {
-                "queued: sent when the session is free · Esc takes it back".to_string()
+                format!("{QUEUED}: sent when the session is free · Esc takes it back")
             });
         }
         actions

@@ -248,8 +248,10 @@ fn a_prompt_whose_answer_was_lost_is_sent_again_with_the_same_key_after_the_reco
         SES.into(),
         Err(CallError::Unreachable("connection reset".into())),
     ));
-    app.apply(Msg::Disconnected("connection refused".into()));
     assert_eq!(app.queue.len(), 1);
+    // Not at once (the host is down; the stream has not noticed yet).
+    assert_eq!(app.apply(Msg::Tick(app.now)), vec![]);
+    app.apply(Msg::Disconnected("connection refused".into()));
     // Typed while the host is down: kept too.
     typed(&mut app, "echo twice");
     assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
@@ -623,6 +625,14 @@ fn every_tool_call_is_a_block_with_its_command_state_and_output() {
             message("msg_1", "user", "!echo hi"),
             tool_answer("msg_2", "job_ok", "hi", "completed", Some(0)),
             tool_answer("msg_3", "job_bad", "no such file", "error", Some(2)),
+            // The host writes why a job was cancelled as its last line.
+            tool_answer(
+                "msg_4",
+                "job_int",
+                "partial\n[interrupted]",
+                "cancelled",
+                None,
+            ),
         ],
     ));
     let ended = |id, title, status, bg, exit| {
@@ -631,7 +641,7 @@ fn every_tool_call_is_a_block_with_its_command_state_and_output() {
     };
     app.apply(ended("job_ok", "echo hi", "completed", false, Some(0)));
     app.apply(ended("job_bad", "ls /nope", "error", false, Some(2)));
-    // Interrupted: cancelled in the foreground, no answer recorded.
+    // Interrupted (its answer says so).
     app.apply(ended("job_int", "sleep 60", "cancelled", false, None));
     // Cancelled in the background.
     app.apply(ended("job_can", "sleep 70", "cancelled", true, None));
@@ -665,6 +675,7 @@ fn every_tool_call_is_a_block_with_its_command_state_and_output() {
         "        │ no such file",
         "shell   $ sleep 60",
         "        ■ interrupted · 1.5s",
+        "        │ partial",
         "shell   $ sleep 70",
         "        ■ ↷ moved to the background · cancelled · 1.5s",
         "shell   $ make all",
@@ -978,6 +989,13 @@ fn calls_screen() -> App {
                 Some(0),
             ),
             message("msg_3", "user", "!sleep 60"),
+            tool_answer(
+                "msg_4",
+                "job_01a22e8702ee000003a1b2c3",
+                "[interrupted]",
+                "cancelled",
+                None,
+            ),
         ],
     ));
     app.apply(Msg::Jobs(

@@ -371,14 +371,21 @@ fn spinner(tick: u64) -> &'static str {
     FRAMES[(tick % FRAMES.len() as u64) as usize]
 }
 
+/// Why a cancelled job ended, from the last line of its output, where the
+/// host writes it (`[interrupted]`, `[cancelled]`, `[timeout]`,
+/// `[shutdown]`); `None` when the output does not say.
+fn cancel_reason(output: &str) -> Option<&str> {
+    let last = output.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    let word = last.strip_prefix('[')?.strip_suffix(']')?;
+    ["interrupted", "cancelled", "timeout", "shutdown"]
+        .contains(&word)
+        .then_some(word)
+}
+
 /// How a tool call stands: running (spinner, elapsed), or how it ended
 /// (exit status, duration) and whether it was moved, cancelled or
 /// interrupted.
-///
-/// An interrupt leaves no tool message (its caller is gone), so a
-/// cancelled foreground job without one reads "interrupted"; with one, or
-/// in the background, "cancelled".
-fn call_state(app: &App, job: &Job, answered: bool, theme: &Theme) -> Line<'static> {
+fn call_state(app: &App, job: &Job, output: &str, theme: &Theme) -> Line<'static> {
     let started = time(&job.started_at);
     let took = |end: Option<SystemTime>| {
         started
@@ -418,10 +425,16 @@ fn call_state(app: &App, job: &Job, answered: bool, theme: &Theme) -> Line<'stat
                     ("✓", exit.unwrap_or("done".into()), theme.fg(Color::Green))
                 }
                 JobStatus::Error => ("✗", exit.unwrap_or("failed".into()), theme.bold(Color::Red)),
-                _ if !answered && !job.backgrounded => {
-                    ("■", "interrupted".to_string(), theme.bold(Color::Red))
-                }
-                _ => ("■", "cancelled".to_string(), theme.bold(Color::Red)),
+                _ => (
+                    "■",
+                    match cancel_reason(output) {
+                        Some("timeout") => "cancelled: timed out".to_string(),
+                        Some("shutdown") => "cancelled: the host stopped".to_string(),
+                        Some(reason) => reason.to_string(),
+                        None => "cancelled".to_string(),
+                    },
+                    theme.bold(Color::Red),
+                ),
             };
             (format!("{mark} {moved}{word}{duration}"), style)
         }
@@ -450,15 +463,6 @@ fn call_block(
         Style::default().add_modifier(Modifier::BOLD),
         body,
     );
-    let state = call_state(app, job, answer.is_some(), theme);
-    rows.extend(wrap(
-        &state
-            .spans
-            .iter()
-            .map(|s| (s.content.to_string(), s.style.patch(state.style)))
-            .collect::<Vec<_>>(),
-        body,
-    ));
     let output = match answer {
         Some(message) => message.text.clone(),
         None => app
@@ -467,11 +471,24 @@ fn call_block(
             .map(|t| t.text.clone())
             .unwrap_or_default(),
     };
-    let lines: Vec<&str> = output
+    let state = call_state(app, job, &output, theme);
+    rows.extend(wrap(
+        &state
+            .spans
+            .iter()
+            .map(|s| (s.content.to_string(), s.style.patch(state.style)))
+            .collect::<Vec<_>>(),
+        body,
+    ));
+    let mut lines: Vec<&str> = output
         .trim_end()
         .lines()
         .filter(|l| !l.trim().is_empty())
         .collect();
+    // The reason line is said in the state line already.
+    if job.status == JobStatus::Cancelled && cancel_reason(&output).is_some() {
+        lines.pop();
+    }
     if lines.len() > TOOL_LINES {
         rows.push(vec![Span::styled(
             format!(
