@@ -60,7 +60,7 @@ struct Attached {
     parser: Arc<Mutex<vt100::Parser>>,
     /// Reads the pty into `parser` until the client's side is closed.
     reader: thread::JoinHandle<()>,
-    _master: Box<dyn MasterPty + Send>,
+    master: Box<dyn MasterPty + Send>,
 }
 
 impl Attached {
@@ -131,8 +131,26 @@ impl Attached {
             writer,
             parser,
             reader,
-            _master: pty.master,
+            master: pty.master,
         }
+    }
+
+    /// Resizes the terminal (the client gets SIGWINCH) and the emulator
+    /// reading it.
+    fn resize(&self, rows: u16, cols: u16) {
+        let mut parser = self.parser.lock().unwrap();
+        parser.set_size(
+            NonZeroU16::new(rows).unwrap(),
+            NonZeroU16::new(cols).unwrap(),
+        );
+        self.master
+            .resize(PtySize {
+                rows,
+                cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .expect("resize the pty");
     }
 
     fn screen(&self) -> String {
@@ -477,4 +495,56 @@ fn a_session_gone_after_a_reconnect_is_said_and_a_new_one_offered_alone() {
     attach.send(b"echo alive\r");
     attach.wait_for(&["│ alive"]);
     drop(other);
+}
+
+#[test]
+fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized() {
+    alone(
+        "a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized",
+        a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized_alone,
+    );
+}
+
+fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("offstage.toml");
+    std::fs::write(
+        &config,
+        "[[permission]]\ntool = \"shell\"\npattern = \"echo *\"\naction = \"ask\"\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let mut attach = Attached::start(&server, &[]);
+    attach.wait_for(&[" connected ", "ses_"]);
+    // About 300 characters: four times the width.
+    let words: Vec<String> = (0..60).map(|i| format!("w{i:03}")).collect();
+    let command = format!("echo {}", words.join(" "));
+    attach.send(format!("!{command}\r").as_bytes());
+    let screen = attach.wait_for(&["permission: shell `echo w000", "[o]nce  [a]lways  [r]eject"]);
+    let shown: Vec<&str> = screen.split_whitespace().collect();
+    for word in &words {
+        assert!(
+            shown.iter().any(|w| w.trim_matches(['`', '?']) == word),
+            "{word} missing or split:\n{screen}"
+        );
+    }
+    attach.send(b"o");
+    attach.wait_for(&["✓ exit 0", "│ w000 w001"]);
+
+    // Narrower and shorter: rows wrap again at words; the job's id in its
+    // notice line stays whole.
+    attach.resize(20, 50);
+    let screen = attach.wait_for(&["w059", "✓ exit 0", "idle"]);
+    for line in screen.lines() {
+        assert!(line.chars().count() <= 50, "{line:?} wider than 50");
+    }
+    let shown: Vec<&str> = screen.split_whitespace().collect();
+    for word in &words[words.len() - 10..] {
+        assert!(
+            shown.contains(&word.as_str()),
+            "{word} split at 50 columns:\n{screen}"
+        );
+    }
+    attach.resize(24, 80);
+    attach.wait_for(&["$ echo w000 w001"]);
 }

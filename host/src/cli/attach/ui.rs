@@ -282,14 +282,13 @@ fn draw_header(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
             theme.bold(Color::Red).add_modifier(Modifier::REVERSED),
         ),
     };
+    // The state first: a narrow terminal cuts the title, not the state.
     let line = Line::from(vec![
         Span::styled(
             " offstage ",
             theme.bold(Color::Cyan).add_modifier(Modifier::REVERSED),
         ),
         Span::raw(" "),
-        Span::styled(session, Style::default().add_modifier(Modifier::BOLD)),
-        Span::raw("  "),
         Span::styled(
             state,
             if app.gone {
@@ -302,6 +301,8 @@ fn draw_header(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
         ),
         Span::raw(" "),
         connection,
+        Span::raw(" "),
+        Span::styled(session, Style::default().add_modifier(Modifier::BOLD)),
     ]);
     frame.render_widget(Paragraph::new(line), area);
 }
