@@ -940,6 +940,10 @@ fn the_screens_in_the_docs_are_what_attach_draws() {
             "A permission question whose command is long",
             permission_screen(),
         ),
+        (
+            "The host came back without the session (another data dir)",
+            gone_screen(),
+        ),
     ] {
         let (screen, _) = render(&mut app);
         doc.push_str(&format!(
@@ -947,16 +951,35 @@ fn the_screens_in_the_docs_are_what_attach_draws() {
             trimmed(&screen)
         ));
     }
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/attach.md");
-    if std::env::var_os("OFFSTAGE_UPDATE_SCREENS").is_some() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let update = std::env::var_os("OFFSTAGE_UPDATE_SCREENS").is_some();
+    let fix = "run OFFSTAGE_UPDATE_SCREENS=1 cargo test -p offstage --lib \
+               cli::attach::tests::the_screens_in_the_docs_are_what_attach_draws";
+    let path = root.join("docs/attach.md");
+    if update {
         std::fs::write(&path, &doc).unwrap();
     }
     let written = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        written == doc,
-        "docs/attach.md is out of date: run OFFSTAGE_UPDATE_SCREENS=1 cargo test -p offstage \
-         --lib cli::attach::tests::the_screens_in_the_docs_are_what_attach_draws"
-    );
+    assert!(written == doc, "docs/attach.md is out of date: {fix}");
+
+    // README.md shows one of them between its markers.
+    let (begin, end) = ("<!-- attach-screen: begin", "<!-- attach-screen: end -->");
+    let path = root.join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let start = readme.find(begin).expect("the README's begin marker");
+    let start = start + readme[start..].find('\n').unwrap() + 1;
+    let stop = readme.find(end).expect("the README's end marker");
+    let (screen, _) = render(&mut calls_screen());
+    let block = format!("```text\n{}\n```\n", trimmed(&screen));
+    if update {
+        let updated = format!("{}{block}{}", &readme[..start], &readme[stop..]);
+        std::fs::write(&path, updated).unwrap();
+    } else {
+        assert!(
+            readme[start..stop] == block,
+            "README.md's attach screen is out of date: {fix}"
+        );
+    }
 }
 
 fn streaming_screen() -> App {
@@ -1006,7 +1029,7 @@ fn calls_screen() -> App {
                 "ls docs",
                 "completed",
                 false,
-                Some(("2026-01-01T00:00:00.040Z", Some(0))),
+                Some(("2026-01-01T00:00:00.400Z", Some(0))),
             ))
             .unwrap(),
             serde_json::from_value(job_at(
@@ -1071,5 +1094,21 @@ fn permission_screen() -> App {
         "pattern": "find . -name target -type d -prune -exec rm -rf {} + && \
                     rm -rf node_modules .cache dist build coverage && git clean -fdx -e .env"}),
     ));
+    app
+}
+
+fn gone_screen() -> App {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![message("msg_1", "user", "echo before")],
+    ));
+    app.apply(Msg::Disconnected("connection refused".into()));
+    app.apply(Msg::Connected { resumed: false });
+    app.apply(Msg::SessionGone(SES.into()));
+    let mut other = session("idle");
+    other.id = "ses_01a22e8701c600000067a674".into();
+    other.title = "attach".into();
+    app.apply(Msg::Sessions(Ok(vec![other])));
     app
 }
