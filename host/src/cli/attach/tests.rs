@@ -1112,3 +1112,30 @@ fn gone_screen() -> App {
     app.apply(Msg::Sessions(Ok(vec![other])));
     app
 }
+
+/// Only what shows is drawn (from the end), yet scrolling reaches the
+/// first line and stops there.
+#[test]
+fn a_long_transcript_scrolls_to_its_first_line_and_back() {
+    let mut app = attached(false);
+    let messages = (0..300)
+        .map(|i| message(&format!("msg_{i}"), "user", &format!("line {i:03}")))
+        .collect();
+    app.apply(Msg::Messages(SES.into(), messages));
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("line 299"), "{screen}");
+    assert!(!screen.contains("line 000"), "{screen}");
+    for _ in 0..40 {
+        app.apply(key(KeyCode::PageUp));
+    }
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("you     line 000"), "{screen}");
+    // Clamped at the top: one PgDn moves at once.
+    let top = app.scroll;
+    app.apply(key(KeyCode::PageDown));
+    assert_eq!(app.scroll, top - 10);
+    let end = Msg::Key(KeyEvent::new(KeyCode::End, KeyModifiers::CONTROL));
+    app.apply(end);
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("line 299"), "{screen}");
+}

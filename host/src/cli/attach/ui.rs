@@ -23,7 +23,7 @@ use serde_json::Value;
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 use super::{
-    app::{App, Connection, NoteKind, Overlay},
+    app::{App, Connection, Note, NoteKind, Overlay, Stream},
     markdown,
     wrap::{wrap, wrap_text},
 };
@@ -576,84 +576,121 @@ fn items(app: &App) -> Vec<Item<'_>> {
     out.into_iter().map(|(_, item)| item).collect()
 }
 
-fn transcript_lines(app: &App, theme: &Theme, width: usize) -> Vec<Line<'static>> {
-    let body = width.saturating_sub(LABEL);
-    let mut lines = Vec::new();
-    let note_lines = |note: &super::app::Note, lines: &mut Vec<Line<'static>>| {
-        let (label, style) = match note.kind {
-            NoteKind::Moved => ("[moved]", theme.bold(Color::Magenta)),
-            NoteKind::Wake => ("[wake]", theme.bold(Color::Blue)),
-            NoteKind::Error => ("[error]", theme.bold(Color::Red)),
-        };
-        lines.extend(entry(label, style, wrap_text(&note.text, style, body)));
-    };
-    let known = |id: &Option<String>| match id {
-        None => true,
-        Some(id) => app.messages.iter().any(|m| &m.id == id),
-    };
-    for note in app.notes.iter().filter(|n| n.after.is_none()) {
-        note_lines(note, &mut lines);
+/// One piece of the transcript, in order, not drawn yet: drawing goes
+/// from the end and stops once the screen is full, so a long session
+/// costs a frame only what it shows.
+enum Chunk<'a> {
+    Note(&'a Note),
+    Item(Item<'a>),
+    Stream(&'a Stream),
+}
+
+/// The transcript's pieces, in order: notes made before any message,
+/// then each message (or call block) with the notes made after it, notes
+/// after messages no longer there, and answers still streaming.
+fn chunks(app: &App) -> Vec<Chunk<'_>> {
+    let ids: HashSet<&str> = app.messages.iter().map(|m| m.id.as_str()).collect();
+    let mut after: HashMap<&str, Vec<&Note>> = HashMap::new();
+    let mut out = Vec::new();
+    let mut orphans = Vec::new();
+    for note in &app.notes {
+        match note.after.as_deref() {
+            None => out.push(Chunk::Note(note)),
+            Some(id) if ids.contains(id) => after.entry(id).or_default().push(note),
+            Some(_) => orphans.push(Chunk::Note(note)),
+        }
     }
     for item in items(app) {
-        let message = match item {
-            Item::Call(job, answer) => {
-                lines.extend(call_block(app, theme, job, answer, width));
-                match answer {
-                    Some(message) => message,
-                    None => continue,
-                }
-            }
-            Item::Message(message) => {
-                let text = message.text.trim_end();
-                lines.extend(match message.role {
-                    Role::User => entry(
-                        "you",
-                        theme.bold(Color::Cyan),
-                        wrap_text(text, Style::default(), body),
-                    ),
-                    Role::Assistant => entry(
-                        "agent",
-                        theme.bold(Color::Green),
-                        markdown::render(text, Style::default(), theme.color, body),
-                    ),
-                    Role::Tool => tool_message(message, theme, width),
-                    Role::Notice => entry(
-                        "notice",
-                        theme.bold(Color::Yellow),
-                        wrap_text(text, theme.fg(Color::Yellow), body),
-                    ),
-                });
-                message
-            }
+        let message = match &item {
+            Item::Message(message) | Item::Call(_, Some(message)) => Some(message.id.as_str()),
+            Item::Call(_, None) => None,
         };
-        for note in app
-            .notes
-            .iter()
-            .filter(|n| n.after.as_deref() == Some(&message.id))
-        {
-            note_lines(note, &mut lines);
+        out.push(Chunk::Item(item));
+        if let Some(notes) = message.and_then(|id| after.remove(id)) {
+            out.extend(notes.into_iter().map(Chunk::Note));
         }
     }
-    for note in app.notes.iter().filter(|n| !known(&n.after)) {
-        note_lines(note, &mut lines);
-    }
-    for stream in &app.streams {
-        let mut rows = markdown::render(&stream.text, Style::default(), theme.color, body);
-        // The answer goes on: a mark where the next text lands.
-        if let Some(last) = rows.last_mut() {
-            last.push(Span::styled(" ▍", theme.fg(Color::Green)));
+    out.extend(orphans);
+    out.extend(app.streams.iter().map(Chunk::Stream));
+    out
+}
+
+fn chunk_lines(app: &App, theme: &Theme, width: usize, chunk: &Chunk<'_>) -> Vec<Line<'static>> {
+    let body = width.saturating_sub(LABEL);
+    match chunk {
+        Chunk::Note(note) => {
+            let (label, style) = match note.kind {
+                NoteKind::Moved => ("[moved]", theme.bold(Color::Magenta)),
+                NoteKind::Wake => ("[wake]", theme.bold(Color::Blue)),
+                NoteKind::Error => ("[error]", theme.bold(Color::Red)),
+            };
+            entry(label, style, wrap_text(&note.text, style, body))
         }
-        lines.extend(entry("agent", theme.bold(Color::Green), rows));
+        Chunk::Item(Item::Call(job, answer)) => call_block(app, theme, job, *answer, width),
+        Chunk::Item(Item::Message(message)) => {
+            let text = message.text.trim_end();
+            match message.role {
+                Role::User => entry(
+                    "you",
+                    theme.bold(Color::Cyan),
+                    wrap_text(text, Style::default(), body),
+                ),
+                Role::Assistant => entry(
+                    "agent",
+                    theme.bold(Color::Green),
+                    markdown::render(text, Style::default(), theme.color, body),
+                ),
+                Role::Tool => tool_message(message, theme, width),
+                Role::Notice => entry(
+                    "notice",
+                    theme.bold(Color::Yellow),
+                    wrap_text(text, theme.fg(Color::Yellow), body),
+                ),
+            }
+        }
+        Chunk::Stream(stream) => {
+            let mut rows = markdown::render(&stream.text, Style::default(), theme.color, body);
+            // The answer goes on: a mark where the next text lands.
+            if let Some(last) = rows.last_mut() {
+                last.push(Span::styled(" ▍", theme.fg(Color::Green)));
+            }
+            entry("agent", theme.bold(Color::Green), rows)
+        }
     }
-    lines
+}
+
+/// The transcript's last `need` lines or more, drawn from its end; and
+/// whether they are the whole of it.
+fn transcript_tail(
+    app: &App,
+    theme: &Theme,
+    width: usize,
+    need: usize,
+) -> (Vec<Line<'static>>, bool) {
+    let mut drawn: Vec<Vec<Line<'static>>> = Vec::new();
+    let mut count = 0;
+    let all = chunks(app);
+    let mut whole = true;
+    for chunk in all.iter().rev() {
+        if count >= need {
+            // This chunk and those before it are not drawn.
+            whole = false;
+            break;
+        }
+        let lines = chunk_lines(app, theme, width, chunk);
+        count += lines.len();
+        drawn.push(lines);
+    }
+    (drawn.into_iter().rev().flatten().collect(), whole)
 }
 
 fn draw_transcript(frame: &mut Frame<'_>, app: &mut App, theme: &Theme, area: Rect) {
-    let lines = transcript_lines(app, theme, area.width as usize);
     let height = area.height as usize;
-    let max_scroll = lines.len().saturating_sub(height);
-    app.scroll = app.scroll.min(max_scroll);
-    let end = lines.len() - app.scroll;
+    let (lines, whole) = transcript_tail(app, theme, area.width as usize, height + app.scroll);
+    if whole {
+        app.scroll = app.scroll.min(lines.len().saturating_sub(height));
+    }
+    let end = lines.len() - app.scroll.min(lines.len());
     let start = end.saturating_sub(height);
     let shown: Vec<Line<'_>> = lines[start..end].to_vec();
     if shown.is_empty() {
