@@ -1139,3 +1139,33 @@ fn a_long_transcript_scrolls_to_its_first_line_and_back() {
     let (screen, _) = render(&mut app);
     assert!(screen.contains("line 299"), "{screen}");
 }
+
+/// A command's output is shown as text: its escape sequences are not
+/// passed to the terminal (they would clear it, move the cursor, recolour).
+#[test]
+fn escape_sequences_in_output_are_shown_not_obeyed() {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![
+            message("msg_1", "user", "!printf"),
+            tool_answer(
+                "msg_2",
+                "job_esc",
+                "\u{1b}[2J\u{1b}[31mred\u{7}",
+                "completed",
+                Some(0),
+            ),
+        ],
+    ));
+    app.apply(Msg::Event(json!({"type": "job.finished", "properties":
+        job_at("job_esc", "printf", "completed", false, Some(("2026-01-01T00:00:01Z", Some(0))))})));
+    let (screen, buffer) = render(&mut app);
+    assert!(screen.contains("│ [2J[31mred"), "{screen}");
+    for cell in buffer.content() {
+        assert!(
+            !cell.symbol().chars().any(char::is_control),
+            "a control character reached the screen: {cell:?}"
+        );
+    }
+}
