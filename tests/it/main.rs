@@ -47,6 +47,7 @@ mod http {
     mod api;
     mod disconnect;
     mod events;
+    mod idempotency;
     mod keepalive;
     mod limits;
     mod plugins;

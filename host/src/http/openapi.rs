@@ -543,6 +543,24 @@ mod tests {
     }
 
     #[test]
+    fn a_prompt_documents_its_idempotency_key() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let parameters = doc["paths"]["/api/session/{id}/prompt"]["post"]["parameters"]
+            .as_array()
+            .unwrap();
+        let key = parameters
+            .iter()
+            .find(|p| p["name"] == "Idempotency-Key")
+            .unwrap();
+        assert_eq!(key["in"], "header", "{key}");
+        assert_eq!(key["required"], false, "{key}");
+        assert!(key["description"]
+            .as_str()
+            .unwrap()
+            .contains("at most once"));
+    }
+
+    #[test]
     fn every_route_is_described() {
         let doc = serde_json::to_value(super::super::openapi()).unwrap();
         let paths = doc["paths"].as_object().unwrap();

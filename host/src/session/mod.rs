@@ -260,6 +260,24 @@ struct SessionEntry {
 }
 
 impl SessionEntry {
+    /// Where the user message sent with idempotency key `key` is, if any.
+    /// Newest first: a retry follows its first try closely.
+    fn prompted_with(&self, key: &str) -> Option<usize> {
+        self.messages.iter().rposition(|m| {
+            m.role == Role::User && m.metadata["idempotency_key"].as_str() == Some(key)
+        })
+    }
+
+    /// What the turn of the prompt at `index` added: the messages after it,
+    /// up to the next prompt.
+    fn answer_to(&self, index: usize) -> Vec<Message> {
+        self.messages[index + 1..]
+            .iter()
+            .take_while(|m| m.role != Role::User)
+            .map(|m| Message::clone(m))
+            .collect()
+    }
+
     /// Puts a message that is already in the store into memory (the
     /// caller publishes `message.added`). Prompts and notices also go to
     /// the inbox.
