@@ -344,7 +344,7 @@ fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
     attach.wait_for(&[" connected ", "ses_"]);
 
     attach.send(b"wait for the flag\r");
-    attach.wait_for(&["fg shell echo started", "busy"]);
+    attach.wait_for(&["$ echo started", "running", "busy"]);
     attach.send(b"\x02"); // Ctrl+B
     attach.wait_for(&["[moved] job_"]);
     // The moved call's result went to the model at once; its answer
