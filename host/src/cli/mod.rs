@@ -271,7 +271,7 @@ pub(crate) enum SessionCommand {
     Create {
         #[arg(long)]
         title: Option<String>,
-        /// The agent that runs its turns [default: script].
+        /// The agent that runs its turns [default: the host's `[sessions] default_agent`, else script].
         #[arg(long)]
         agent: Option<String>,
         /// Make it a child of this session.
