@@ -79,6 +79,7 @@
 pub mod abi;
 mod context;
 mod error;
+pub mod event;
 mod futures;
 #[doc(hidden)]
 pub use futures::panic_message;
@@ -138,6 +139,7 @@ pub mod capability {
 /// What a plugin usually needs, in one `use`.
 pub mod prelude {
     pub use crate::capability;
+    pub use crate::event::{self, EventPayload};
     pub use crate::types::{
         AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, OutputChunk,
         Role, Session, SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,
