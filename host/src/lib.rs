@@ -74,9 +74,9 @@ pub use crate::{
 // tests drive it: the host and its config, what it reports, how isolated
 // plugins run, and `offstage plugin check`'s one-call form.
 pub use crate::plugin::{
-    check_file, Filesystem, Isolation, IsolationConfig, IsolationSettings, LastCrash, LoadError,
-    LoadStage, NameSource, Network, PluginHost, PluginHostConfig, PluginInfo, PluginSettings,
-    PluginStatus, RestartPolicy,
+    check_file, declared_name as declared_plugin_name, Filesystem, Isolation, IsolationConfig,
+    IsolationSettings, LastCrash, LoadError, LoadStage, NameSource, Network, PluginHost,
+    PluginHostConfig, PluginInfo, PluginSettings, PluginStatus, RestartPolicy,
 };
 
 // `offstage dev`'s watcher, for the dev tests and the reload benchmark;

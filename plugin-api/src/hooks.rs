@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use crate::{
     abi::{AbiResult, CallbackAbi, CallbackState, NextAbi, WrapperAbi},
-    futures::{export_json_future, from_abi_result, guard},
     event::EventPayload,
+    futures::{export_json_future, from_abi_result, guard},
     types::{AgentTurn, Event, ToolCall, ToolResult, ToolSpec},
     Context, Error, Result,
 };

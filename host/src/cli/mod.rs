@@ -9,6 +9,7 @@
 pub(crate) mod attach;
 pub(crate) mod client;
 mod commands;
+mod scaffold;
 mod serve;
 pub(crate) mod token;
 
@@ -181,6 +182,20 @@ pub(crate) enum PluginCommand {
         #[arg(long, value_parser = ["unrestricted", "read-only"])]
         filesystem: Option<String>,
     },
+    /// Make a plugin crate from the template: a cdylib with a tool, a
+    /// wrapper, a subscription, a README and a test that runs it in a real
+    /// host (offstage-plugin-test). `cargo test` in it passes as it comes.
+    New {
+        /// The plugin's name, also the package's (`word-count`).
+        name: String,
+        /// Where to make it [default: ./NAME]; must be empty or missing.
+        #[arg(long, value_name = "DIR")]
+        path: Option<PathBuf>,
+        /// Depend on a checkout of Offstage by path instead of on crates.io
+        /// versions: its `plugin-api` dir (and `plugin-test` beside it).
+        #[arg(long, value_name = "DIR")]
+        path_to_api: Option<PathBuf>,
+    },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
     /// loaded leaves the running generation serving (exit status 1).
@@ -346,12 +361,44 @@ pub fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),
+        Command::Plugin {
+            command:
+                PluginCommand::New {
+                    name,
+                    path,
+                    path_to_api,
+                },
+        } => plugin_new(scaffold::NewPlugin {
+            name,
+            path,
+            path_to_api,
+        }),
         Command::Session { client, command } => commands::session(&client, command),
         Command::Tool(args) => commands::tool(args),
         Command::Background(args) => commands::background(args),
         Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
         Command::Events { client } => commands::events(&client),
         Command::Attach { client, session } => attach::run(&client, session),
+    }
+}
+
+/// `offstage plugin new`: makes the crate, says what to run next.
+fn plugin_new(request: scaffold::NewPlugin) -> ExitCode {
+    match scaffold::new_plugin(&request) {
+        Ok(dir) => {
+            println!(
+                "made plugin {} in {}
+next: cd {} && cargo test",
+                request.name,
+                dir.display(),
+                dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("offstage plugin new: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -103,6 +103,14 @@ use std::{
 };
 
 pub use check::check_file;
+
+/// The plugin name a library file declares (`export_plugin!(T, name =
+/// "...")`), read from the file without running any of its code; `None`
+/// when it declares none or cannot be read. The plugin test harness keys a
+/// plugin's settings by it before loading the file.
+pub fn declared_name(path: &std::path::Path) -> Option<String> {
+    section::declared_name(path).ok().flatten()
+}
 pub(crate) use check::{check_file_with, CheckOptions};
 pub use config::{PluginHostConfig, PluginSettings};
 pub use crash::LastCrash;
