@@ -26,6 +26,9 @@ use crate::logs::{self, LogLine, LogLines};
 /// reaching it is a failure, never a measurement.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
+/// How long each step of dropping a [`TestHost`] may take.
+const SHUTDOWN_PATIENCE: Duration = Duration::from_secs(5);
+
 /// How often a wait checks again.
 const POLL: Duration = Duration::from_millis(10);
 
@@ -667,12 +670,19 @@ fn next_call_number() -> u64 {
 
 impl Drop for TestHost {
     fn drop(&mut self) {
+        // As `offstage serve` stops: jobs first (cancelled, their callers
+        // answered), then the plugins, then the runtime, so nothing of the
+        // plugin is still running when its timers and tasks go away.
         if let Some(runtime) = self.runtime.take() {
+            let service = self.service.clone();
+            let _ = runtime.block_on(async move {
+                tokio::time::timeout(SHUTDOWN_PATIENCE, service.shutdown()).await
+            });
             {
                 let _entered = runtime.enter();
                 self.plugins.shutdown();
             }
-            runtime.shutdown_timeout(Duration::from_secs(5));
+            runtime.shutdown_timeout(SHUTDOWN_PATIENCE);
         }
     }
 }

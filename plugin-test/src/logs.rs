@@ -20,7 +20,8 @@ use std::{
 
 use tracing::{
     field::{Field, Visit},
-    Event, Level, Subscriber,
+    subscriber::Interest,
+    Event, Level, Metadata, Subscriber,
 };
 use tracing_subscriber::{layer::Context, prelude::*, Layer};
 
@@ -94,6 +95,20 @@ pub(crate) fn capture(name: &str) -> Arc<LogLines> {
 struct Capture;
 
 impl<S: Subscriber> Layer<S> for Capture {
+    // Only plugin lines are wanted: every other callsite is off for good,
+    // so the host's own logging costs nothing in a test.
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if is_plugin_line(metadata) {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        is_plugin_line(metadata)
+    }
+
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let Some(plugin) = event.metadata().target().strip_prefix("plugin::") else {
             return;
@@ -118,6 +133,10 @@ impl<S: Subscriber> Layer<S> for Capture {
             }
         }
     }
+}
+
+fn is_plugin_line(metadata: &Metadata<'_>) -> bool {
+    metadata.target().starts_with("plugin::")
 }
 
 /// The fields of a plugin line: `message` and `module` (`plugin` is the

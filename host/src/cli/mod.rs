@@ -70,6 +70,9 @@ pub(crate) enum Command {
         /// With `--read-only`: sockets may be opened (`network = "allow"`).
         #[arg(long, requires = "read_only")]
         network: bool,
+        /// The host's log level (0 off ... 5 trace), told to the plugin.
+        #[arg(long)]
+        log_level: Option<u8>,
     },
     /// Work with plugin files.
     Plugin {
@@ -333,6 +336,7 @@ pub fn main() -> ExitCode {
             read_only,
             writable,
             network,
+            log_level,
         } => crate::plugin::run_child(crate::plugin::ChildArgs {
             file,
             data_dir,
@@ -340,6 +344,7 @@ pub fn main() -> ExitCode {
             read_only,
             writable,
             network,
+            log_level,
         }),
         Command::Plugin {
             command:
