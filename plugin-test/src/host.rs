@@ -115,6 +115,7 @@ impl Builder {
 
     /// Loads the plugin library at `path`; panics, showing what the host
     /// saw, if it does not load.
+    #[track_caller]
     pub fn load(self, path: impl AsRef<Path>) -> TestHost {
         match self.try_load(path) {
             Ok(host) => host,
@@ -352,6 +353,7 @@ impl TestHost {
     /// Loads the plugin library at `path` with default settings (every
     /// capability it asks for granted, no options); panics, showing what
     /// the host saw, if it does not load.
+    #[track_caller]
     pub fn load(path: impl AsRef<Path>) -> TestHost {
         Builder::default().load(path)
     }
@@ -362,10 +364,12 @@ impl TestHost {
     }
 
     /// The plugin as the host lists it (`GET /api/plugin`).
+    #[track_caller]
     pub fn info(&self) -> PluginInfo {
-        self.plugins
-            .get(&self.name)
-            .unwrap_or_else(|| self.fail("the host does not know the plugin"))
+        match self.plugins.get(&self.name) {
+            Some(info) => info,
+            None => self.fail("the host does not know the plugin"),
+        }
     }
 
     /// The session service, for what the methods here do not cover.
@@ -380,6 +384,7 @@ impl TestHost {
 
     /// Runs `future` on the host's runtime and waits for it, at most the
     /// harness's patience.
+    #[track_caller]
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let runtime = self.runtime.as_ref().expect("running until dropped");
         let patience = self.patience;
@@ -392,6 +397,7 @@ impl TestHost {
 
     /// Creates a session (running the `script` agent, which runs each line
     /// of a prompt as a `shell` call) and returns its id.
+    #[track_caller]
     pub fn session(&self) -> String {
         match self.block_on(self.service.create(NewSession::default())) {
             Ok(session) => session.id,
@@ -402,12 +408,16 @@ impl TestHost {
     /// Calls `tool` in `session` and waits for its result; panics if the
     /// call is refused or fails in the host (a tool's own failure is a
     /// result whose `status` says so).
+    #[track_caller]
     pub fn call(&self, session: &str, tool: &str, input: Value) -> ToolResult {
-        self.try_call(session, tool, input)
-            .unwrap_or_else(|error| self.fail(&format!("calling {tool}: {error}")))
+        match self.try_call(session, tool, input) {
+            Ok(result) => result,
+            Err(error) => self.fail(&format!("calling {tool}: {error}")),
+        }
     }
 
     /// [`call`](Self::call), with the host's refusal as an error.
+    #[track_caller]
     pub fn try_call(
         &self,
         session: &str,
@@ -442,21 +452,26 @@ impl TestHost {
     /// Moves job `job_id` of `session` to the background, as `POST
     /// /api/session/{id}/background` does: its caller gets an answer now,
     /// and the session a notice when it ends. Returns the jobs moved.
+    #[track_caller]
     pub fn background(&self, session: &str, job_id: &str) -> Vec<Job> {
         let request = BackgroundRequest::job(session.to_string(), job_id.to_string());
-        self.block_on(self.service.background(request))
-            .unwrap_or_else(|error| {
-                self.fail(&format!("moving {job_id} to the background: {error}"))
-            })
+        match self.block_on(self.service.background(request)) {
+            Ok(jobs) => jobs,
+            Err(error) => self.fail(&format!("moving {job_id} to the background: {error}")),
+        }
     }
 
     /// The job `id` as the host has it now.
+    #[track_caller]
     pub fn job(&self, id: &str) -> Job {
-        self.block_on(self.service.job(id))
-            .unwrap_or_else(|error| self.fail(&format!("reading job {id}: {error}")))
+        match self.block_on(self.service.job(id)) {
+            Ok(job) => job,
+            Err(error) => self.fail(&format!("reading job {id}: {error}")),
+        }
     }
 
     /// Waits until job `id` has ended, and returns it.
+    #[track_caller]
     pub fn wait_job(&self, id: &str) -> Job {
         self.wait(&format!("job {id} to end"), || {
             let job = self.block_on(self.service.job(id)).ok()?;
@@ -465,12 +480,16 @@ impl TestHost {
     }
 
     /// The session's messages, oldest first.
+    #[track_caller]
     pub fn messages(&self, session: &str) -> Vec<Message> {
-        self.block_on(self.service.messages(session))
-            .unwrap_or_else(|error| self.fail(&format!("reading {session}'s messages: {error}")))
+        match self.block_on(self.service.messages(session)) {
+            Ok(messages) => messages,
+            Err(error) => self.fail(&format!("reading {session}'s messages: {error}")),
+        }
     }
 
     /// The session's notices (what background work told it), oldest first.
+    #[track_caller]
     pub fn notices(&self, session: &str) -> Vec<Message> {
         let mut messages = self.messages(session);
         messages.retain(|m| m.role == Role::Notice);
@@ -478,6 +497,7 @@ impl TestHost {
     }
 
     /// Waits until the session has `count` notices, and returns them.
+    #[track_caller]
     pub fn wait_notices(&self, session: &str, count: usize) -> Vec<Message> {
         self.wait(&format!("{count} notice(s) in {session}"), || {
             let notices = self.notices(session);
@@ -487,6 +507,7 @@ impl TestHost {
 
     /// How many times the session woke (`session.wake`: its agent ran a
     /// turn on its own, to read notices).
+    #[track_caller]
     pub fn wakes(&self, session: &str) -> usize {
         self.events_of::<event::SessionWake>()
             .iter()
@@ -503,6 +524,7 @@ impl TestHost {
 
     /// Every event of `P`'s type, read as `P`
     /// (`events_of::<JobFinished>()`).
+    #[track_caller]
     pub fn events_of<P: EventPayload>(&self) -> Vec<P> {
         self.events(P::TYPE)
             .iter()
@@ -517,6 +539,7 @@ impl TestHost {
 
     /// Waits for an event of `P`'s type for which `matches` holds, and
     /// returns it (including one published before the call).
+    #[track_caller]
     pub fn wait_event<P: EventPayload>(&self, matches: impl Fn(&P) -> bool) -> P {
         self.wait(&format!("a matching {} event", P::TYPE), || {
             self.events_of::<P>().into_iter().find(|p| matches(p))
@@ -531,6 +554,7 @@ impl TestHost {
 
     /// Waits until the plugin has logged a line containing `text`, and
     /// returns it.
+    #[track_caller]
     pub fn wait_log(&self, text: &str) -> LogLine {
         if let Some(why) = self.logs.unavailable {
             self.fail(why);
@@ -545,9 +569,12 @@ impl TestHost {
     /// `export_state`, as `offstage dev` and `POST /api/plugin/{name}/reload`
     /// do. Returns the new generation's info; panics if the reload fails
     /// (the old generation then keeps serving).
+    #[track_caller]
     pub fn reload(&self) -> PluginInfo {
-        self.try_reload()
-            .unwrap_or_else(|error| self.fail(&format!("reloading: {error}")))
+        match self.try_reload() {
+            Ok(info) => info,
+            Err(error) => self.fail(&format!("reloading: {error}")),
+        }
     }
 
     /// [`reload`](Self::reload) from another library file (another build of
@@ -571,6 +598,7 @@ impl TestHost {
     /// What the loaded generation was handed by the one a reload replaced
     /// (its `export_state`); `None` before any reload, or when it exported
     /// nothing.
+    #[track_caller]
     pub fn handed_state(&self) -> Option<Value> {
         let text = self.plugins.handed_state(&self.name)?;
         Some(
@@ -581,6 +609,7 @@ impl TestHost {
 
     /// Calls `check` every few milliseconds until it gives a value; fails
     /// the test, naming `what`, after the harness's patience.
+    #[track_caller]
     pub fn wait<T>(&self, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
         let deadline = Instant::now() + self.patience;
         loop {
@@ -598,6 +627,7 @@ impl TestHost {
     }
 
     /// Fails the test with `what` and what the host saw ([`report`](Self::report)).
+    #[track_caller]
     pub fn fail(&self, what: &str) -> ! {
         panic!("{what}\n{}", self.report())
     }
@@ -701,6 +731,7 @@ impl Call<'_> {
     }
 
     /// Waits until the job exists and runs (the host has started it).
+    #[track_caller]
     pub fn wait_running(&self) -> Job {
         self.host.wait(&format!("job {} to run", self.job_id), || {
             self.host.block_on(self.host.service.job(&self.job_id)).ok()
@@ -708,6 +739,7 @@ impl Call<'_> {
     }
 
     /// Waits for the caller's answer: the result, or the host's refusal.
+    #[track_caller]
     pub fn try_wait(self) -> Result<ToolResult, ServiceError> {
         let host = self.host;
         match host.block_on(self.handle) {
@@ -717,9 +749,12 @@ impl Call<'_> {
     }
 
     /// Waits for the caller's answer; panics if the host refused the call.
+    #[track_caller]
     pub fn wait(self) -> ToolResult {
         let (host, job) = (self.host, self.job_id.clone());
-        self.try_wait()
-            .unwrap_or_else(|error| host.fail(&format!("call {job}: {error}")))
+        match self.try_wait() {
+            Ok(result) => result,
+            Err(error) => host.fail(&format!("call {job}: {error}")),
+        }
     }
 }
