@@ -42,12 +42,14 @@
 //! [`messages`](TestHost::messages), [`notices`](TestHost::notices) and
 //! [`wakes`](TestHost::wakes) read a session;
 //! [`events_of`](TestHost::events_of) collects events by their payload
-//! type ([`event`](offstage_plugin_api::event)); [`logs`](TestHost::logs)
+//! type ([`event`]); [`logs`](TestHost::logs)
 //! reads the plugin's log lines; [`reload`](TestHost::reload) loads a new
 //! generation and [`handed_state`](TestHost::handed_state) shows what the
 //! old one handed over.
 //!
-//! Every method blocks until done, and every wait is bounded
+//! Every method blocks until done (on the host's own runtime: call them from
+//! a plain `#[test]`, not from inside `#[tokio::test]`), and every wait is
+//! bounded
 //! ([`PATIENCE`], or [`Builder::patience`]). When one fails, the panic
 //! shows what the host saw: the plugin's status and error, the last events
 //! and the plugin's log ([`TestHost::report`]).
