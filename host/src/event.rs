@@ -77,6 +77,27 @@ pub(crate) const LIVE_ONLY: &[&str] = &["message.delta"];
 /// `message.added`, carries the whole text).
 const LIVE_HELD: usize = 256;
 
+/// Refuses a subscription that names a type the host never publishes (a
+/// typo would otherwise subscribe to nothing, silently): one error naming
+/// the unknown types and listing the known ones. The known ones are
+/// plugin-api's `event::ALL`, which a test below checks against
+/// docs/contract.md's events table. An empty list (every event) passes.
+pub(crate) fn check_subscription(types: &[String]) -> crate::error::Result<()> {
+    let unknown: Vec<&str> = types
+        .iter()
+        .map(String::as_str)
+        .filter(|kind| !offstage_plugin_api::event::ALL.contains(kind))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(crate::error::ServiceError::InvalidInput(format!(
+        "subscribe: unknown event type {}; the host publishes {}",
+        unknown.join(", "),
+        offstage_plugin_api::event::ALL.join(", ")
+    )))
+}
+
 /// How much of the past the bus keeps, for slow readers and for replay.
 /// Whichever limit is reached first drops the oldest events; the newest
 /// event is always kept, however large.
@@ -961,11 +982,15 @@ mod contract_table {
                 );
             }
         }
+        // The stream-only types are the HTTP server's to write.
+        #[cfg(feature = "server")]
         let stream = std::fs::read_to_string(manifest_dir().join("src/http/events.rs")).unwrap();
+        #[cfg(not(feature = "server"))]
+        let stream = String::new();
         for (kind, row) in &documented {
             if row.stream_only {
                 assert!(
-                    stream.contains(&format!("\"{kind}\"")),
+                    cfg!(not(feature = "server")) || stream.contains(&format!("\"{kind}\"")),
                     "`{kind}` is documented as a stream event but http/events.rs never writes it"
                 );
             } else {
@@ -975,5 +1000,56 @@ mod contract_table {
                 );
             }
         }
+    }
+
+    /// plugin-api's event names and payload types against the table: every
+    /// documented type a plugin can get (all but the stream's own) has a
+    /// constant in `offstage_plugin_api::event::ALL`, every constant is
+    /// documented, and a payload written out in the table (`{a, b}`) is
+    /// read by a payload struct with exactly those fields.
+    #[test]
+    fn plugin_api_names_every_documented_event() {
+        use offstage_plugin_api::event;
+        let documented = documented();
+        let subscribable: BTreeSet<&str> = documented
+            .iter()
+            .filter(|(_, row)| !row.stream_only)
+            .map(|(kind, _)| kind.as_str())
+            .collect();
+        let named: BTreeSet<&str> = event::ALL.iter().copied().collect();
+        let missing: Vec<&&str> = subscribable.difference(&named).collect();
+        assert!(
+            missing.is_empty(),
+            "docs/contract.md documents {missing:?}, which have no constant (and payload \
+             type) in plugin-api/src/event.rs"
+        );
+        let undocumented: Vec<&&str> = named.difference(&subscribable).collect();
+        assert!(
+            undocumented.is_empty(),
+            "plugin-api/src/event.rs names {undocumented:?}, which docs/contract.md's \
+             events table does not document"
+        );
+        for kind in event::ALL {
+            let row = &documented[*kind];
+            let fields: Option<BTreeSet<String>> =
+                event::payload_fields(kind).map(|f| f.into_iter().collect());
+            assert_eq!(
+                fields.as_ref(),
+                row.fields.as_ref(),
+                "`{kind}`: the payload struct's fields and docs/contract.md's differ"
+            );
+        }
+    }
+
+    #[test]
+    fn a_subscription_to_an_unknown_type_is_refused_with_the_known_ones() {
+        super::check_subscription(&["job.finished".into()]).unwrap();
+        super::check_subscription(&[]).unwrap();
+        let error = super::check_subscription(&["job.finish".into(), "session.created".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown event type job.finish;"), "{error}");
+        assert!(error.contains("job.finished"), "{error}");
+        assert!(!error.contains("server.connected"), "{error}");
     }
 }

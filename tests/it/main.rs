@@ -144,5 +144,10 @@ mod isolation {
     mod reload;
 }
 
-/// `docs/plugins.md` and `templates/plugin`, followed literally.
+/// `docs/plugins.md` and `offstage plugin new`, followed literally.
 mod guide;
+
+/// The plugin author's kit: offstage-plugin-test driving the template in
+/// process and isolated, what it shows when a plugin or a wait fails, and
+/// subscriptions to unknown event types refused.
+mod kit;

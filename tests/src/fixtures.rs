@@ -14,7 +14,7 @@
 //! | `reloadable` broken | the same with `/broken` | the workspace's own |
 //! | `faulty` with `panic = "abort"` | `cargo rustc -p offstage-test-faulty --lib -- -C panic=abort` | `target/fixtures` |
 //! | `tests/compat/plugin-*` | one build per workspace (each is its own) | `target/fixtures` |
-//! | `templates/plugin`, copied out as an author would | `cargo build` in the copy | `target/fixtures` |
+//! | the template, made by `offstage plugin new` as an author would | `cargo build` in it | `target/fixtures` |
 //!
 //! Two lanes build them, side by side, each one build after another:
 //!
@@ -417,10 +417,10 @@ pub fn offstage_binary() -> PathBuf {
         .clone()
 }
 
-/// `templates/plugin` copied out of the workspace (its path to plugin-api
-/// pointed at this checkout, as the template's comment asks; the
-/// workspace's Cargo.lock, so no index is needed) and built with `cargo
-/// build` into [`fixtures_target_dir`] (once).
+/// The template as `offstage plugin new my-plugin --path-to-api
+/// <checkout>/plugin-api` makes it (with the workspace's Cargo.lock, so no
+/// index is needed), built with `cargo build` into [`fixtures_target_dir`]
+/// (once).
 pub fn template_library() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     warm_up();
@@ -436,16 +436,18 @@ pub fn template_library() -> PathBuf {
             let work = tempfile::tempdir().unwrap();
             write_outside_cargo_config(work.path());
             let krate = work.path().join("my-plugin");
-            let template = root.join("templates/plugin");
-            std::fs::create_dir_all(krate.join("src")).unwrap();
-            for file in ["Cargo.toml", "src/lib.rs"] {
-                let text = std::fs::read_to_string(template.join(file)).unwrap();
-                let text = text.replace(
-                    "../../plugin-api",
-                    &root.join("plugin-api").display().to_string(),
-                );
-                std::fs::write(krate.join(file), text).unwrap();
-            }
+            let made = Command::new(offstage_binary())
+                .args(["plugin", "new", "my-plugin", "--path"])
+                .arg(&krate)
+                .arg("--path-to-api")
+                .arg(root.join("plugin-api"))
+                .output()
+                .expect("run offstage plugin new");
+            assert!(
+                made.status.success(),
+                "`offstage plugin new` failed: {}",
+                String::from_utf8_lossy(&made.stderr)
+            );
             std::fs::copy(root.join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
             let output = Command::new(env!("CARGO"))
                 .arg("build")

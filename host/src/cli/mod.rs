@@ -10,6 +10,7 @@ mod agent;
 pub(crate) mod attach;
 pub(crate) mod client;
 mod commands;
+mod scaffold;
 mod serve;
 pub(crate) mod token;
 
@@ -70,6 +71,9 @@ pub(crate) enum Command {
         /// With `--read-only`: sockets may be opened (`network = "allow"`).
         #[arg(long, requires = "read_only")]
         network: bool,
+        /// The host's log level (0 off ... 5 trace), told to the plugin.
+        #[arg(long)]
+        log_level: Option<u8>,
     },
     /// Work with plugin files.
     Plugin {
@@ -186,6 +190,20 @@ pub(crate) enum PluginCommand {
         /// `--config`'s. Default: the config's, else `unrestricted`.
         #[arg(long, value_parser = ["unrestricted", "read-only"])]
         filesystem: Option<String>,
+    },
+    /// Make a plugin crate from the template: a cdylib with a tool, a
+    /// wrapper, a subscription, a README and a test that runs it in a real
+    /// host (offstage-plugin-test). `cargo test` in it passes as it comes.
+    New {
+        /// The plugin's name, also the package's (`word-count`).
+        name: String,
+        /// Where to make it [default: ./NAME]; must be empty or missing.
+        #[arg(long, value_name = "DIR")]
+        path: Option<PathBuf>,
+        /// Depend on a checkout of Offstage by path instead of on crates.io
+        /// versions: its `plugin-api` dir (and `plugin-test` beside it).
+        #[arg(long, value_name = "DIR")]
+        path_to_api: Option<PathBuf>,
     },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
@@ -343,6 +361,7 @@ pub fn main() -> ExitCode {
             read_only,
             writable,
             network,
+            log_level,
         } => crate::plugin::run_child(crate::plugin::ChildArgs {
             file,
             data_dir,
@@ -350,6 +369,7 @@ pub fn main() -> ExitCode {
             read_only,
             writable,
             network,
+            log_level,
         }),
         Command::Plugin {
             command:
@@ -371,6 +391,18 @@ pub fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),
+        Command::Plugin {
+            command:
+                PluginCommand::New {
+                    name,
+                    path,
+                    path_to_api,
+                },
+        } => plugin_new(scaffold::NewPlugin {
+            name,
+            path,
+            path_to_api,
+        }),
         Command::Session { client, command } => commands::session(&client, command),
         Command::Tool(args) => commands::tool(args),
         Command::Agent { command } => match command {
@@ -381,6 +413,26 @@ pub fn main() -> ExitCode {
         Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
         Command::Events { client } => commands::events(&client),
         Command::Attach { client, session } => attach::run(&client, session),
+    }
+}
+
+/// `offstage plugin new`: makes the crate, says what to run next.
+fn plugin_new(request: scaffold::NewPlugin) -> ExitCode {
+    match scaffold::new_plugin(&request) {
+        Ok(dir) => {
+            println!(
+                "made plugin {} in {}
+next: cd {} && cargo test",
+                request.name,
+                dir.display(),
+                dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("offstage plugin new: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

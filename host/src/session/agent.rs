@@ -58,7 +58,8 @@ impl From<String> for TurnReply {
 }
 
 /// An agent as `GET /api/agent` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct AgentInfo {
     /// The name sessions use.
     pub name: String,

@@ -323,6 +323,7 @@ pub(in crate::plugin) extern "C" fn subscribe(
     to_abi_unit((|| {
         plugin.check_grant(capability::EVENTS)?;
         let types: Vec<String> = parse("subscribe", types.as_str())?;
+        crate::event::check_subscription(&types)?;
         plugin.register(Staged::Subscription(types, callback, plugin.new_queue()))
     })())
 }
