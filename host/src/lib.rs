@@ -49,6 +49,7 @@ mod ids;
 #[cfg(test)]
 mod layers;
 mod logging;
+mod model;
 mod perf;
 mod permission;
 mod plugin;

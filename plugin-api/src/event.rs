@@ -167,8 +167,23 @@ events! {
         SESSION_DELETED = "session.deleted" => SessionDeleted;
         SESSION_STATUS = "session.status" => SessionStatusChanged;
         SESSION_WAKE = "session.wake" => SessionWake;
+        MESSAGE_DELTA = "message.delta" => MessageDelta;
         PLUGIN_BUILD = "plugin.build" => PluginBuild;
     }
+}
+
+/// `message.delta`: a fragment of a model agent's answer as it streams.
+/// Live only: never replayed nor kept across a restart; the finished
+/// message follows as `message.added` with the id `message_id`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MessageDelta {
+    /// The session whose turn streams.
+    pub session_id: String,
+    /// The id the finished message will have.
+    pub message_id: String,
+    /// The text fragment.
+    pub delta: String,
 }
 
 /// `session.deleted`: a session and its messages and jobs are gone.

@@ -17,10 +17,12 @@ use std::{
 };
 
 use offstage_tests::{
-    server::{cli, offstage_binary, Server},
+    model::{ModelServer, Reply},
+    server::{cli, offstage_binary, write_file, Server},
     wait::eventually_showing,
 };
 use portable_pty::{native_pty_system, Child, CommandBuilder, MasterPty, PtySize};
+use serde_json::json;
 
 /// The pseudo-terminal's size, whatever the developer's terminal is.
 const ROWS: NonZeroU16 = NonZeroU16::new(24).unwrap();
@@ -296,6 +298,83 @@ fn a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it_alone() {
     // Ctrl+C on an idle session with an empty line quits.
     attach.send(b"\x03");
     assert!(attach.wait_exit(), "attach exited with failure");
+}
+
+#[test]
+fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call() {
+    alone(
+        "a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call",
+        a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone,
+    );
+}
+
+fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
+    let model = ModelServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("flag");
+    let command = format!(
+        "echo started; while [ ! -f {} ]; do sleep 0.05; done; echo done",
+        flag.display()
+    );
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        &format!(
+            "[sessions]\ndefault_agent = \"m\"\n[agent.m]\nprovider = \"openai\"\n\
+             base_url = \"{}\"\nmodel = \"test-model\"\n",
+            model.base_url()
+        ),
+    );
+    model.script([
+        Reply::tool_calls(&[(
+            "call_1",
+            "shell",
+            &json!({ "command": command }).to_string(),
+        )]),
+        // Held mid-answer: the first words are on the screen before the
+        // message is finished.
+        Reply::text(&["Moved ", "it; ", "waiting."]).held_after(2),
+        Reply::text(&["noticed ", "it ", "ended"]),
+    ]);
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let mut attach = Attached::start(&server, &[]);
+    attach.wait_for(&[" connected ", "ses_"]);
+
+    attach.send(b"wait for the flag\r");
+    attach.wait_for(&["$ echo started", "running", "busy"]);
+    attach.send(b"\x02"); // Ctrl+B
+    attach.wait_for(&["[moved] job_"]);
+    // The moved call's result went to the model at once; its answer
+    // streams word by word.
+    attach.wait_for(&["agent   Moved it;"]);
+    assert!(!attach.screen().contains("waiting."));
+    model.release();
+    attach.wait_for(&["agent   Moved it; waiting."]);
+
+    // The job ends: its notice wakes the model, whose answer shows.
+    std::fs::write(&flag, "").unwrap();
+    attach.wait_for(&[
+        "notice  Background job job_",
+        "[wake]",
+        "agent   noticed it ended",
+    ]);
+    let requests = model.wait_requests(3);
+    let notice = requests[2].messages().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        notice.starts_with("[notice]") && notice.contains("done"),
+        "{notice}"
+    );
+
+    attach.send(b"\x11"); // Ctrl+Q
+    assert!(attach.wait_exit(), "attach exited with failure");
+    drop(attach);
+    drop(server);
 }
 
 #[test]

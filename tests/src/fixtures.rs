@@ -196,7 +196,29 @@ fn build_lock(lock: &'static Mutex<()>) -> MutexGuard<'static, ()> {
 /// Runs `cargo SUBCOMMAND --quiet ARGS` in the workspace; fails the caller
 /// with what was built on error.
 fn cargo(subcommand: &str, what: &str, args: &[&str]) {
-    let status = Command::new(env!("CARGO"))
+    let mut command = Command::new(env!("CARGO"));
+    // What `cargo test` sets for this test binary (its package's name,
+    // manifest, ...) and a plain `cargo build` does not: ring's build
+    // script asks to be rerun when any of them changes, so passing them on
+    // rebuilt ring, rustls, reqwest and the host (~30 s) every time a test
+    // run followed a plain build, and the other way round.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_BIN_NAME",
+                "OUT_DIR",
+            ]
+            .contains(&&*name)
+        {
+            command.env_remove(&*name);
+        }
+    }
+    let status = command
         .current_dir(workspace_root())
         .args([subcommand, "--quiet"])
         .args(args)

@@ -6,6 +6,7 @@
 //! are thin clients of a running host's HTTP API (`client.rs` speaks HTTP, `commands.rs` prints), so they show
 //! exactly what the API says and never touch the host's state themselves.
 
+mod agent;
 pub(crate) mod attach;
 pub(crate) mod client;
 mod commands;
@@ -95,6 +96,11 @@ pub(crate) enum Command {
     /// not stop the job: use `offstage background` to release it with the
     /// output so far, or cancel it over the API.
     Tool(ToolArgs),
+    /// Model agents: list the host's agents, or check one's server.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
     /// Move a session's blocking jobs to the background.
     Background(BackgroundArgs),
     /// List jobs, of one session or all.
@@ -257,6 +263,25 @@ impl ClientArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub(crate) enum AgentCommand {
+    /// List the host's agents: name, kind, owner, provider, model.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make one small request to an `[agent.NAME]`'s server, straight from
+    /// here, and say whether it is reachable, takes the key, knows the
+    /// model and supports tool calls.
+    Check {
+        /// The agent's name, as in `[agent.NAME]`.
+        name: String,
+        /// The config file holding the table.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub(crate) enum SessionCommand {
     /// List sessions, oldest first.
     List,
@@ -264,7 +289,7 @@ pub(crate) enum SessionCommand {
     Create {
         #[arg(long)]
         title: Option<String>,
-        /// The agent that runs its turns [default: script].
+        /// The agent that runs its turns [default: the host's `[sessions] default_agent`, else script].
         #[arg(long)]
         agent: Option<String>,
         /// Make it a child of this session.
@@ -380,6 +405,10 @@ pub fn main() -> ExitCode {
         }),
         Command::Session { client, command } => commands::session(&client, command),
         Command::Tool(args) => commands::tool(args),
+        Command::Agent { command } => match command {
+            AgentCommand::List { client } => commands::agent_list(&client),
+            AgentCommand::Check { name, config } => agent::check(&name, &config),
+        },
         Command::Background(args) => commands::background(args),
         Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
         Command::Events { client } => commands::events(&client),

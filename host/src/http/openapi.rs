@@ -48,6 +48,7 @@ use super::event_schema as schema;
         (name = "permission", description = "Questions asked by `ask` rules"),
         (name = "plugin", description = "Loaded native plugins"),
         (name = "tool", description = "The tools sessions can call, with their input schemas"),
+        (name = "agent", description = "The agents sessions can use: built in, from plugins, models"),
         (name = "event", description = "The event stream"),
     ),
 )]

@@ -260,14 +260,32 @@ impl SessionService {
                     "agent {agent_name} not found"
                 ))),
             };
-            let (text, metadata) = match reply {
-                Ok(text) => (text, json!({ "agent": agent_name })),
-                Err(error) => (
-                    format!("The agent failed: {error}"),
+            let message = match reply {
+                Ok(reply) => {
+                    let mut metadata = match reply.metadata {
+                        serde_json::Value::Object(map) => map,
+                        _ => serde_json::Map::new(),
+                    };
+                    metadata.insert("agent".into(), json!(agent_name));
+                    let mut message = super::new_message(
+                        &id,
+                        Role::Assistant,
+                        &reply.text,
+                        serde_json::Value::Object(metadata),
+                    );
+                    if let Some(reply_id) = reply.id {
+                        message.id = reply_id;
+                    }
+                    message
+                }
+                Err(error) => super::new_message(
+                    &id,
+                    Role::Assistant,
+                    &format!("The agent failed: {error}"),
                     json!({ "agent": agent_name, "error": error.code() }),
                 ),
             };
-            let _ = service.append(&id, Role::Assistant, &text, metadata).await;
+            let _ = service.append_message(message).await;
             if let Some(done) = done {
                 let _ = done.send(());
             }
