@@ -108,6 +108,8 @@ mod hardening {
     mod limits;
     mod plugin_files;
     mod procs;
+    /// A job cannot answer the permission questions asked about it.
+    mod self_approval;
 }
 
 /// Bad plugins by the dozen, a timed soak, and regressions found by fuzzing.

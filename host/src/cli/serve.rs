@@ -215,14 +215,34 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         token: token.as_deref().map(Arc::from),
         shutdown: streams_end,
     };
-    let mut server = tokio::spawn(http::serve(
-        listener,
-        http::router(state),
-        limits,
-        async move {
-            let _ = until_stop.wait_for(|stop| *stop).await;
-        },
-    ));
+    let router = http::router(state);
+    // The same API on a unix socket in the data dir, whose clients the
+    // kernel names: where permission answers are checked by pid
+    // (docs/contract.md, "Access").
+    let socket_path = http::socket_path(&config.data_dir);
+    let unix_server = match http::bind_unix(&socket_path) {
+        Ok(unix) => {
+            let mut until_stop = until_stop.clone();
+            Some(tokio::spawn(http::serve(
+                unix,
+                router.clone(),
+                limits,
+                async move {
+                    let _ = until_stop.wait_for(|stop| *stop).await;
+                },
+            )))
+        }
+        Err(error) => {
+            tracing::warn!(
+                "no unix socket at {}: {error}; the API is on TCP only",
+                socket_path.display()
+            );
+            None
+        }
+    };
+    let mut server = tokio::spawn(http::serve(listener, router, limits, async move {
+        let _ = until_stop.wait_for(|stop| *stop).await;
+    }));
     tracing::info!(
         data_dir = %config.data_dir.display(),
         token = token.is_some(),
@@ -267,6 +287,10 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         Ok(Ok(Ok(()))) => {}
         Ok(ended) => tracing::warn!("{}", server_ended(ended)),
         Err(_) => tracing::warn!("requests still open after {DRAIN:?}; closing them"),
+    }
+    if let Some(unix_server) = unix_server {
+        let _ = tokio::time::timeout(DRAIN, unix_server).await;
+        let _ = std::fs::remove_file(&socket_path);
     }
     // No reloads while the plugins are retired.
     drop(watcher);

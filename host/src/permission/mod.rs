@@ -27,6 +27,7 @@ pub use self::rule::{Action, Rule};
 use crate::util::{LockExt, RwLockExt};
 use std::{
     collections::{BTreeMap, HashSet},
+    net::SocketAddr,
     sync::{Arc, Mutex, RwLock},
 };
 
@@ -38,6 +39,7 @@ use crate::{
     error::ServiceError,
     event::EventBus,
     ids::{new_id, now},
+    process::tree::{self, peer::Origin},
     store::Store,
 };
 
@@ -345,6 +347,13 @@ impl Permissions {
         }
     }
 
+    /// Answers question `id` for `from`, once [`check_answerer`] clears
+    /// it: no answer is taken from inside a job.
+    pub fn reply_from(&self, id: &str, reply: Reply, from: &Answerer) -> Result<PermissionRequest> {
+        check_answerer(from)?;
+        self.reply(id, reply)
+    }
+
     /// Answers question `id`.
     pub fn reply(&self, id: &str, reply: Reply) -> Result<PermissionRequest> {
         let pending = {
@@ -380,6 +389,66 @@ impl Permissions {
         let _ = pending.reply.send(reply);
         self.events.publish("permission.replied", &request);
         Ok(request)
+    }
+}
+
+/// Who sends a permission answer over the API, as its connection tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answerer {
+    /// A TCP client at `client` that reached the host at `server`; `token`:
+    /// whether the host requires (so the client showed) its token.
+    Tcp {
+        client: SocketAddr,
+        server: SocketAddr,
+        token: bool,
+    },
+    /// A client of the host's unix socket, by the pid the kernel gave.
+    Unix { pid: Option<i32> },
+}
+
+/// Refuses an answer that comes from inside a job, or whose sender cannot
+/// be told (docs/reference.md, "Answers come from outside every job"):
+/// otherwise a model's command could answer the question asked about it.
+///
+/// - Over TCP the host must require its token (so a host run with
+///   `--no-token` takes answers over its unix socket only), and a client
+///   on this machine must be found by its socket and be no job's process.
+///   A client elsewhere (its address neither loopback nor the host's own)
+///   has only the token to show.
+/// - Over the unix socket, the client the kernel names must be no job's
+///   process nor a descendant of one.
+pub(crate) fn check_answerer(from: &Answerer) -> Result<()> {
+    let refused = |why: String| {
+        Err(ServiceError::PermissionDenied(format!(
+            "permission answer refused: {why}"
+        )))
+    };
+    let origin = match *from {
+        Answerer::Tcp { token: false, .. } => {
+            return refused(
+                "over TCP an answer needs the host's token, and this host runs without one \
+                 (--no-token); answer over the host's unix socket (api.sock in its data dir)"
+                    .into(),
+            )
+        }
+        Answerer::Tcp { client, server, .. } => {
+            let local = client.ip().is_loopback()
+                || client.ip().to_canonical() == server.ip().to_canonical();
+            match tree::peer::tcp_origin(client, server) {
+                Origin::Unknown(_) if !local => Origin::Outside,
+                origin => origin,
+            }
+        }
+        Answerer::Unix { pid: None } => Origin::Unknown("the kernel named no process".into()),
+        Answerer::Unix { pid: Some(pid) } => tree::peer::process_origin(pid),
+    };
+    match origin {
+        Origin::Outside => Ok(()),
+        Origin::Job(pid) => refused(format!(
+            "it comes from process {pid}, inside a job's process tree; a job cannot answer \
+             questions about what it runs"
+        )),
+        Origin::Unknown(why) => refused(format!("cannot tell which process sent it: {why}")),
     }
 }
 

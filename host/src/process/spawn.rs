@@ -17,16 +17,22 @@
 use std::{io, os::fd::OwnedFd, path::Path, process::Stdio};
 
 /// A command to start: a program with its arguments, the host's
-/// environment plus one variable, a working directory, and the three
-/// descriptors that become its stdin, stdout and stderr.
+/// environment less every `OFFSTAGE_*` variable plus one variable, a
+/// working directory, and the three descriptors that become its stdin,
+/// stdout and stderr.
 pub(crate) struct Launch<'a> {
     pub program: &'a str,
     pub args: &'a [&'a str],
-    /// Added to (or replacing in) the host's environment.
+    /// Added to the host's environment (after the host's own `OFFSTAGE_*`
+    /// variables are taken out).
     pub env: (&'a str, &'a str),
     pub cwd: Option<&'a Path>,
     pub stdio: [OwnedFd; 3],
 }
+
+/// What the names of the host's own environment variables start with; no
+/// command gets one of them.
+pub(crate) const HOST_PREFIX: &str = "OFFSTAGE_";
 
 /// A started command, killed (SIGKILL) if dropped before it was waited
 /// for.
@@ -67,6 +73,14 @@ impl Drop for GroupGuard {
 pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {
     let [stdin, stdout, stderr] = launch.stdio;
     let mut command = tokio::process::Command::new(launch.program);
+    // The host's settings are not the command's: `OFFSTAGE_TOKEN` would let
+    // it call the host's API as its owner (and answer its own permission
+    // questions), and the others say where the host's files are.
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(HOST_PREFIX.as_bytes()) {
+            command.env_remove(name);
+        }
+    }
     command
         .args(launch.args)
         .env(launch.env.0, launch.env.1)
@@ -135,6 +149,28 @@ mod tests {
         assert_eq!(code, 7);
         let cwd = dir.path().canonicalize().unwrap();
         assert_eq!(output, format!("out\nerr\nmarked\n{}\n", cwd.display()));
+    }
+
+    #[tokio::test]
+    async fn no_host_variable_reaches_the_command() {
+        if std::env::var_os("OFFSTAGE_TOKEN").is_some() {
+            let (code, output) = run("env | grep '^OFFSTAGE_' ; true", None).await.unwrap();
+            assert_eq!(code, 0);
+            assert_eq!(output, "OFFSTAGE_SPAWN_TEST=marked\n");
+            return;
+        }
+        // Run again in a process that has the host's variables.
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "process::spawn::tests::no_host_variable_reaches_the_command",
+            ])
+            .env("OFFSTAGE_TOKEN", "secret-of-the-host")
+            .env("OFFSTAGE_LOG", "debug")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "the run with the host's variables failed");
     }
 
     #[tokio::test]
