@@ -18,6 +18,8 @@ use std::{
 
 use tokio::{net::TcpListener, sync::watch};
 
+use crate::process::sandbox::launch::JobSandbox;
+
 use super::ServeArgs;
 use crate::{
     config::{Overrides, ServeConfig},
@@ -166,6 +168,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             "running tool calls capped ([jobs] max_running)"
         );
     }
+    service.set_job_sandbox(job_sandbox(&config)?);
     let settings = plugin_settings(&config.plugins);
     let plugins = PluginHost::with_isolation(
         service.clone(),
@@ -303,6 +306,31 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `[jobs] sandbox`, checked against the kernel: a host whose jobs are to
+/// be confined does not start where the kernel cannot confine them, so a
+/// command never runs with less than the config asks (docs/reference.md,
+/// "Sandbox").
+fn job_sandbox(config: &ServeConfig) -> Result<JobSandbox, String> {
+    let sandbox = config.job_sandbox.clone();
+    let dir = config.data_dir.clone();
+    let Some(probe) = sandbox.sandbox(dir.clone(), dir) else {
+        return Ok(sandbox);
+    };
+    crate::process::sandbox::available_for(&probe).map_err(|e| {
+        format!(
+            "[jobs] sandbox = {:?} cannot be enforced here: {e}",
+            crate::cli::api_word(sandbox.mode)
+        )
+    })?;
+    tracing::info!(
+        sandbox = %crate::cli::api_word(sandbox.mode),
+        network = sandbox.network,
+        escalate = sandbox.escalate,
+        "shell commands run in a sandbox ([jobs] sandbox; Landlock and seccomp)"
+    );
+    Ok(sandbox)
 }
 
 /// The token the host requires: the one configured, else the data dir's

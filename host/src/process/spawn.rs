@@ -21,11 +21,11 @@ use std::{io, os::fd::OwnedFd, path::Path, process::Stdio};
 /// working directory, and the three descriptors that become its stdin,
 /// stdout and stderr.
 pub(crate) struct Launch<'a> {
-    pub program: &'a str,
-    pub args: &'a [&'a str],
+    pub program: &'a std::ffi::OsStr,
+    pub args: &'a [std::ffi::OsString],
     /// Added to the host's environment (after the host's own `OFFSTAGE_*`
     /// variables are taken out).
-    pub env: (&'a str, &'a str),
+    pub env: &'a [(&'a str, &'a std::ffi::OsStr)],
     pub cwd: Option<&'a Path>,
     pub stdio: [OwnedFd; 3],
 }
@@ -83,7 +83,7 @@ pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {
     }
     command
         .args(launch.args)
-        .env(launch.env.0, launch.env.1)
+        .envs(launch.env.iter().copied())
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
@@ -101,6 +101,10 @@ mod tests {
 
     use super::{spawn, Launch};
 
+    fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
     fn dev_null() -> OwnedFd {
         OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
     }
@@ -116,9 +120,9 @@ mod tests {
     async fn run(script: &str, cwd: Option<&Path>) -> std::io::Result<(i32, String)> {
         let (mut reader, writer) = std::io::pipe()?;
         let code = exit_code(Launch {
-            program: "/bin/sh",
-            args: &["-c", script],
-            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            program: "/bin/sh".as_ref(),
+            args: &os(&["-c", script]),
+            env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
             cwd,
             stdio: [dev_null(), writer.try_clone()?.into(), writer.into()],
         })
@@ -178,9 +182,9 @@ mod tests {
         // `PATH` is in every environment: it is replaced, not doubled.
         let (mut reader, writer) = std::io::pipe().unwrap();
         let code = exit_code(Launch {
-            program: "/bin/sh",
-            args: &["-c", "env | grep '^PATH='"],
-            env: ("PATH", "/usr/bin:/bin:/offstage-test"),
+            program: "/bin/sh".as_ref(),
+            args: &os(&["-c", "env | grep '^PATH='"]),
+            env: &[("PATH", "/usr/bin:/bin:/offstage-test".as_ref())],
             cwd: None,
             stdio: [
                 dev_null(),
@@ -217,9 +221,9 @@ mod tests {
         let error = run("true", Some(gone)).await.unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
         let error = exit_code(Launch {
-            program: "/nonexistent/offstage-program",
-            args: &[],
-            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            program: "/nonexistent/offstage-program".as_ref(),
+            args: &os(&[]),
+            env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
             cwd: None,
             stdio: [dev_null(), dev_null(), dev_null()],
         })
@@ -248,9 +252,9 @@ mod tests {
             let (mut err_read, err_write) = std::io::pipe().unwrap();
             let (mut out_read, out_write) = std::io::pipe().unwrap();
             let code = exit_code(Launch {
-                program: "/bin/sh",
-                args: &["-c", "echo out; echo err >&2"],
-                env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+                program: "/bin/sh".as_ref(),
+                args: &os(&["-c", "echo out; echo err >&2"]),
+                env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
                 cwd: None,
                 stdio: [dev_null(), out_write.into(), err_write.into()],
             })
@@ -293,9 +297,9 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_command_is_killed_and_reaped() {
         let child = spawn(Launch {
-            program: "/bin/sleep",
-            args: &["30"],
-            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            program: "/bin/sleep".as_ref(),
+            args: &os(&["30"]),
+            env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
             cwd: None,
             stdio: [dev_null(), dev_null(), dev_null()],
         })
