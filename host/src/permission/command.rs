@@ -355,8 +355,15 @@ impl Walker {
                     text.push_str(raw);
                     literal = false;
                 }
-                WordPiece::ParameterExpansion(_) | WordPiece::ArithmeticExpression(_) => {
+                WordPiece::ParameterExpansion(_) => {
                     self.opaque(raw)?;
+                    text.push_str(raw);
+                    literal = false;
+                }
+                WordPiece::ArithmeticExpression(expr) => {
+                    // Its own `$((` is no substitution: the inside is
+                    // what must hold none.
+                    self.opaque(&expr.value)?;
                     text.push_str(raw);
                     literal = false;
                 }
@@ -398,6 +405,19 @@ mod tests {
         assert_eq!(parts("a && b || c | d & e"), ["a", "b", "c", "d", "e"]);
         assert_eq!(parts("ls\nrm x"), ["ls", "rm x"]);
         assert_eq!(parts("! git diff --quiet"), ["git diff --quiet"]);
+        // Arithmetic is no command.
+        assert_eq!(
+            parts("i=0; while [ $i -lt 3 ]; do echo \"line $i\"; i=$((i+1)); done"),
+            ["[ $i -lt 3 ]", "echo line $i"]
+        );
+        assert_eq!(
+            parts("echo $((1 + 2)) $(( (3) ))"),
+            ["echo $((1 + 2)) $(( (3) ))"]
+        );
+        assert_eq!(
+            parts("(( x++ )); for ((i=0; i<2; i++)); do ls; done"),
+            ["ls"]
+        );
     }
 
     #[test]
