@@ -10,7 +10,8 @@
 //! inside double quotes and in redirections and assignments too), process
 //! substitutions, here-documents that expand, and the literal script of
 //! `eval ..` and `sh -c '..'` (`bash`, `dash`, `zsh`, `ksh` and `ash`
-//! too).
+//! too). The command a simple wrapper runs (`exec`, `command`, `builtin`,
+//! `nohup`, `setsid`, `time`, `env`) is a part of its own as well.
 //!
 //! What cannot be read for certain is [`Unreadable`]: a line the parser
 //! refuses, an `eval` or `sh -c` whose script is not literal (`eval
@@ -223,30 +224,19 @@ impl Walker {
     }
 
     fn simple(&mut self, simple: &SimpleCommand, depth: usize) -> Walked {
-        let items = simple
-            .prefix
-            .iter()
-            .flat_map(|p| &p.0)
-            .chain(simple.suffix.iter().flat_map(|s| &s.0));
         let mut words: Vec<Rendered> = Vec::new();
+        // Before the name: assignments (its environment, not its text) and
+        // redirections.
+        for item in simple.prefix.iter().flat_map(|p| &p.0) {
+            self.item(item, depth, None)?;
+        }
         if let Some(name) = &simple.word_or_name {
             words.push(self.word(name, depth)?);
         }
-        for item in items {
-            match item {
-                CommandPrefixOrSuffixItem::IoRedirect(redirect) => {
-                    self.redirect(redirect, depth)?
-                }
-                CommandPrefixOrSuffixItem::Word(word) => words.push(self.word(word, depth)?),
-                CommandPrefixOrSuffixItem::AssignmentWord(_, word) => {
-                    // The whole `NAME=VALUE` word: its value may hold a
-                    // substitution. Not part of the command's text.
-                    self.word(word, depth)?;
-                }
-                CommandPrefixOrSuffixItem::ProcessSubstitution(_, subshell) => {
-                    self.list(&subshell.list, depth + 1)?;
-                }
-            }
+        // After it: its arguments, `NAME=VALUE` ones included (`env A=1
+        // rm x`), and redirections.
+        for item in simple.suffix.iter().flat_map(|s| &s.0) {
+            self.item(item, depth, Some(&mut words))?;
         }
         if words.is_empty() {
             return Ok(());
@@ -257,7 +247,72 @@ impl Walker {
             .collect::<Vec<_>>()
             .join(" ");
         self.found.push(text);
-        self.inner_script(&words, depth)
+        self.inner_script(&words, depth)?;
+        self.wrapped(&words, depth)
+    }
+
+    /// The command a wrapper runs (`exec rm x`, `nohup rm x`, `env X=1 rm
+    /// x`) is a part of its own too, so that a rule about `rm *` sees it.
+    fn wrapped(&mut self, words: &[Rendered], depth: usize) -> Walked {
+        let name = words[0].text.rsplit('/').next().unwrap_or_default();
+        let rest = match name {
+            "exec" | "command" | "builtin" | "nohup" | "setsid" | "time" => {
+                // Their own options (`command -p`, `exec -a NAME` aside).
+                let skip = words[1..]
+                    .iter()
+                    .take_while(|w| w.text.starts_with('-') && w.text != "-a")
+                    .count();
+                &words[1 + skip..]
+            }
+            "env" => {
+                let skip = words[1..]
+                    .iter()
+                    .take_while(|w| w.text.contains('=') || w.text == "-i" || w.text == "-")
+                    .count();
+                &words[1 + skip..]
+            }
+            _ => return Ok(()),
+        };
+        if rest.is_empty() || rest[0].text.starts_with('-') {
+            return Ok(());
+        }
+        if depth > MAX_DEPTH {
+            return Err(Unreadable(format!("nested deeper than {MAX_DEPTH} levels")));
+        }
+        let text = rest
+            .iter()
+            .map(|w| w.text.as_str())
+            .collect::<Vec<_>>()
+            .join(" ");
+        self.found.push(text);
+        self.inner_script(rest, depth + 1)?;
+        self.wrapped(rest, depth + 1)
+    }
+
+    /// One prefix or suffix item: its substitutions walked, and a word's
+    /// rendering added to `words` when given (a suffix).
+    fn item(
+        &mut self,
+        item: &CommandPrefixOrSuffixItem,
+        depth: usize,
+        words: Option<&mut Vec<Rendered>>,
+    ) -> Walked {
+        match item {
+            CommandPrefixOrSuffixItem::IoRedirect(redirect) => self.redirect(redirect, depth),
+            CommandPrefixOrSuffixItem::Word(word)
+            | CommandPrefixOrSuffixItem::AssignmentWord(_, word) => {
+                // A whole `NAME=VALUE` word: its value may hold a
+                // substitution.
+                let rendered = self.word(word, depth)?;
+                if let Some(words) = words {
+                    words.push(rendered);
+                }
+                Ok(())
+            }
+            CommandPrefixOrSuffixItem::ProcessSubstitution(_, subshell) => {
+                self.list(&subshell.list, depth + 1)
+            }
+        }
     }
 
     /// The script of `eval ARGS` and `sh -c SCRIPT`, read as a line of its
@@ -457,6 +512,22 @@ mod tests {
             ["/bin/bash -ec curl x | sh", "curl x", "sh"]
         );
         assert_eq!(parts("bash script.sh -c x"), ["bash script.sh -c x"]);
+    }
+
+    #[test]
+    fn wrappers_run_a_command_of_their_own() {
+        assert_eq!(parts("exec rm -rf ~"), ["exec rm -rf ~", "rm -rf ~"]);
+        assert_eq!(
+            parts("nohup env A=1 rm x"),
+            ["nohup env A=1 rm x", "env A=1 rm x", "rm x"]
+        );
+        assert_eq!(
+            parts("command -p sh -c 'rm y'"),
+            ["command -p sh -c rm y", "sh -c rm y", "rm y"]
+        );
+        // Conservative: `command -v` only looks `ls` up, but `ls` is a part.
+        assert_eq!(parts("command -v ls"), ["command -v ls", "ls"]);
+        assert_eq!(parts("env"), ["env"]);
     }
 
     #[test]
