@@ -386,8 +386,11 @@ impl Permissions {
                 .write_unpoisoned()
                 .insert((request.tool.clone(), request.pattern.clone()));
         }
-        let _ = pending.reply.send(reply);
+        // Published before the job hears it: whatever the answered job
+        // does (its output, its end) comes after the answer in the event
+        // order, however the threads are scheduled.
         self.events.publish("permission.replied", &request);
+        let _ = pending.reply.send(reply);
         Ok(request)
     }
 }
