@@ -21,6 +21,11 @@
 //! max_output = "1GiB"           # bytes of output saved per job (default)
 //! max_running = 200             # tool calls running at once; more get a 503
 //!                               # (default: from the open-file limit)
+//! sandbox = "none"              # none (default) | read-only | workspace-write:
+//!                               # where `shell` commands may write (Landlock)
+//! network = "allow"             # allow (default) | deny: sockets in the sandbox
+//! escalate = "never"            # never (default) | ask: a call the sandbox
+//!                               # refused may run again without it, if allowed
 //! [events]
 //! history = 4096                # events kept for replay and slow readers
 //! history_bytes = 16777216      # and at most this many bytes of them
@@ -77,6 +82,7 @@ use crate::{
     model::{ApiKey, ModelSettings},
     permission::Rule,
     plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
+    process::sandbox::launch::{JobSandbox, SandboxMode},
     session::model_agent::ModelAgentSettings,
     store::Durability,
 };
@@ -335,6 +341,46 @@ pub struct JobsTable {
     /// refused (503 `busy`). At least 1; unset, it is worked out from the
     /// open-file limit (`session::jobs_for_open_files`).
     pub max_running: Option<std::num::NonZeroUsize>,
+    /// `sandbox = "workspace-write"`: where `shell` commands may write.
+    pub sandbox: Option<SandboxMode>,
+    /// `network = "deny"`: sandboxed commands open no socket.
+    pub network: Option<JobNetwork>,
+    /// `escalate = "ask"`: a call the sandbox refused may be run again
+    /// without it, once a permission question allows it.
+    pub escalate: Option<Escalate>,
+}
+
+/// `[jobs] network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobNetwork {
+    /// Sockets may be opened (the default).
+    Allow,
+    /// No socket of any kind (TCP, UDP, unix).
+    Deny,
+}
+
+/// `[jobs] escalate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Escalate {
+    /// A refused call stays refused (the default).
+    Never,
+    /// A refused call asks (`shell:unsandboxed`) whether to run it again
+    /// without the sandbox.
+    Ask,
+}
+
+impl JobsTable {
+    /// The sandbox of every caller's `shell` commands.
+    pub(crate) fn job_sandbox(&self) -> JobSandbox {
+        JobSandbox {
+            mode: self.sandbox.unwrap_or_default(),
+            network: self.network != Some(JobNetwork::Deny),
+            escalate: self.escalate == Some(Escalate::Ask),
+            launcher: None,
+        }
+    }
 }
 
 /// A size in bytes, written as a number of bytes or a string with a unit:
@@ -610,6 +656,8 @@ pub(crate) struct ServeConfig {
     pub max_output: u64,
     /// `[jobs] max_running`, if set.
     pub max_running: Option<usize>,
+    /// `[jobs] sandbox`, `network` and `escalate`.
+    pub job_sandbox: JobSandbox,
     /// `[events]`: the event history's limits.
     pub event_history: HistoryLimits,
     /// `[agent.NAME]`: model-driven agents, resolved (keys read).
@@ -716,6 +764,7 @@ impl ServeConfig {
                 .max_output
                 .map_or(crate::process::output::DEFAULT_MAX_OUTPUT, |size| size.0),
             max_running: file.jobs.max_running.map(std::num::NonZeroUsize::get),
+            job_sandbox: file.jobs.job_sandbox(),
             event_history: event_history(&file.events)?,
             warnings,
         })
@@ -1010,6 +1059,33 @@ action = "deny"
             .resolve("local", None, |_| None)
             .unwrap_err();
         assert!(error.to_string().contains("[agent.local]"), "{error}");
+    }
+
+    #[test]
+    fn jobs_sandbox_settings() {
+        let sandbox = |text: &str| FileConfig::parse(text).map(|c| c.jobs.job_sandbox());
+        // None by default: commands have the host's rights.
+        let default = sandbox("").unwrap();
+        assert_eq!(default.mode, SandboxMode::None);
+        assert!(default.network && !default.escalate);
+        let set = sandbox(
+            "[jobs]\nsandbox = \"workspace-write\"\nnetwork = \"deny\"\nescalate = \"ask\"\n",
+        )
+        .unwrap();
+        assert_eq!(set.mode, SandboxMode::WorkspaceWrite);
+        assert!(!set.network && set.escalate);
+        assert_eq!(
+            sandbox("[jobs]\nsandbox = \"read-only\"\n").unwrap().mode,
+            SandboxMode::ReadOnly
+        );
+        for bad in [
+            "sandbox = \"danger-full-access\"",
+            "network = \"none\"",
+            "escalate = true",
+        ] {
+            let error = sandbox(&format!("[jobs]\n{bad}\n")).unwrap_err();
+            assert!(error.contains("line 2"), "{bad}: {error}");
+        }
     }
 
     #[test]

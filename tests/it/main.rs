@@ -112,6 +112,10 @@ mod hardening {
     mod limits;
     mod plugin_files;
     mod procs;
+    /// `[jobs] sandbox`: where a job's commands may write, checked on disk.
+    mod sandbox;
+    /// A job cannot answer the permission questions asked about it.
+    mod self_approval;
 }
 
 /// Bad plugins by the dozen, a timed soak, and regressions found by fuzzing.

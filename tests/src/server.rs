@@ -502,6 +502,45 @@ pub fn http(
     }
 }
 
+/// As [`http`], over the unix socket at `socket` (a host's `api.sock`):
+/// one request, `Connection: close`.
+pub fn unix_http(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
+    stream.set_read_timeout(Some(READ_TIMEOUT)).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut reader = BufReader::new(stream);
+    let (status, headers) = read_head(&mut reader);
+    let chunked = headers.iter().any(|(n, v)| {
+        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
+    });
+    let mut raw = Vec::new();
+    if chunked {
+        while let Some(chunk) = read_chunk(&mut reader) {
+            raw.extend(chunk);
+        }
+    } else {
+        let _ = reader.read_to_end(&mut raw);
+    }
+    Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&raw).into_owned(),
+    }
+}
+
 /// One keep-alive connection for many requests in a row, as HTTP client
 /// libraries use them: each request is written in full, each answer read to
 /// the end of its body (by `Content-Length` or chunks), and the connection

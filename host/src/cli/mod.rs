@@ -75,6 +75,23 @@ pub(crate) enum Command {
         #[arg(long)]
         log_level: Option<u8>,
     },
+    /// Runs one command of a job in the job's sandbox (internal: the host
+    /// starts this in place of a command when `[jobs] sandbox` is set).
+    #[command(hide = true, name = "job-sandbox")]
+    JobSandbox {
+        /// A dir the command may write beneath; repeat for more.
+        #[arg(long = "write", value_name = "DIR")]
+        write: Vec<PathBuf>,
+        /// Sockets may be opened.
+        #[arg(long)]
+        network: bool,
+        /// Changes of file mode, owner, times and attributes are allowed.
+        #[arg(long)]
+        metadata: bool,
+        /// The program and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Work with plugin files.
     Plugin {
         #[command(subcommand)]
@@ -370,6 +387,17 @@ pub fn main() -> ExitCode {
             writable,
             network,
             log_level,
+        }),
+        Command::JobSandbox {
+            write,
+            network,
+            metadata,
+            command,
+        } => crate::process::sandbox::launch::run(crate::process::sandbox::launch::LaunchArgs {
+            write,
+            network,
+            metadata,
+            command,
         }),
         Command::Plugin {
             command:

@@ -18,6 +18,8 @@ use std::{
 
 use tokio::{net::TcpListener, sync::watch};
 
+use crate::process::sandbox::launch::JobSandbox;
+
 use super::ServeArgs;
 use crate::{
     config::{Overrides, ServeConfig},
@@ -166,6 +168,7 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             "running tool calls capped ([jobs] max_running)"
         );
     }
+    service.set_job_sandbox(job_sandbox(&config)?);
     // Model agents before the plugins: a plugin agent of the same name is
     // refused, not the configured one.
     for (name, settings) in &config.agents {
@@ -236,14 +239,34 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         token: token.as_deref().map(Arc::from),
         shutdown: streams_end,
     };
-    let mut server = tokio::spawn(http::serve(
-        listener,
-        http::router(state),
-        limits,
-        async move {
-            let _ = until_stop.wait_for(|stop| *stop).await;
-        },
-    ));
+    let router = http::router(state);
+    // The same API on a unix socket in the data dir, whose clients the
+    // kernel names: where permission answers are checked by pid
+    // (docs/contract.md, "Access").
+    let socket_path = http::socket_path(&config.data_dir);
+    let unix_server = match http::bind_unix(&socket_path) {
+        Ok(unix) => {
+            let mut until_stop = until_stop.clone();
+            Some(tokio::spawn(http::serve(
+                unix,
+                router.clone(),
+                limits,
+                async move {
+                    let _ = until_stop.wait_for(|stop| *stop).await;
+                },
+            )))
+        }
+        Err(error) => {
+            tracing::warn!(
+                "no unix socket at {}: {error}; the API is on TCP only",
+                socket_path.display()
+            );
+            None
+        }
+    };
+    let mut server = tokio::spawn(http::serve(listener, router, limits, async move {
+        let _ = until_stop.wait_for(|stop| *stop).await;
+    }));
     tracing::info!(
         data_dir = %config.data_dir.display(),
         token = token.is_some(),
@@ -289,6 +312,10 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
         Ok(ended) => tracing::warn!("{}", server_ended(ended)),
         Err(_) => tracing::warn!("requests still open after {DRAIN:?}; closing them"),
     }
+    if let Some(unix_server) = unix_server {
+        let _ = tokio::time::timeout(DRAIN, unix_server).await;
+        let _ = std::fs::remove_file(&socket_path);
+    }
     // No reloads while the plugins are retired.
     drop(watcher);
     tokio::task::block_in_place(|| plugins.shutdown());
@@ -300,6 +327,31 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `[jobs] sandbox`, checked against the kernel: a host whose jobs are to
+/// be confined does not start where the kernel cannot confine them, so a
+/// command never runs with less than the config asks (docs/reference.md,
+/// "Sandbox").
+fn job_sandbox(config: &ServeConfig) -> Result<JobSandbox, String> {
+    let sandbox = config.job_sandbox.clone();
+    let dir = config.data_dir.clone();
+    let Some(probe) = sandbox.sandbox(dir.clone(), dir) else {
+        return Ok(sandbox);
+    };
+    crate::process::sandbox::available_for(&probe).map_err(|e| {
+        format!(
+            "[jobs] sandbox = {:?} cannot be enforced here: {e}",
+            crate::cli::api_word(sandbox.mode)
+        )
+    })?;
+    tracing::info!(
+        sandbox = %crate::cli::api_word(sandbox.mode),
+        network = sandbox.network,
+        escalate = sandbox.escalate,
+        "shell commands run in a sandbox ([jobs] sandbox; Landlock and seccomp)"
+    );
+    Ok(sandbox)
 }
 
 /// The token the host requires: the one configured, else the data dir's

@@ -55,21 +55,26 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::{
     io::{AsyncRead, AsyncWrite, ReadBuf},
-    net::TcpStream,
     sync::watch,
     time::{sleep_until, Instant, Sleep},
 };
 use tower::ServiceExt;
 
-use super::{admission::Ticket, extract::BODY_LIMIT, server::Limits};
+use super::{
+    admission::Ticket,
+    extract::BODY_LIMIT,
+    server::{Limits, Peer},
+};
 use crate::util::LockExt;
 
 /// Serves HTTP/1.1 on `stream` until the client leaves, a timeout closes
 /// it, it is evicted while waiting for a request (`ticket.close`), or
 /// `stopping` turns true (then the request in progress finishes and the
-/// connection closes).
-pub(super) async fn serve(
-    stream: TcpStream,
+/// connection closes). Every request carries `peer` as an extension: who
+/// is at the other end (`server.rs`).
+pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    stream: S,
+    peer: Peer,
     router: Router,
     limits: Limits,
     mut stopping: watch::Receiver<bool>,
@@ -77,7 +82,8 @@ pub(super) async fn serve(
 ) {
     let clock = ticket.clock.clone();
     let io = TokioIo::new(TimedIo::new(stream, clock.clone(), limits));
-    let service = hyper::service::service_fn(move |request| {
+    let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        request.extensions_mut().insert(peer);
         handle(router.clone(), clock.clone(), limits, request)
     });
     let connection = hyper::server::conn::http1::Builder::new()
@@ -367,8 +373,8 @@ impl Drop for InFlight {
 /// The socket, with reads bounded by the [`Clock`]'s deadline and writes
 /// by `idle_timeout` without progress. A wait past its bound fails with
 /// `TimedOut`, which ends the connection.
-struct TimedIo {
-    stream: TcpStream,
+struct TimedIo<S> {
+    stream: S,
     clock: Arc<Clock>,
     limits: Limits,
     read_timer: Pin<Box<Sleep>>,
@@ -377,8 +383,8 @@ struct TimedIo {
     write_stalled_since: Option<Instant>,
 }
 
-impl TimedIo {
-    fn new(stream: TcpStream, clock: Arc<Clock>, limits: Limits) -> Self {
+impl<S: AsyncWrite + Unpin> TimedIo<S> {
+    fn new(stream: S, clock: Arc<Clock>, limits: Limits) -> Self {
         let now = Instant::now();
         TimedIo {
             stream,
@@ -424,7 +430,7 @@ impl TimedIo {
     }
 }
 
-impl AsyncRead for TimedIo {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for TimedIo<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -457,7 +463,7 @@ impl AsyncRead for TimedIo {
     }
 }
 
-impl AsyncWrite for TimedIo {
+impl<S: AsyncWrite + Unpin> AsyncWrite for TimedIo<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

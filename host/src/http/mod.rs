@@ -17,7 +17,8 @@
 //! - `auth.rs`: bearer token, cross-origin and Host checks;
 //! - `openapi.rs`: the document's frame (info, security, tags), and the
 //!   refusals the checks around the handlers add to every route;
-//! - `server.rs`: the accept loop with its connection cap, and the
+//! - `server.rs`: the accept loop with its connection cap (on TCP and on
+//!   the data dir's unix socket, `api.sock`), and the
 //!   open-file limit; `admission.rs`: who holds a slot, and who gives one
 //!   up at the cap; `connection.rs`: one connection's timeouts, and
 //!   request bodies settled so that a refusal never breaks keep-alive.
@@ -55,7 +56,9 @@ use tokio::sync::watch;
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 
-pub(crate) use self::server::{raise_open_file_limit_and_log, serve, Limits};
+pub(crate) use self::server::{
+    bind_unix, raise_open_file_limit_and_log, serve, socket_path, Limits,
+};
 
 use self::error::{ApiError, ApiResult};
 use crate::{plugin::PluginHost, session::SessionService};

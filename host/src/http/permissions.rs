@@ -1,16 +1,20 @@
 //! Questions asked by `ask` rules: list the pending ones, reply to one.
+//! A reply is refused when it comes from inside a job
+//! (`permission::check_answerer`), so the connection's [`Peer`] goes with
+//! it.
 
-use axum::{extract::State, Json};
+use axum::{extract::State, Extension, Json};
 use serde::Deserialize;
 use utoipa::ToSchema;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::{
-    error::{ApiResult, ErrorBody},
+    error::{ApiError, ApiResult, ErrorBody},
     extract::{JsonBody, PathId},
+    server::Peer,
     AppState,
 };
-use crate::permission::{PermissionRequest, Reply};
+use crate::permission::{Answerer, PermissionRequest, Reply};
 
 /// Registers this file's routes with their OpenAPI entries (one
 /// `routes!` per path).
@@ -41,8 +45,24 @@ pub(crate) struct PermissionReply {
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
 pub(crate) async fn reply_permission(
     State(state): State<AppState>,
+    Extension(peer): Extension<Peer>,
     PathId(id): PathId,
     JsonBody(body): JsonBody<PermissionReply>,
 ) -> ApiResult<Json<PermissionRequest>> {
-    Ok(Json(state.service.permissions().reply(&id, body.reply)?))
+    let from = match peer {
+        Peer::Tcp { client, server } => Answerer::Tcp {
+            client,
+            server,
+            token: state.token.is_some(),
+        },
+        Peer::Unix { pid, .. } => Answerer::Unix { pid },
+    };
+    // Who sent it is read from `/proc`: blocking work, off the runtime.
+    let service = state.service.clone();
+    let answered = tokio::task::spawn_blocking(move || {
+        service.permissions().reply_from(&id, body.reply, &from)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("permission reply task failed: {e}")))??;
+    Ok(Json(answered))
 }

@@ -14,14 +14,15 @@
 use std::{
     future::Future,
     io,
+    net::SocketAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use axum::Router;
 use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::{TcpListener, UnixListener},
     sync::{watch, OwnedSemaphorePermit, Semaphore},
 };
 
@@ -87,6 +88,87 @@ impl Limits {
     }
 }
 
+/// Who is at the other end of a connection, as its socket tells: put on
+/// every request of the connection as an extension, for the checks that
+/// depend on it (a permission answer must not come from inside a job,
+/// `http/permissions.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// A TCP client: its address, and the host's address it reached.
+    Tcp {
+        client: SocketAddr,
+        server: SocketAddr,
+    },
+    /// A client of the host's unix socket, with the credentials the kernel
+    /// took when it connected (`SO_PEERCRED`).
+    Unix { pid: Option<i32>, uid: u32 },
+}
+
+/// A listening socket the accept loop serves: TCP, or the data dir's unix
+/// socket.
+pub(crate) trait Listener: Send + 'static {
+    /// An accepted connection.
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + std::os::fd::AsRawFd + 'static;
+    /// The next connection and who is at its other end.
+    fn accept_peer(&self) -> impl Future<Output = io::Result<(Self::Stream, Peer)>> + Send;
+}
+
+impl Listener for TcpListener {
+    type Stream = tokio::net::TcpStream;
+
+    async fn accept_peer(&self) -> io::Result<(Self::Stream, Peer)> {
+        let (stream, client) = self.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let server = stream.local_addr()?;
+        Ok((stream, Peer::Tcp { client, server }))
+    }
+}
+
+impl Listener for UnixListener {
+    type Stream = tokio::net::UnixStream;
+
+    async fn accept_peer(&self) -> io::Result<(Self::Stream, Peer)> {
+        let (stream, _) = self.accept().await?;
+        let credentials = stream.peer_cred()?;
+        Ok((
+            stream,
+            Peer::Unix {
+                pid: credentials.pid(),
+                uid: credentials.uid(),
+            },
+        ))
+    }
+}
+
+/// The unix socket's name in the data dir.
+pub(crate) const SOCKET_NAME: &str = "api.sock";
+
+/// Where the host with data dir `data_dir` serves its unix socket.
+pub(crate) fn socket_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join(SOCKET_NAME)
+}
+
+/// Listens on the unix socket at `path`, readable and writable by the
+/// host's user only (mode 0600). A socket file left by a host that did
+/// not stop cleanly is replaced (the data dir's lock says no other host
+/// runs on it); any other file there is an error.
+pub(crate) fn bind_unix(path: &std::path::Path) -> io::Result<UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            ))
+        }
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
 /// Refusals (503 past the cap) being written at once, at most; more wait
 /// for one of these to end (the kernel's backlog holds them meanwhile).
 /// Also at most a quarter of the cap, so that refusals fit in the
@@ -114,8 +196,8 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// At the cap a new connection takes the slot of one that waits for a
 /// request (`admission.rs`); only when none does is it refused, with a
 /// 503 that is really sent ([`refuse`]).
-pub(crate) async fn serve(
-    listener: TcpListener,
+pub(crate) async fn serve<L: Listener>(
+    listener: L,
     router: Router,
     limits: Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -131,10 +213,10 @@ pub(crate) async fn serve(
     loop {
         let accepted = tokio::select! {
             () = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
+            accepted = listener.accept_peer() => accepted,
         };
-        let stream = match accepted {
-            Ok((stream, _peer)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             // The client gave up before we took it: nothing to do.
             Err(error) if is_client_gone(&error) => continue,
             Err(error) => {
@@ -145,14 +227,12 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        #[cfg(unix)]
         let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
-        #[cfg(not(unix))]
-        let fd = ();
         if let Some(ticket) = admission.admit(fd) {
             let (router, stopping) = (router.clone(), stopping.clone());
-            tokio::spawn(connection::serve(stream, router, limits, stopping, ticket));
+            tokio::spawn(connection::serve(
+                stream, peer, router, limits, stopping, ticket,
+            ));
             continue;
         }
         if cap_warned.due() {
@@ -182,7 +262,11 @@ pub(crate) async fn serve(
 /// writes it, half-closes, and reads what the client sent until it closes,
 /// so that the close does not reset the connection under the unread
 /// answer; at most [`REFUSAL_TIME`] for each step.
-async fn refuse(mut stream: TcpStream, cap: usize, _permit: OwnedSemaphorePermit) {
+async fn refuse(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    cap: usize,
+    _permit: OwnedSemaphorePermit,
+) {
     let body = format!(
         "{{\"error\":{{\"code\":\"too_many_connections\",\"message\":\"the host has {cap} connections open, its limit, each in a request; try again\"}}}}"
     );

@@ -2,7 +2,12 @@
 //!
 //! Rules name a tool and a wildcard pattern (`*` any run of characters, `?`
 //! one) matched against what the call would do — a shell command line, a
-//! subagent's name. The last matching rule wins; no match allows. The
+//! subagent's name. The last matching rule wins; no match allows. A
+//! `shell` line is matched part by part (`command.rs`): every simple
+//! command it would run gets its own answer, and the heaviest wins
+//! (`deny` over `ask` over `allow`), so an allowed `ls *` does not let
+//! `ls; rm -rf ~` through; a line that cannot be read for certain is
+//! asked about at least. The
 //! decision is made once and travels with the job: moving it to the
 //! background asks nothing.
 //!
@@ -14,6 +19,7 @@
 //! `permission.replied` when answered, `permission.withdrawn` (with a
 //! `reason`) when its job ended first.
 
+pub(crate) mod command;
 pub(crate) mod rule;
 
 pub use self::rule::{Action, Rule};
@@ -21,6 +27,7 @@ pub use self::rule::{Action, Rule};
 use crate::util::{LockExt, RwLockExt};
 use std::{
     collections::{BTreeMap, HashSet},
+    net::SocketAddr,
     sync::{Arc, Mutex, RwLock},
 };
 
@@ -32,6 +39,7 @@ use crate::{
     error::ServiceError,
     event::EventBus,
     ids::{new_id, now},
+    process::tree::{self, peer::Origin},
     store::Store,
 };
 
@@ -162,6 +170,9 @@ pub struct Permissions {
     store: Option<Arc<Store>>,
 }
 
+/// The tool whose pattern is a shell command line, matched part by part.
+pub(crate) const SHELL_TOOL: &str = "shell";
+
 /// Matches `text` against a wildcard `pattern` (`*` any run, `?` one
 /// character): the plugin API's matcher, so plugins' patterns mean the same.
 pub(crate) use offstage_plugin_api::pattern::wildcard_match;
@@ -197,21 +208,63 @@ impl Permissions {
         }
     }
 
-    /// What the rules say of `tool` doing `pattern`.
+    /// What the rules say of `tool` doing `pattern`, for any caller; a
+    /// call no rule matches is allowed.
     pub fn evaluate(&self, tool: &str, pattern: &str) -> Action {
+        self.decide(tool, pattern, Action::Allow)
+    }
+
+    /// What the rules say of `tool` doing `pattern`, where a call (or, for
+    /// `shell`, a part of its line) that no rule matches gets `unmatched`.
+    ///
+    /// `unmatched` is where a caller's own default goes: [`evaluate`]
+    /// passes `allow`, the host's default for every caller today; a
+    /// model's agent that asks by default passes `ask` (its shipped allow
+    /// list then being rules placed before the config's, so the config
+    /// still has the last word).
+    ///
+    /// [`evaluate`]: Self::evaluate
+    pub fn decide(&self, tool: &str, pattern: &str, unmatched: Action) -> Action {
         // An `always` answer is the newest decision, so it wins like a rule
-        // appended last would.
+        // appended last would. It names the exact line that was asked
+        // about, so it allows that line and nothing else.
         let always = self.always.read_unpoisoned();
         if always.contains(&(tool.to_string(), pattern.to_string())) {
             return Action::Allow;
         }
         drop(always);
         let rules = self.rules.read_unpoisoned();
-        rules
-            .iter()
-            .rev()
-            .find(|rule| wildcard_match(&rule.tool, tool) && wildcard_match(&rule.pattern, pattern))
-            .map_or(Action::Allow, |rule| rule.action)
+        let one = |text: &str| {
+            rules
+                .iter()
+                .rev()
+                .find(|rule| {
+                    wildcard_match(&rule.tool, tool) && wildcard_match(&rule.pattern, text)
+                })
+                .map_or(unmatched, |rule| rule.action)
+        };
+        if tool != SHELL_TOOL {
+            return one(pattern);
+        }
+        // No rule speaks of `shell` and nothing is asked by default: every
+        // line is allowed, whatever it holds, so it need not be read.
+        if unmatched == Action::Allow && !rules.iter().any(|r| wildcard_match(&r.tool, tool)) {
+            return Action::Allow;
+        }
+        match command::simple_commands(pattern) {
+            // A line of assignments, redirections or comments only is
+            // matched as written.
+            Ok(parts) if parts.is_empty() => one(pattern),
+            Ok(parts) => parts
+                .iter()
+                .map(|part| one(part))
+                .max()
+                .unwrap_or(Action::Allow),
+            Err(unreadable) => {
+                tracing::debug!(%unreadable, "a shell line is asked about");
+                one(pattern).max(Action::Ask)
+            }
+        }
     }
 
     /// Asks whether job `job_id` of `session_id` may have `tool` do
@@ -298,6 +351,13 @@ impl Permissions {
         }
     }
 
+    /// Answers question `id` for `from`, once [`check_answerer`] clears
+    /// it: no answer is taken from inside a job.
+    pub fn reply_from(&self, id: &str, reply: Reply, from: &Answerer) -> Result<PermissionRequest> {
+        check_answerer(from)?;
+        self.reply(id, reply)
+    }
+
     /// Answers question `id`.
     pub fn reply(&self, id: &str, reply: Reply) -> Result<PermissionRequest> {
         let pending = {
@@ -330,9 +390,72 @@ impl Permissions {
                 .write_unpoisoned()
                 .insert((request.tool.clone(), request.pattern.clone()));
         }
-        let _ = pending.reply.send(reply);
+        // Published before the job hears it: whatever the answered job
+        // does (its output, its end) comes after the answer in the event
+        // order, however the threads are scheduled.
         self.events.publish("permission.replied", &request);
+        let _ = pending.reply.send(reply);
         Ok(request)
+    }
+}
+
+/// Who sends a permission answer over the API, as its connection tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answerer {
+    /// A TCP client at `client` that reached the host at `server`; `token`:
+    /// whether the host requires (so the client showed) its token.
+    Tcp {
+        client: SocketAddr,
+        server: SocketAddr,
+        token: bool,
+    },
+    /// A client of the host's unix socket, by the pid the kernel gave.
+    Unix { pid: Option<i32> },
+}
+
+/// Refuses an answer that comes from inside a job, or whose sender cannot
+/// be told (docs/reference.md, "Answers come from outside every job"):
+/// otherwise a model's command could answer the question asked about it.
+///
+/// - Over TCP the host must require its token (so a host run with
+///   `--no-token` takes answers over its unix socket only), and a client
+///   on this machine must be found by its socket and be no job's process.
+///   A client elsewhere (its address neither loopback nor the host's own)
+///   has only the token to show.
+/// - Over the unix socket, the client the kernel names must be no job's
+///   process nor a descendant of one.
+pub(crate) fn check_answerer(from: &Answerer) -> Result<()> {
+    let refused = |why: String| {
+        Err(ServiceError::PermissionDenied(format!(
+            "permission answer refused: {why}"
+        )))
+    };
+    let origin = match *from {
+        Answerer::Tcp { token: false, .. } => {
+            return refused(
+                "over TCP an answer needs the host's token, and this host runs without one \
+                 (--no-token); answer over the host's unix socket (api.sock in its data dir)"
+                    .into(),
+            )
+        }
+        Answerer::Tcp { client, server, .. } => {
+            let local = client.ip().is_loopback()
+                || client.ip().to_canonical() == server.ip().to_canonical();
+            match tree::peer::tcp_origin(client, server) {
+                Origin::Unknown(_) if !local => Origin::Outside,
+                origin => origin,
+            }
+        }
+        Answerer::Unix { pid: None } => Origin::Unknown("the kernel named no process".into()),
+        Answerer::Unix { pid: Some(pid) } => tree::peer::process_origin(pid),
+    };
+    match origin {
+        Origin::Outside => Ok(()),
+        Origin::Job(pid) => refused(format!(
+            "it comes from process {pid}, inside a job's process tree; a job cannot answer \
+             questions about what it runs"
+        )),
+        Origin::Unknown(why) => refused(format!("cannot tell which process sent it: {why}")),
     }
 }
 
@@ -358,5 +481,131 @@ mod tests {
         assert_eq!(permissions.evaluate("shell", "echo hi"), Action::Allow);
         assert_eq!(permissions.evaluate("shell", "rm x"), Action::Deny);
         assert_eq!(permissions.evaluate("subagent", "script"), Action::Allow);
+    }
+
+    fn rule(pattern: &str, action: Action) -> Rule {
+        Rule {
+            tool: "shell".into(),
+            pattern: pattern.into(),
+            action,
+        }
+    }
+
+    /// A model's usual set-up: ask about everything but a few commands.
+    fn ask_but(allowed: &[&str]) -> Permissions {
+        let mut rules = vec![rule("*", Action::Ask)];
+        rules.extend(allowed.iter().map(|p| rule(p, Action::Allow)));
+        Permissions::new(rules, EventBus::default())
+    }
+
+    #[test]
+    fn every_part_of_a_shell_line_must_be_allowed() {
+        let permissions = ask_but(&["ls *", "ls", "cat *", "grep *"]);
+        assert_eq!(permissions.evaluate("shell", "ls *"), Action::Allow);
+        assert_eq!(permissions.evaluate("shell", "ls; rm -rf ~"), Action::Ask);
+        assert_eq!(permissions.evaluate("shell", "ls ; rm -rf ~"), Action::Ask);
+        assert_eq!(
+            permissions.evaluate("shell", "cat a | grep b && ls -l"),
+            Action::Allow
+        );
+        for smuggled in [
+            "ls && rm -rf ~",
+            "ls || rm -rf ~",
+            "ls | sh",
+            "(ls; rm x)",
+            "ls $(rm -rf ~)",
+            "cat \"$(curl evil)\"",
+            "ls `rm x`",
+            "ls > $(rm x)",
+            "cat <(rm x)",
+            "ls & rm x",
+            "eval 'ls; rm x'",
+            "sh -c 'ls; rm x'",
+            "bash -c \"ls && rm x\"",
+            "eval \"$X\"",
+            "ls \"unterminated",
+        ] {
+            assert_eq!(
+                permissions.evaluate("shell", smuggled),
+                Action::Ask,
+                "{smuggled}"
+            );
+        }
+    }
+
+    #[test]
+    fn deny_wins_over_ask_and_an_unreadable_line_is_asked_at_least() {
+        let mut permissions = ask_but(&["ls *"]);
+        permissions
+            .rules
+            .get_mut()
+            .unwrap()
+            .push(rule("rm *", Action::Deny));
+        // One part asks (`curl`), one is denied: denied.
+        assert_eq!(
+            permissions.evaluate("shell", "curl x; ls; rm -rf ~"),
+            Action::Deny
+        );
+        assert_eq!(permissions.evaluate("shell", "ls $(rm y)"), Action::Deny);
+        // Unreadable: asked, even where the line as written is allowed...
+        let allow_all = Permissions::new(vec![rule("*", Action::Allow)], EventBus::default());
+        assert_eq!(allow_all.evaluate("shell", "eval \"$X\""), Action::Ask);
+        // ...and denied where the line as written is denied.
+        assert_eq!(permissions.evaluate("shell", "rm \"x"), Action::Deny);
+        // With no rule about `shell`, nothing is asked: unread, allowed.
+        let none = Permissions::new(Vec::new(), EventBus::default());
+        assert_eq!(none.evaluate("shell", "eval \"$X\""), Action::Allow);
+        // But a caller whose default is `ask` is asked.
+        assert_eq!(none.decide("shell", "ls", Action::Ask), Action::Ask);
+    }
+
+    #[test]
+    fn an_always_answer_allows_the_exact_line_only() {
+        let permissions = ask_but(&[]);
+        permissions
+            .always
+            .write_unpoisoned()
+            .insert(("shell".into(), "ls *".into()));
+        assert_eq!(permissions.evaluate("shell", "ls *"), Action::Allow);
+        assert_eq!(permissions.evaluate("shell", "ls *; rm -rf ~"), Action::Ask);
+    }
+
+    #[test]
+    fn other_tools_match_their_whole_pattern() {
+        let permissions = Permissions::new(
+            vec![Rule {
+                tool: "subagent".into(),
+                pattern: "a; b".into(),
+                action: Action::Deny,
+            }],
+            EventBus::default(),
+        );
+        assert_eq!(permissions.evaluate("subagent", "a; b"), Action::Deny);
+        assert_eq!(permissions.evaluate("subagent", "a"), Action::Allow);
+    }
+
+    /// The examples of docs/reference.md ("`shell` lines are checked
+    /// command by command").
+    #[test]
+    fn the_reference_examples_hold() {
+        let permissions = Permissions::new(
+            vec![
+                rule("*", Action::Ask),
+                rule("ls *", Action::Allow),
+                rule("rm *", Action::Deny),
+            ],
+            EventBus::default(),
+        );
+        for (line, action) in [
+            ("ls *", Action::Allow),
+            ("ls *; rm -rf ~", Action::Deny),
+            ("ls -a && curl x", Action::Ask),
+            ("ls -l $(curl evil)", Action::Ask),
+            ("sh -c 'ls -a; rm x'", Action::Deny),
+            ("eval \"$CMD\"", Action::Ask),
+            ("'rm' -rf /tmp/x", Action::Deny),
+        ] {
+            assert_eq!(permissions.evaluate("shell", line), action, "{line}");
+        }
     }
 }

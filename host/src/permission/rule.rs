@@ -6,8 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What a rule does to a matching call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a rule does to a matching call. Ordered by weight: where the
+/// parts of one call get different answers, the heaviest wins (`deny`
+/// over `ask` over `allow`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Action {
     /// Run without asking.

@@ -317,7 +317,7 @@ impl PluginHost {
     /// read-only plugin then gets a new child restricted to its own data
     /// dir, an unrestricted one a new child without the restriction. Where
     /// the kernel cannot restrict, a read-only plugin is refused
-    /// (`sandbox.rs`).
+    /// (`process/sandbox/`).
     fn open_isolated(
         &self,
         path: &Path,
@@ -385,10 +385,10 @@ impl PluginHost {
                 if let Err(cause) = landlock(network) {
                     return Err(refuse(cause.to_string()));
                 }
-                Some(isolate::Sandbox {
-                    writable: Some(self.inner.config.plugin_data_dir(&name)),
+                Some(isolate::Sandbox::plugin(
+                    Some(self.inner.config.plugin_data_dir(&name)),
                     network,
-                })
+                ))
             }
             isolate::Filesystem::Unrestricted => None,
         };
@@ -624,7 +624,7 @@ pub(super) struct Staged {
 impl Staged {
     /// Keeps the copy open and unlinks it, to be mapped through
     /// `/proc/self/fd`: a process that then loses the right to write in
-    /// `<data_dir>/plugins/` (`isolate/sandbox.rs`) can still map it, and
+    /// `<data_dir>/plugins/` (`process/sandbox/`) can still map it, and
     /// leaves no copy behind.
     pub(super) fn hold(mut self) -> std::io::Result<Staged> {
         use std::os::fd::AsRawFd;

@@ -4,5 +4,6 @@
 //! its output file and its tree; the `shell` tool starts the command.
 
 pub(crate) mod output;
+pub(crate) mod sandbox;
 pub(crate) mod spawn;
 pub(crate) mod tree;

@@ -17,16 +17,22 @@
 use std::{io, os::fd::OwnedFd, path::Path, process::Stdio};
 
 /// A command to start: a program with its arguments, the host's
-/// environment plus one variable, a working directory, and the three
-/// descriptors that become its stdin, stdout and stderr.
+/// environment less every `OFFSTAGE_*` variable plus one variable, a
+/// working directory, and the three descriptors that become its stdin,
+/// stdout and stderr.
 pub(crate) struct Launch<'a> {
-    pub program: &'a str,
-    pub args: &'a [&'a str],
-    /// Added to (or replacing in) the host's environment.
-    pub env: (&'a str, &'a str),
+    pub program: &'a std::ffi::OsStr,
+    pub args: &'a [std::ffi::OsString],
+    /// Added to the host's environment (after the host's own `OFFSTAGE_*`
+    /// variables are taken out).
+    pub env: &'a [(&'a str, &'a std::ffi::OsStr)],
     pub cwd: Option<&'a Path>,
     pub stdio: [OwnedFd; 3],
 }
+
+/// What the names of the host's own environment variables start with; no
+/// command gets one of them.
+pub(crate) const HOST_PREFIX: &str = "OFFSTAGE_";
 
 /// A started command, killed (SIGKILL) if dropped before it was waited
 /// for.
@@ -67,9 +73,17 @@ impl Drop for GroupGuard {
 pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {
     let [stdin, stdout, stderr] = launch.stdio;
     let mut command = tokio::process::Command::new(launch.program);
+    // The host's settings are not the command's: `OFFSTAGE_TOKEN` would let
+    // it call the host's API as its owner (and answer its own permission
+    // questions), and the others say where the host's files are.
+    for (name, _) in std::env::vars_os() {
+        if name.as_encoded_bytes().starts_with(HOST_PREFIX.as_bytes()) {
+            command.env_remove(name);
+        }
+    }
     command
         .args(launch.args)
-        .env(launch.env.0, launch.env.1)
+        .envs(launch.env.iter().copied())
         .stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(stderr))
@@ -87,6 +101,10 @@ mod tests {
 
     use super::{spawn, Launch};
 
+    fn os(args: &[&str]) -> Vec<std::ffi::OsString> {
+        args.iter().map(Into::into).collect()
+    }
+
     fn dev_null() -> OwnedFd {
         OwnedFd::from(std::fs::File::open("/dev/null").unwrap())
     }
@@ -102,9 +120,9 @@ mod tests {
     async fn run(script: &str, cwd: Option<&Path>) -> std::io::Result<(i32, String)> {
         let (mut reader, writer) = std::io::pipe()?;
         let code = exit_code(Launch {
-            program: "/bin/sh",
-            args: &["-c", script],
-            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            program: "/bin/sh".as_ref(),
+            args: &os(&["-c", script]),
+            env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
             cwd,
             stdio: [dev_null(), writer.try_clone()?.into(), writer.into()],
         })
@@ -138,13 +156,35 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn no_host_variable_reaches_the_command() {
+        if std::env::var_os("OFFSTAGE_TOKEN").is_some() {
+            let (code, output) = run("env | grep '^OFFSTAGE_' ; true", None).await.unwrap();
+            assert_eq!(code, 0);
+            assert_eq!(output, "OFFSTAGE_SPAWN_TEST=marked\n");
+            return;
+        }
+        // Run again in a process that has the host's variables.
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "process::spawn::tests::no_host_variable_reaches_the_command",
+            ])
+            .env("OFFSTAGE_TOKEN", "secret-of-the-host")
+            .env("OFFSTAGE_LOG", "debug")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "the run with the host's variables failed");
+    }
+
+    #[tokio::test]
     async fn the_variable_replaces_one_of_the_same_name() {
         // `PATH` is in every environment: it is replaced, not doubled.
         let (mut reader, writer) = std::io::pipe().unwrap();
         let code = exit_code(Launch {
-            program: "/bin/sh",
-            args: &["-c", "env | grep '^PATH='"],
-            env: ("PATH", "/usr/bin:/bin:/offstage-test"),
+            program: "/bin/sh".as_ref(),
+            args: &os(&["-c", "env | grep '^PATH='"]),
+            env: &[("PATH", "/usr/bin:/bin:/offstage-test".as_ref())],
             cwd: None,
             stdio: [
                 dev_null(),
@@ -181,9 +221,9 @@ mod tests {
         let error = run("true", Some(gone)).await.unwrap_err();
         assert_eq!(error.kind(), std::io::ErrorKind::NotFound, "{error}");
         let error = exit_code(Launch {
-            program: "/nonexistent/offstage-program",
-            args: &[],
-            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            program: "/nonexistent/offstage-program".as_ref(),
+            args: &os(&[]),
+            env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
             cwd: None,
             stdio: [dev_null(), dev_null(), dev_null()],
         })
@@ -212,9 +252,9 @@ mod tests {
             let (mut err_read, err_write) = std::io::pipe().unwrap();
             let (mut out_read, out_write) = std::io::pipe().unwrap();
             let code = exit_code(Launch {
-                program: "/bin/sh",
-                args: &["-c", "echo out; echo err >&2"],
-                env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+                program: "/bin/sh".as_ref(),
+                args: &os(&["-c", "echo out; echo err >&2"]),
+                env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
                 cwd: None,
                 stdio: [dev_null(), out_write.into(), err_write.into()],
             })
@@ -257,9 +297,9 @@ mod tests {
     #[tokio::test]
     async fn a_dropped_command_is_killed_and_reaped() {
         let child = spawn(Launch {
-            program: "/bin/sleep",
-            args: &["30"],
-            env: ("OFFSTAGE_SPAWN_TEST", "marked"),
+            program: "/bin/sleep".as_ref(),
+            args: &os(&["30"]),
+            env: &[("OFFSTAGE_SPAWN_TEST", "marked".as_ref())],
             cwd: None,
             stdio: [dev_null(), dev_null(), dev_null()],
         })

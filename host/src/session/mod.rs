@@ -35,7 +35,7 @@ mod recover;
 pub(crate) mod subagent;
 mod turn;
 
-use crate::util::LockExt;
+use crate::util::{LockExt, RwLockExt};
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
@@ -61,6 +61,7 @@ use crate::{
     event::{EventBus, HistoryLimits, PreparedEvent},
     ids::{new_id, now},
     permission::Permissions,
+    process::sandbox::launch::JobSandbox,
     store::{self, Durability, Store, StoreError, Ticket},
     tool::ToolRegistry,
 };
@@ -98,6 +99,8 @@ struct Inner {
     /// `[jobs] max_running`: tool calls running at once, at most (no cap
     /// unless set); see `JobSlot` in `jobs/call.rs`.
     max_running: AtomicUsize,
+    /// `[jobs] sandbox`: how every job's commands are confined.
+    job_sandbox: std::sync::RwLock<Arc<JobSandbox>>,
     /// Tool calls holding a `JobSlot`: from their checks until
     /// their job's task is done.
     running_calls: AtomicUsize,
@@ -353,6 +356,7 @@ impl SessionService {
                 store,
                 max_output: AtomicU64::new(crate::process::output::DEFAULT_MAX_OUTPUT),
                 max_running: AtomicUsize::new(usize::MAX),
+                job_sandbox: Default::default(),
                 running_calls: AtomicUsize::new(0),
                 marker_prefix: std::sync::OnceLock::new(),
                 default_agent: std::sync::RwLock::new(DEFAULT_AGENT.to_string()),
@@ -510,6 +514,17 @@ impl SessionService {
     /// that a host short of descriptors refuses work rather than fails it.
     pub fn set_max_running(&self, jobs: usize) {
         self.inner.max_running.store(jobs.max(1), Ordering::Relaxed);
+    }
+
+    /// Confines the `shell` commands of every job started from now on
+    /// (`[jobs] sandbox`, `network`, `escalate`).
+    pub fn set_job_sandbox(&self, sandbox: JobSandbox) {
+        *self.inner.job_sandbox.write_unpoisoned() = Arc::new(sandbox);
+    }
+
+    /// What [`set_job_sandbox`](Self::set_job_sandbox) set.
+    pub fn job_sandbox(&self) -> Arc<JobSandbox> {
+        self.inner.job_sandbox.read_unpoisoned().clone()
     }
 
     /// What [`set_max_running`](Self::set_max_running) set (`usize::MAX`:

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use crate::{
     error::{Result, ServiceError},
-    process::output::OutputSink,
+    process::{output::OutputSink, sandbox::launch::JobSandbox},
 };
 
 pub(crate) use crate::util::BoxFuture;
@@ -43,6 +43,8 @@ pub struct JobContext {
     pub output: Arc<OutputSink>,
     /// Where the job's processes are marked and recorded.
     pub processes: Arc<dyn JobProcesses>,
+    /// How the job's commands are confined (`[jobs] sandbox`).
+    pub sandbox: Arc<JobSandbox>,
 }
 
 /// What a tool that starts processes needs from the host, so that a job's
@@ -58,6 +60,11 @@ pub trait JobProcesses: Send + Sync {
     /// group), in the store, so that the next start ends its group if the
     /// host is killed.
     fn record(&self, pid: u32);
+
+    /// Whether a call the sandbox refused may run again without it: what
+    /// the permission rules say of `tool` doing `pattern`, asking (a
+    /// question of this job) when they say `ask` or nothing.
+    fn escalate(&self, tool: &str, pattern: &str) -> BoxFuture<bool>;
 }
 
 /// What the caller of a blocking tool call does when time runs out.

@@ -11,7 +11,14 @@
 //! [`RECORD_GROUP_AFTER`] is recorded in the store, so that the next
 //! start-up ends them (`session::jobs::process`, `process::tree`).
 
-use std::{fs::File, os::fd::OwnedFd, path::PathBuf, sync::OnceLock, time::Duration};
+use std::{
+    ffi::{OsStr, OsString},
+    fs::File,
+    os::fd::OwnedFd,
+    path::PathBuf,
+    sync::OnceLock,
+    time::Duration,
+};
 
 use offstage_plugin_api::types::JobStatus;
 use serde::Deserialize;
@@ -22,6 +29,10 @@ use crate::{
     error::{Result, ServiceError},
     process::{
         output::OutputSink,
+        sandbox::{
+            launch::{launcher_args, SandboxMode},
+            Sandbox,
+        },
         spawn::{self, GroupGuard, Launch},
         tree::{JobTree, MARKER_VAR},
     },
@@ -177,15 +188,130 @@ impl Tool for Shell {
     }
 }
 
+/// The tool name a question to run a refused call again without the
+/// sandbox is asked under (`[jobs] escalate = "ask"`); rules may name it.
+pub(crate) const UNSANDBOXED_TOOL: &str = "shell:unsandboxed";
+
+/// What a command that the sandbox refused says, in the words of the C
+/// library: Landlock refuses with `EACCES`, seccomp with `EPERM`.
+const REFUSALS: &[&str] = &["Permission denied", "Operation not permitted"];
+
+/// Runs the command, in the job's sandbox if it has one (`[jobs]
+/// sandbox`); a sandboxed run that failed the way a refusal does says so
+/// in its output, and with `escalate = "ask"` runs again without the
+/// sandbox once a question allows it.
 async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> {
+    let policy = ctx.sandbox.clone();
+    if policy.mode == SandboxMode::None {
+        return run_once(&ctx, &input, None).await;
+    }
+    // Its own temp dir, writable in `workspace-write`, gone with the job.
+    let tmp = tempfile::Builder::new()
+        .prefix("offstage-job-")
+        .tempdir()
+        .map_err(|e| {
+            cannot_start(std::io::Error::other(format!(
+                "no temp dir for the job: {e}"
+            )))
+        })?;
+    let workdir = match &input.workdir {
+        Some(dir) => dir.clone(),
+        None => std::env::current_dir().map_err(cannot_start)?,
+    };
+    let sandbox = policy
+        .sandbox(workdir.clone(), tmp.path().to_path_buf())
+        .expect("a mode other than none has a sandbox");
+    let launcher = match &policy.launcher {
+        Some(path) => path.clone(),
+        None => std::env::current_exe().map_err(cannot_start)?,
+    };
+    let confined = Confined {
+        launcher: &launcher,
+        sandbox: &sandbox,
+        tmp: tmp.path(),
+    };
+    let before = ctx.output.len();
+    let outcome = run_once(&ctx, &input, Some(confined)).await?;
+    if outcome.status == JobStatus::Completed
+        || ctx.output.len() == before
+        || !REFUSALS.iter().any(|r| ctx.output.tail_text().contains(r))
+    {
+        return Ok(outcome);
+    }
+    let writes = if sandbox.writable.is_empty() {
+        "writes nowhere".to_string()
+    } else {
+        format!(
+            "writes only beneath {} and its own $TMPDIR",
+            workdir.display()
+        )
+    };
+    let network = if sandbox.network {
+        ""
+    } else {
+        " and opens no socket"
+    };
+    ctx.output.write(
+        format!(
+            "\n[offstage] the sandbox refused this command, it seems: it runs with \
+             sandbox = {:?}, which {writes}{network}; \"Permission denied\" or \
+             \"Operation not permitted\" above is the sandbox's refusal.\n",
+            crate::process::sandbox::launch::mode_word(policy.mode),
+        )
+        .as_bytes(),
+    );
+    if !policy.escalate {
+        return Ok(outcome);
+    }
+    if !ctx
+        .processes
+        .escalate(UNSANDBOXED_TOOL, &input.command)
+        .await
+    {
+        ctx.output
+            .write(b"[offstage] running it again without the sandbox was refused.\n");
+        return Ok(outcome);
+    }
+    ctx.output
+        .write(b"[offstage] running it again without the sandbox, as allowed:\n");
+    run_once(&ctx, &input, None).await
+}
+
+/// How a sandboxed run is launched.
+#[derive(Clone, Copy)]
+struct Confined<'a> {
+    /// The `offstage` binary that confines itself, then runs the command.
+    launcher: &'a std::path::Path,
+    sandbox: &'a Sandbox,
+    /// The job's own temp dir, its `TMPDIR`.
+    tmp: &'a std::path::Path,
+}
+
+async fn run_once(
+    ctx: &JobContext,
+    input: &ShellInput,
+    confined: Option<Confined<'_>>,
+) -> Result<ToolOutcome> {
     let (reader, writer) = std::io::pipe()?;
     // Registered before the spawn, so no process of the job is ever
     // unknown; every descendant inherits the marker.
     let tree = JobTree::new(ctx.processes.marker());
+    let shell: [OsString; 3] = ["/bin/sh".into(), "-c".into(), input.command.clone().into()];
+    let (program, args): (&OsStr, Vec<OsString>) = match confined {
+        None => (shell[0].as_os_str(), shell[1..].to_vec()),
+        Some(confined) => (
+            confined.launcher.as_os_str(),
+            launcher_args(confined.sandbox, &shell),
+        ),
+    };
+    let mut env: Vec<(&str, &OsStr)> = vec![(MARKER_VAR, tree.marker().as_ref())];
+    if let Some(confined) = confined.filter(|c| !c.sandbox.writable.is_empty()) {
+        env.push(("TMPDIR", confined.tmp.as_os_str()));
+    }
     let mut child = spawn::spawn(Launch {
-        program: "/bin/sh",
-        args: &["-c", &input.command],
-        env: (MARKER_VAR, tree.marker()),
+        program,
+        args: &args,
+        env: &env,
         cwd: input.workdir.as_deref(),
         // The command's copies of the write end; ours must be gone for
         // EOF to arrive, and are (the launch takes them).

@@ -673,3 +673,54 @@ fn over_http_every_way_a_question_ends_is_an_event() {
     );
     assert!(!marker.exists(), "no command ran");
 }
+
+/// A `shell` line is checked part by part: an allowed `ls *` lets no
+/// other command through with it, whatever joins them.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_allowed_command_does_not_carry_another_through() {
+    let engine = Engine::with_rules(vec![
+        rule("shell", "*", Action::Ask),
+        rule("shell", "ls *", Action::Allow),
+        rule("shell", "echo *", Action::Allow),
+    ]);
+    let service = &engine.service;
+    let session = engine.session().await;
+    let result = within(
+        "an allowed call",
+        service.call_tool(
+            &session,
+            ToolRequest::new("shell", shell("ls * >/dev/null && echo listed")),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(result.status, ToolStatus::Completed);
+    assert_eq!(result.output, "listed\n");
+
+    let marker = engine.path("smuggled");
+    for (n, line) in [
+        format!("ls; touch '{}'", marker.display()),
+        format!("ls $(touch '{}')", marker.display()),
+        format!("echo \"$(touch '{}')\"", marker.display()),
+        format!("ls | sh -c 'touch {}'", marker.display()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let job = format!("job_smuggle{n}");
+        let call = engine.spawn_shell(&session, &job, shell(&line));
+        let question = asked(&engine).await;
+        assert_eq!(question.pattern, line);
+        assert!(!marker.exists(), "{line} ran before its answer");
+        service
+            .permissions()
+            .reply(&question.id, Reply::Reject)
+            .unwrap();
+        let refused = within("the rejected call", call).await.unwrap();
+        assert!(
+            matches!(refused, Err(ServiceError::PermissionDenied(_))),
+            "{refused:?}"
+        );
+        assert!(!marker.exists(), "{line} ran");
+    }
+}

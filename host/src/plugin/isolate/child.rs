@@ -11,7 +11,7 @@
 //!
 //! With `--read-only` (`filesystem = "read-only"`), before it starts a
 //! thread or opens the library, it runs the loader's file checks, makes
-//! and holds its private copy, and restricts itself (`sandbox.rs`); an
+//! and holds its private copy, and restricts itself (`process/sandbox/`); an
 //! error there is the answer to the host's `open`.
 
 use std::{
@@ -29,7 +29,6 @@ use tokio::runtime::Handle;
 
 use super::{
     harden,
-    sandbox::{self, Sandbox},
     wire::{Handler, HookKind, Note, Peer, Request},
     Upstream,
 };
@@ -46,6 +45,7 @@ use crate::{
         load::{stage, CheckedLibrary, Staged},
         LoadError, Opened, PluginHost, PluginHostConfig,
     },
+    process::sandbox::{self, Sandbox},
     session::{ServiceConfig, SessionService},
     tool::Owner,
     util::{BoxFuture, LockExt},
@@ -110,10 +110,10 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
         settings: Default::default(),
     };
     // Before any thread is started and before the library is opened: see
-    // `harden.rs` and `sandbox.rs`. A failure is the answer to `open`.
+    // `harden.rs` and `process/sandbox/`. A failure is the answer to `open`.
     let staged = match harden::drop_capabilities() {
         Err(e) => Some(Err(host_error(&file, e))),
-        Ok(()) => read_only.then(|| restrict(&config, &file, Sandbox { writable, network })),
+        Ok(()) => read_only.then(|| restrict(&config, &file, Sandbox::plugin(writable, network))),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -202,7 +202,7 @@ fn restrict(
         .map_err(|failure| failure.error)?
         .hold()
         .map_err(|e| host_error(file, format!("cannot hold the private copy: {e}")))?;
-    if let Some(dir) = &sandbox.writable {
+    if let Some(dir) = sandbox.writable.first() {
         // It must exist to be named in a rule (`Context::data_dir` makes
         // it the same way).
         let mut builder = std::fs::DirBuilder::new();

@@ -32,7 +32,7 @@ impl std::str::FromStr for Isolation {
 }
 
 /// What an isolated plugin's process may do to the filesystem
-/// (`filesystem = ...`; see `sandbox.rs`).
+/// (`filesystem = ...`; see `process/sandbox/`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
@@ -59,7 +59,7 @@ impl std::str::FromStr for Filesystem {
 }
 
 /// Whether a `filesystem = "read-only"` plugin's process may open sockets
-/// (`network = ...`; see `sandbox.rs`). Without `read-only` nothing is
+/// (`network = ...`; see `process/sandbox/`). Without `read-only` nothing is
 /// restricted, this included.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]

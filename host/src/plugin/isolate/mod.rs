@@ -26,17 +26,18 @@
 //!   request ids in both directions (`wire.rs`); one generic forwarder per
 //!   direction serves every method of the method table.
 //! - With `filesystem = "read-only"` the child restricts itself with
-//!   Landlock before it opens the library (`sandbox.rs`).
+//!   Landlock before it opens the library (`process/sandbox/`, which
+//!   confines the `shell` tool's jobs too).
 
 mod child;
 mod config;
 mod harden;
 mod parent;
-mod sandbox;
-#[cfg(target_os = "linux")]
-mod seccomp;
 pub(in crate::plugin) mod wire;
 
+pub(in crate::plugin) use crate::process::sandbox::{
+    available as filesystem_restriction_available, Sandbox,
+};
 pub(crate) use child::{run_child, ChildArgs};
 pub(crate) use config::take_isolation_keys;
 pub(in crate::plugin) use config::Resolved;
@@ -44,7 +45,6 @@ pub use config::{
     Filesystem, Isolation, IsolationConfig, IsolationSettings, Network, RestartPolicy,
 };
 pub(in crate::plugin) use parent::{retry_start, Child, Supervisor};
-pub(in crate::plugin) use sandbox::{available as filesystem_restriction_available, Sandbox};
 pub(in crate::plugin) use wire::HookKind;
 
 use super::abi::remote::LocalHook;

@@ -31,6 +31,7 @@
 
 mod group;
 mod kill;
+pub(crate) mod peer;
 mod proc;
 mod reaper;
 mod sighting;

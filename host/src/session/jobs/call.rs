@@ -400,8 +400,13 @@ impl SessionService {
             output: runtime.output.clone(),
             processes: Arc::new(super::process::OfJob {
                 service: self.clone(),
+                session_id: call.session_id.clone(),
                 job_id: call.job_id.clone(),
             }),
+            // Every caller's calls are confined alike today; a model
+            // agent's own `sandbox` setting would be chosen here, by the
+            // session's agent.
+            sandbox: self.job_sandbox(),
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let service = self.clone();

@@ -21,13 +21,19 @@
 //! only; elsewhere nothing is recorded and nothing is killed.
 
 use crate::{
-    process::tree::read_stat, session::SessionService, store::ProcessRecord, tool::JobProcesses,
+    permission::{Action, Reply},
+    process::tree::read_stat,
+    session::SessionService,
+    store::ProcessRecord,
+    tool::{BoxFuture, JobProcesses},
 };
 
-/// A job's processes, as its tool sees them: the marker for a new run, and
-/// the record of its main process (see the module docs).
+/// A job's processes, as its tool sees them: the marker for a new run,
+/// the record of its main process (see the module docs), and the question
+/// that lets a call the sandbox refused run again without it.
 pub(crate) struct OfJob {
     pub(crate) service: SessionService,
+    pub(crate) session_id: String,
     pub(crate) job_id: String,
 }
 
@@ -38,6 +44,28 @@ impl JobProcesses for OfJob {
 
     fn record(&self, pid: u32) {
         self.service.record_job_process(&self.job_id, pid);
+    }
+
+    fn escalate(&self, tool: &str, pattern: &str) -> BoxFuture<bool> {
+        let (service, session_id, job_id) = (
+            self.service.clone(),
+            self.session_id.clone(),
+            self.job_id.clone(),
+        );
+        let (tool, pattern) = (tool.to_string(), pattern.to_string());
+        Box::pin(async move {
+            let permissions = service.permissions();
+            match permissions.decide(&tool, &pattern, Action::Ask) {
+                Action::Allow => true,
+                Action::Deny => false,
+                Action::Ask => {
+                    // Dropped with the job (a cancel, an interrupt): then
+                    // withdrawn, as every question is.
+                    let mut question = permissions.ask(&session_id, &job_id, &tool, &pattern);
+                    matches!(question.answer().await, Some(Reply::Once | Reply::Always))
+                }
+            }
+        })
     }
 }
 

@@ -48,7 +48,7 @@ pub(in crate::plugin) struct Child {
 impl Child {
     /// Starts `offstage plugin-host` for `path` and has it run the loader
     /// checks and read the manifest; restricted by `sandbox` from its start
-    /// when given (`sandbox.rs`).
+    /// when given (`process/sandbox/`).
     pub(in crate::plugin) fn spawn(
         host: &PluginHost,
         path: &Path,
@@ -240,7 +240,7 @@ fn command(
     }
     if let Some(sandbox) = sandbox {
         command.arg("--read-only");
-        if let Some(dir) = &sandbox.writable {
+        if let Some(dir) = sandbox.writable.first() {
             command.arg("--writable").arg(dir);
         }
         if sandbox.network {

@@ -1,41 +1,46 @@
-//! `filesystem = "read-only"`: an isolated plugin's process confines
-//! itself, so that the plugin may read everywhere but change files only in
-//! its own data dir (`Context::data_dir`), reach no other process, and
-//! open no socket unless `network = "allow"`.
+//! Confining a process with Landlock and seccomp: an isolated plugin's
+//! process with `filesystem = "read-only"` (`plugin/isolate/`), and the
+//! `shell` tool's jobs with `[jobs] sandbox` (`launch.rs`). The process
+//! confines itself and what it starts later, for good: it may read
+//! everywhere but change files only beneath the [`Sandbox`]'s writable
+//! dirs, and open no socket unless its network is allowed.
 //!
 //! Two mechanisms, each for what it can enforce:
 //!
 //! - **Landlock** ([`restrict_self`]): every filesystem right the kernel's
 //!   Landlock ABI has is handled, so each is denied but where a rule
 //!   grants it: reading and executing everywhere; everything but creating
-//!   device nodes and device `ioctl`s beneath the data dir; reading and
-//!   writing `/dev/null`. Where the kernel has them, its scopes confine
+//!   device nodes and device `ioctl`s beneath the writable dirs; reading
+//!   and writing `/dev/null`. Where the kernel has them, its scopes confine
 //!   signals and abstract unix sockets to the process and what it starts
 //!   (ABI 6, Linux 6.12), and TCP `bind`/`connect` is denied without
-//!   `network = "allow"` (ABI 4, Linux 6.7).
+//!   the network (ABI 4, Linux 6.7).
 //! - **seccomp** (`seccomp.rs`): the calls Landlock does not cover — mode,
-//!   owner, extended attributes and times of files, `mknod`, `io_uring`,
-//!   and `socket()` without `network = "allow"` — and, on a kernel whose
-//!   Landlock lacks a piece, what of it a filter can express (`Plan`).
+//!   owner, extended attributes and times of files (unless the sandbox
+//!   allows them: a job's tools need `touch` and `chmod +x`), `mknod`,
+//!   `io_uring`, and `socket()` without the network — and, for a strict
+//!   sandbox (a plugin's) on a kernel whose Landlock lacks a piece, what
+//!   of it a filter can express (`Plan`).
 //!
-//! What neither can enforce on the running kernel is refused: the plugin
+//! What neither can enforce on the running kernel is refused: the process
 //! is not started ([`SandboxError`], one line), never run with less than
 //! it asked for.
 //!
-//! Why here and when: the child sets both on itself as the first thing it
-//! does, while it has one thread (Landlock and seccomp restrict the calling
-//! thread and what it starts later; restricting every thread of a running
-//! process needs a newer kernel than we can require), so they hold for
-//! everything after: the library's constructors, `manifest`, `init` and
-//! every hook. The loader's checks and the private copy of the library
-//! (`<data_dir>/plugins/`) are made before, and the copy is held open and
-//! unlinked, so the restricted process needs no right to that dir — where
-//! the host's own copies are.
+//! Why the process confines itself: Landlock and seccomp restrict the
+//! calling thread and what it starts later; restricting every thread of a
+//! running process needs a newer kernel than we can require. So it is
+//! done while the process has one thread: the first thing an isolated
+//! plugin's process does, and all a job's launcher does before it execs
+//! the command.
 //!
 //! What it does not restrict: reading (secrets the user can read stay
-//! readable), files the process had open before (its stderr, the channel
-//! to the host), and with `network = "allow"` the network (and, below
+//! readable), files the process had open before (its stdout, the channel
+//! to the host), and with the network allowed the network (and, below
 //! Landlock ABI 9, connecting to a pathname unix socket).
+
+pub(crate) mod launch;
+#[cfg(target_os = "linux")]
+mod seccomp;
 
 use std::path::{Path, PathBuf};
 
@@ -45,9 +50,9 @@ use landlock::{
     RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope, ABI,
 };
 
-/// Why a plugin's process could not be confined as asked.
+/// Why a process could not be confined as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(in crate::plugin) enum SandboxError {
+pub(crate) enum SandboxError {
     /// The kernel has no Landlock, or not the access rights it needs.
     #[error(
         "this kernel does not enforce Landlock with the rights it needs \
@@ -72,43 +77,78 @@ pub(in crate::plugin) enum SandboxError {
     Seccomp(String),
     /// The process already runs more than one thread, which the
     /// restriction would not cover.
-    #[error("the plugin process runs {0} threads before its restriction; it must run one")]
+    #[error("the process runs {0} threads before its restriction; it must run one")]
     Threads(usize),
 }
 
 /// How the restricted process is confined.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(in crate::plugin) struct Sandbox {
-    /// The one dir written beneath (the plugin's data dir), or none at all
-    /// (a process that only learns a file's plugin name).
-    pub(in crate::plugin) writable: Option<PathBuf>,
-    /// `network = "allow"`: sockets may be opened.
-    pub(in crate::plugin) network: bool,
+pub(crate) struct Sandbox {
+    /// The dirs written beneath: a plugin's data dir, a job's working dir
+    /// and temp dir; none at all for a process that only reads.
+    pub(crate) writable: Vec<PathBuf>,
+    /// Sockets may be opened (`network = "allow"`).
+    pub(crate) network: bool,
+    /// A plugin's: signals and abstract unix sockets are confined even on
+    /// a kernel whose Landlock cannot scope them (seccomp allows signals
+    /// to the process itself only; an allowed network there is refused).
+    /// A job's is not: its shell signals its own children, which a filter
+    /// cannot tell from other processes.
+    pub(crate) strict: bool,
+    /// Changes of mode, owner, times and extended attributes are allowed.
+    /// Landlock does not check them, so they are allowed or refused
+    /// everywhere: a job that may write its working dir needs them there
+    /// (`touch`, `chmod +x`, `git`, `tar`).
+    pub(crate) metadata: bool,
+}
+
+impl Sandbox {
+    /// An isolated plugin's: writing in `writable` only, strict, no
+    /// changes of metadata.
+    pub(crate) fn plugin(writable: Option<PathBuf>, network: bool) -> Sandbox {
+        Sandbox {
+            writable: writable.into_iter().collect(),
+            network,
+            strict: true,
+            metadata: false,
+        }
+    }
 }
 
 /// What each mechanism takes on, for the kernel's Landlock ABI.
 #[cfg(target_os = "linux")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::plugin) struct Plan {
+pub(crate) struct Plan {
     /// The kernel's Landlock ABI.
-    pub(in crate::plugin) abi: ABI,
+    pub(crate) abi: ABI,
     /// Landlock scopes signals and abstract unix sockets (ABI 6);
     /// otherwise seccomp limits signals to the process itself.
-    pub(in crate::plugin) scopes: bool,
+    pub(crate) scopes: bool,
     /// Landlock denies device `ioctl`s (ABI 5); otherwise seccomp allows
     /// only a few generic `ioctl`s.
-    pub(in crate::plugin) device_ioctl: bool,
+    pub(crate) device_ioctl: bool,
     /// Landlock denies TCP `bind` and `connect` (ABI 4, without
     /// `network = "allow"`; seccomp denies `socket()` anyway).
-    pub(in crate::plugin) tcp: bool,
+    pub(crate) tcp: bool,
     /// The network may be used (`network = "allow"`).
-    pub(in crate::plugin) network: bool,
+    pub(crate) network: bool,
+    /// See [`Sandbox::strict`].
+    pub(crate) strict: bool,
+    /// See [`Sandbox::metadata`].
+    pub(crate) metadata: bool,
 }
 
 #[cfg(target_os = "linux")]
 impl Plan {
-    /// The plan for `abi`; an error names what could not be enforced.
-    pub(in crate::plugin) fn new(abi: ABI, network: bool) -> Result<Plan, SandboxError> {
+    /// The plan of a strict sandbox (a plugin's) for `abi`; an error names
+    /// what could not be enforced.
+    pub(crate) fn new(abi: ABI, network: bool) -> Result<Plan, SandboxError> {
+        Plan::of(abi, &Sandbox::plugin(None, network))
+    }
+
+    /// The plan of `sandbox` for `abi`.
+    pub(crate) fn of(abi: ABI, sandbox: &Sandbox) -> Result<Plan, SandboxError> {
+        let network = sandbox.network;
         if abi < ABI::V3 {
             return Err(SandboxError::Unsupported(format!(
                 "the kernel has Landlock ABI {}",
@@ -116,7 +156,7 @@ impl Plan {
             )));
         }
         let scopes = abi >= ABI::V6;
-        if network && !scopes {
+        if network && !scopes && sandbox.strict {
             // A filter cannot read the address a socket connects to.
             return Err(SandboxError::Missing(
                 "abstract unix sockets with `network = \"allow\"` (needs Landlock ABI 6, \
@@ -130,6 +170,8 @@ impl Plan {
             device_ioctl: abi >= ABI::V5,
             tcp: abi >= ABI::V4 && !network,
             network,
+            strict: sandbox.strict,
+            metadata: sandbox.metadata,
         })
     }
 }
@@ -137,7 +179,7 @@ impl Plan {
 /// Maps the status the kernel reports after `restrict_self` to the
 /// outcome: only a fully enforced ruleset passes.
 #[cfg(target_os = "linux")]
-pub(in crate::plugin) fn check_status(status: RulesetStatus) -> Result<(), SandboxError> {
+pub(crate) fn check_status(status: RulesetStatus) -> Result<(), SandboxError> {
     match status {
         RulesetStatus::FullyEnforced => Ok(()),
         RulesetStatus::PartiallyEnforced => Err(SandboxError::Partial),
@@ -148,7 +190,7 @@ pub(in crate::plugin) fn check_status(status: RulesetStatus) -> Result<(), Sandb
 /// The running kernel's Landlock ABI (`Unsupported` without Landlock); a
 /// newer one than this build knows counts as the newest it knows.
 #[cfg(target_os = "linux")]
-pub(in crate::plugin) fn kernel_abi() -> ABI {
+pub(crate) fn kernel_abi() -> ABI {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a null attribute pointer, size 0 and this flag the call
     // only returns the ABI version; no memory is read or written.
@@ -181,13 +223,26 @@ pub(in crate::plugin) fn kernel_abi() -> ABI {
 /// Whether this kernel can enforce the restriction, without restricting
 /// anything (the host asks before it starts a restricted process).
 #[cfg(target_os = "linux")]
-pub(in crate::plugin) fn available(network: bool) -> Result<(), SandboxError> {
+pub(crate) fn available(network: bool) -> Result<(), SandboxError> {
     Plan::new(kernel_abi(), network).map(drop)
+}
+
+/// Whether this kernel can enforce `sandbox`, without restricting
+/// anything.
+#[cfg(target_os = "linux")]
+pub(crate) fn available_for(sandbox: &Sandbox) -> Result<(), SandboxError> {
+    Plan::of(kernel_abi(), sandbox).map(drop)
 }
 
 /// See the Linux version: Landlock is Linux's.
 #[cfg(not(target_os = "linux"))]
-pub(in crate::plugin) fn available(_network: bool) -> Result<(), SandboxError> {
+pub(crate) fn available_for(_: &Sandbox) -> Result<(), SandboxError> {
+    available(false)
+}
+
+/// See the Linux version: Landlock is Linux's.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn available(_network: bool) -> Result<(), SandboxError> {
     Err(SandboxError::Unsupported(
         "Landlock exists on Linux only".into(),
     ))
@@ -196,14 +251,14 @@ pub(in crate::plugin) fn available(_network: bool) -> Result<(), SandboxError> {
 /// Confines this process (which must run one thread) as `sandbox` says:
 /// Landlock, then the seccomp filter. For good: nothing can lift either.
 #[cfg(target_os = "linux")]
-pub(in crate::plugin) fn restrict_self(sandbox: &Sandbox) -> Result<Plan, SandboxError> {
+pub(crate) fn restrict_self(sandbox: &Sandbox) -> Result<Plan, SandboxError> {
     let threads = thread_count();
     if threads > 1 {
         return Err(SandboxError::Threads(threads));
     }
-    let plan = Plan::new(kernel_abi(), sandbox.network)?;
+    let plan = Plan::of(kernel_abi(), sandbox)?;
     landlock_self(sandbox, &plan)?;
-    super::seccomp::install(&plan).map_err(|e| SandboxError::Seccomp(e.to_string()))?;
+    seccomp::install(&plan).map_err(|e| SandboxError::Seccomp(e.to_string()))?;
     Ok(plan)
 }
 
@@ -217,7 +272,7 @@ fn landlock_self(sandbox: &Sandbox, plan: &Plan) -> Result<(), SandboxError> {
     };
     let all = AccessFs::from_all(abi);
     let mut rules = vec![beneath(Path::new("/"), AccessFs::from_read(abi))?];
-    if let Some(dir) = &sandbox.writable {
+    for dir in &sandbox.writable {
         // No device nodes (a block device there is a raw disk), and no
         // device `ioctl`s.
         let devices = AccessFs::MakeChar | AccessFs::MakeBlock | AccessFs::IoctlDev;
@@ -255,7 +310,7 @@ fn landlock_self(sandbox: &Sandbox, plan: &Plan) -> Result<(), SandboxError> {
 
 /// See the Linux version: Landlock is Linux's.
 #[cfg(not(target_os = "linux"))]
-pub(in crate::plugin) fn restrict_self(_: &Sandbox) -> Result<(), SandboxError> {
+pub(crate) fn restrict_self(_: &Sandbox) -> Result<(), SandboxError> {
     available(false)
 }
 

@@ -1,18 +1,20 @@
-//! The seccomp filter of a `filesystem = "read-only"` plugin process: the
-//! system calls Landlock does not cover (`sandbox.rs`), refused with
-//! `EPERM`, on top of the Landlock ruleset.
+//! The seccomp filter of a sandboxed process (a `filesystem = "read-only"`
+//! plugin's, a sandboxed job's): the system calls Landlock does not cover
+//! (`mod.rs`), refused with `EPERM`, on top of the Landlock ruleset.
 //!
-//! Always: changing a file's mode (`chmod`, `fchmod`, `fchmodat`,
-//! `fchmodat2`), owner (`chown`, `fchown`, `lchown`, `fchownat`), extended
-//! attributes (every `set*xattr*` and `remove*xattr*`, the `*at` ones of
-//! Linux 6.13 included) or times (`utime`, `utimes`, `futimesat`,
-//! `utimensat`); `mknod` and `mknodat`; `io_uring` (whose operations
-//! bypass the filter). Landlock checks none of these on a file the process
-//! can read, and a file opened read-only is enough for the `f*` forms.
+//! Always: `mknod` and `mknodat`; `io_uring` (whose operations bypass the
+//! filter). Unless the sandbox allows changes of metadata: changing a
+//! file's mode (`chmod`, `fchmod`, `fchmodat`, `fchmodat2`), owner
+//! (`chown`, `fchown`, `lchown`, `fchownat`), extended attributes (every
+//! `set*xattr*` and `remove*xattr*`, the `*at` ones of Linux 6.13
+//! included) or times (`utime`, `utimes`, `futimesat`, `utimensat`).
+//! Landlock checks none of these on a file the process can read, and a
+//! file opened read-only is enough for the `f*` forms.
 //!
 //! Without `network = "allow"`: `socket()` of every family.
 //!
-//! Where the kernel's Landlock lacks a piece ([`Plan`]): without scopes
+//! For a strict sandbox, where the kernel's Landlock lacks a piece
+//! ([`Plan`]): without scopes
 //! (ABI 6), signals only to the process itself (`kill` of its own pid or
 //! process group, `tgkill` and `rt_*sigqueueinfo` to itself; no `tkill`
 //! or `pidfd_send_signal`), so also not to its own children; without
@@ -31,7 +33,7 @@ use seccompiler::{
     SeccompRule,
 };
 
-use super::sandbox::Plan;
+use super::Plan;
 
 /// `setxattrat` and `removexattrat` (Linux 6.13), one number on every
 /// architecture; not in `libc` yet.
@@ -43,7 +45,7 @@ const X32: i64 = 0x4000_0000;
 
 /// Why the filter could not be built or installed.
 #[derive(Debug, thiserror::Error)]
-pub(in crate::plugin) enum SeccompError {
+pub(super) enum SeccompError {
     /// seccompiler refused the filter or the kernel refused it.
     #[error("{0}")]
     Filter(#[from] seccompiler::Error),
@@ -54,6 +56,19 @@ pub(in crate::plugin) enum SeccompError {
 
 /// The calls refused on every kernel.
 fn always() -> Vec<i64> {
+    let mut calls = vec![
+        libc::SYS_mknodat,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    calls.push(libc::SYS_mknod);
+    calls
+}
+
+/// The calls that change a file's metadata.
+fn metadata() -> Vec<i64> {
     let mut calls = vec![
         libc::SYS_fchmod,
         libc::SYS_fchmodat,
@@ -69,10 +84,6 @@ fn always() -> Vec<i64> {
         SYS_SETXATTRAT,
         SYS_REMOVEXATTRAT,
         libc::SYS_utimensat,
-        libc::SYS_mknodat,
-        libc::SYS_io_uring_setup,
-        libc::SYS_io_uring_enter,
-        libc::SYS_io_uring_register,
     ];
     // The old path-only forms, where the architecture still has them.
     #[cfg(target_arch = "x86_64")]
@@ -83,22 +94,26 @@ fn always() -> Vec<i64> {
         libc::SYS_utime,
         libc::SYS_utimes,
         libc::SYS_futimesat,
-        libc::SYS_mknod,
     ]);
     calls
 }
 
 /// The filter for `plan`, as a BPF program for this architecture.
-pub(in crate::plugin) fn program(plan: &Plan, own_pid: u32) -> Result<BpfProgram, SeccompError> {
+pub(super) fn program(plan: &Plan, own_pid: u32) -> Result<BpfProgram, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     // An empty rule list: refused whatever the arguments.
     for call in always() {
         rules.insert(call, Vec::new());
     }
+    if !plan.metadata {
+        for call in metadata() {
+            rules.insert(call, Vec::new());
+        }
+    }
     if !plan.network {
         rules.insert(libc::SYS_socket, Vec::new());
     }
-    if !plan.scopes {
+    if !plan.scopes && plan.strict {
         let pid = own_pid as u64;
         let group = (-(own_pid as i32)) as u32 as u64;
         // Refused unless the target is this process (or its group).
@@ -143,7 +158,7 @@ pub(in crate::plugin) fn program(plan: &Plan, own_pid: u32) -> Result<BpfProgram
         if let Some(ioctl) = rules.get(&(libc::SYS_ioctl | X32)).cloned() {
             rules.insert(514 | X32, ioctl);
         }
-        if !plan.scopes {
+        if !plan.scopes && plan.strict {
             rules.insert(524 | X32, Vec::new()); // rt_sigqueueinfo
             rules.insert(536 | X32, Vec::new()); // rt_tgsigqueueinfo
         }
@@ -162,7 +177,7 @@ pub(in crate::plugin) fn program(plan: &Plan, own_pid: u32) -> Result<BpfProgram
 
 /// Installs the filter for `plan` on this thread (and every thread it
 /// starts later). For good.
-pub(in crate::plugin) fn install(plan: &Plan) -> Result<(), SeccompError> {
+pub(super) fn install(plan: &Plan) -> Result<(), SeccompError> {
     let program = program(plan, std::process::id())?;
     seccompiler::apply_filter(&program)?;
     Ok(())
