@@ -82,8 +82,8 @@ use crate::{
     model::{ApiKey, ModelSettings},
     permission::Rule,
     plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
-    process::sandbox::launch::{JobSandbox, SandboxMode},
-    session::model_agent::ModelAgentSettings,
+    process::sandbox::launch::{JobSandbox, SandboxMode, SandboxOverride},
+    session::{jobs::call::ModelCaller, model_agent::ModelAgentSettings},
     store::Durability,
 };
 
@@ -206,6 +206,16 @@ pub struct AgentTable {
     pub request_timeout: Option<Duration>,
     /// `max_retries`: retries of 429, 5xx and failed connections (default 3).
     pub max_retries: Option<u32>,
+    /// `default_allow = false`: no shipped allow list; every `shell` call
+    /// of the model that no rule allows is asked about.
+    pub default_allow: Option<bool>,
+    /// `sandbox`, `network`, `escalate`: as in `[jobs]`, for this agent's
+    /// calls only (unset keys keep the `[jobs]` values).
+    pub sandbox: Option<SandboxMode>,
+    /// `network = "deny"` for this agent's sandboxed calls.
+    pub network: Option<JobNetwork>,
+    /// `escalate = "ask"` for this agent's refused calls.
+    pub escalate: Option<Escalate>,
 }
 
 impl AgentTable {
@@ -288,7 +298,21 @@ impl AgentTable {
                 .max_steps
                 .unwrap_or(ModelAgentSettings::DEFAULT_MAX_STEPS),
             context_tokens: self.context_tokens,
+            caller: self.caller(),
         })
+    }
+
+    /// How the host treats this agent's tool calls: the shipped allow
+    /// list unless `default_allow = false`, and its own sandbox keys.
+    fn caller(&self) -> ModelCaller {
+        ModelCaller {
+            default_allow: self.default_allow.unwrap_or(true),
+            sandbox: SandboxOverride {
+                mode: self.sandbox,
+                network: self.network.map(|n| n == JobNetwork::Allow),
+                escalate: self.escalate.map(|e| e == Escalate::Ask),
+            },
+        }
     }
 }
 
