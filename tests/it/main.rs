@@ -27,6 +27,9 @@ macro_rules! tests_in_mode {
 /// Model-driven sessions against a scripted Chat Completions server.
 mod agent;
 
+/// What a model may run unasked, and its agent's own sandbox.
+mod model_defaults;
+
 /// The session service in process: background moves, cancel, notices,
 /// permissions, how the host polls a plugin's future, a plugin racing its
 /// own call, turns, calls that outlive their wrapper.
