@@ -37,6 +37,9 @@
 //! provider = "openai"           # Chat Completions
 //! model = "gpt-4.1-mini"
 //! api_key_env = "OPENAI_API_KEY" # the variable's name, never the key
+//! default_allow = true          # (default) its read-only `shell` commands run
+//!                               # unasked; anything else no rule allows asks
+//! sandbox = "workspace-write"   # and network, escalate: as [jobs], for its calls
 //!
 //! [plugins]
 //! isolation = "none"            # none (default) | process: each plugin in a child
@@ -1083,6 +1086,35 @@ action = "deny"
             .resolve("local", None, |_| None)
             .unwrap_err();
         assert!(error.to_string().contains("[agent.local]"), "{error}");
+    }
+
+    #[test]
+    fn an_agents_default_allow_and_sandbox_keys() {
+        let caller = |extra: &str| {
+            let text = format!("[agent.m]\nprovider = \"openai\"\nmodel = \"x\"\n{extra}");
+            let file = FileConfig::parse(&text)?;
+            file.agent["m"]
+                .resolve("m", None, |_| None)
+                .map(|s| s.caller)
+                .map_err(|e| e.to_string())
+        };
+        let default = caller("").unwrap();
+        assert!(default.default_allow && default.sandbox.is_empty());
+        let set =
+            caller("default_allow = false\nsandbox = \"read-only\"\nnetwork = \"deny\"\n").unwrap();
+        assert!(!set.default_allow);
+        let jobs = JobSandbox {
+            mode: SandboxMode::WorkspaceWrite,
+            network: true,
+            escalate: true,
+            launcher: None,
+        };
+        // Its keys replace `[jobs]`'s; the one it leaves unset is kept.
+        let own = set.sandbox.over(&jobs);
+        assert_eq!(own.mode, SandboxMode::ReadOnly);
+        assert!(!own.network && own.escalate);
+        let error = caller("sandbox = \"danger-full-access\"\n").unwrap_err();
+        assert!(error.contains("[agent.m]"), "{error}");
     }
 
     #[test]
