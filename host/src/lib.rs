@@ -33,6 +33,8 @@ mod ids;
 #[cfg(test)]
 mod layers;
 mod logging;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod perf;
 mod permission;
 mod plugin;
