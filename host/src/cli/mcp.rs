@@ -21,7 +21,6 @@ use std::{
 };
 
 use axum::http::{HeaderName, HeaderValue};
-use futures_util::StreamExt;
 use rmcp::{
     transport::{
         streamable_http_client::StreamableHttpClientTransportConfig, StreamableHttpClientTransport,
@@ -29,14 +28,16 @@ use rmcp::{
     },
     RoleClient,
 };
-use tokio::io::AsyncWriteExt;
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::ClientArgs;
 use crate::mcp::{input, SESSION_HEADER};
 
 /// How long a host started here has to answer its health check.
 const START_WAIT: Duration = Duration::from_secs(20);
+
+/// How long closing the session with the host may take.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// The longest line read from stdin: the API's body limit.
 const MAX_LINE: usize = 1024 * 1024;
@@ -68,7 +69,10 @@ pub(super) fn run(args: McpArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bridge(args)) {
+    let ended = runtime.block_on(bridge(args));
+    // The stdin reader may sit in a blocking read the runtime cannot end.
+    runtime.shutdown_timeout(CLOSE_WAIT);
+    match ended {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("offstage mcp: {error}");
@@ -106,31 +110,42 @@ async fn bridge(args: McpArgs) -> Result<(), String> {
     }
     let mut remote: StreamableHttpClientTransport<_> =
         StreamableHttpClientTransport::from_config(config);
-    // Lines in: each checked (`mcp/input.rs`) and answered with its error
-    // here when it is not a message; messages out: one line each.
-    let mut lines = FramedRead::new(
-        tokio::io::stdin(),
-        LinesCodec::new_with_max_length(MAX_LINE),
-    );
+    // Lines in (read on a task of their own, so that no half-read line is
+    // lost when a message from the host is written meanwhile): each is
+    // checked (`mcp/input.rs`) and answered with its error here when it is
+    // not a message; messages out: one line each.
+    let (line_tx, mut line_rx) = tokio::sync::mpsc::channel::<std::io::Result<Line>>(16);
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+        loop {
+            let line = next_line(&mut stdin, MAX_LINE).await;
+            let end = !matches!(line, Ok(Line::Text(_) | Line::TooLong));
+            if line_tx.send(line).await.is_err() || end {
+                return;
+            }
+        }
+    });
     let mut stdout = tokio::io::stdout();
+    let mut connected = false;
     loop {
         tokio::select! {
-            line = lines.next() => match line {
-                Some(Ok(line)) if line.trim().is_empty() => {}
-                Some(Ok(line)) => match input::parse(line.as_bytes()) {
-                    Ok(message) => Transport::<RoleClient>::send(&mut remote, message)
-                        .await
-                        .map_err(|e| format!("cannot reach {server}/mcp: {e}"))?,
+            line = line_rx.recv() => match line {
+                Some(Ok(Line::Text(line))) if line.trim_ascii().is_empty() => {}
+                Some(Ok(Line::Text(line))) => match input::parse(&line) {
+                    Ok(message) => {
+                        connected = true;
+                        Transport::<RoleClient>::send(&mut remote, message)
+                            .await
+                            .map_err(|e| format!("cannot reach {server}/mcp: {e}"))?
+                    }
                     Err(error) => write_line(&mut stdout, &error).await?,
                 },
-                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                Some(Ok(Line::TooLong)) => {
                     write_line(&mut stdout, &input::too_large(MAX_LINE)).await?
                 }
-                Some(Err(LinesCodecError::Io(error))) => {
-                    return Err(format!("cannot read stdin: {error}"))
-                }
+                Some(Err(error)) => return Err(format!("cannot read stdin: {error}")),
                 // The client closed stdin: done.
-                None => break,
+                Some(Ok(Line::End)) | None => break,
             },
             message = Transport::<RoleClient>::receive(&mut remote) => match message {
                 Some(message) => write_line(&mut stdout, &message).await?,
@@ -138,8 +153,60 @@ async fn bridge(args: McpArgs) -> Result<(), String> {
             },
         }
     }
-    let _ = Transport::<RoleClient>::close(&mut remote).await;
+    // Ends the protocol session (DELETE); bounded, so that a host that
+    // does not answer cannot keep this process.
+    if connected {
+        let _ = tokio::time::timeout(CLOSE_WAIT, Transport::<RoleClient>::close(&mut remote)).await;
+    }
     Ok(())
+}
+
+/// One line of stdin.
+enum Line {
+    /// A line, without its end.
+    Text(Vec<u8>),
+    /// A line longer than the cap: read to its end and dropped.
+    TooLong,
+    /// The end of stdin.
+    End,
+}
+
+/// The next line of `reader`, holding at most `max` bytes of it.
+async fn next_line(
+    reader: &mut tokio::io::BufReader<tokio::io::Stdin>,
+    max: usize,
+) -> std::io::Result<Line> {
+    let mut line = Vec::new();
+    let mut too_long = false;
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(match (too_long, line.is_empty()) {
+                (true, _) => Line::TooLong,
+                (false, true) => Line::End,
+                (false, false) => Line::Text(line),
+            });
+        }
+        let end = memchr::memchr(b'\n', available);
+        let chunk = &available[..end.unwrap_or(available.len())];
+        if !too_long {
+            if line.len() + chunk.len() > max {
+                too_long = true;
+                line = Vec::new();
+            } else {
+                line.extend_from_slice(chunk);
+            }
+        }
+        let used = end.map_or(available.len(), |at| at + 1);
+        reader.consume(used);
+        if end.is_some() {
+            return Ok(if too_long {
+                Line::TooLong
+            } else {
+                Line::Text(line)
+            });
+        }
+    }
 }
 
 /// Writes one message as a line of JSON to stdout.

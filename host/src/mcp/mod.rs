@@ -213,18 +213,31 @@ impl McpServer {
         let id = match named {
             Some(id) => service.get(&id).await.map_err(rpc_error)?.id,
             None => {
-                let client = context
+                let handshake = context
                     .peer
                     .peer_info()
-                    .map(|info| info.client_info.clone())
-                    .or_else(|| context.meta.client_info());
+                    .map(|info| info.client_info.clone());
+                let stateless = handshake.is_none();
+                let client = handshake.or_else(|| context.meta.client_info());
                 let title = match client {
                     Some(client) => format!("MCP: {} {}", client.name, client.version),
                     None => "MCP client".to_string(),
                 };
+                let title = crate::util::cut(&title, 120).into_owned();
+                // A stateless request (2026-07-28) has no protocol session
+                // to follow: without the header it works in the newest
+                // session of its client's title, so that its calls do not
+                // each make a session (docs/mcp.md, "Sessions").
+                if stateless {
+                    let sessions = service.list().await.map_err(rpc_error)?;
+                    if let Some(found) = sessions.into_iter().rev().find(|s| s.title == title) {
+                        *session = Some(found.id.clone());
+                        return Ok(found.id);
+                    }
+                }
                 let created = service
                     .create(NewSession {
-                        title: Some(crate::util::cut(&title, 120).into_owned()),
+                        title: Some(title),
                         ..Default::default()
                     })
                     .await

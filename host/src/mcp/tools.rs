@@ -280,15 +280,29 @@ async fn run_tool(
         input: Value::Object(request.arguments.clone().unwrap_or_default()),
         call_id: Some(call_id.clone()),
     };
-    let wants_task = request
+    // rmcp moves a request's `_meta` into its context.
+    let wants_task = context
         .meta
-        .as_ref()
-        .and_then(|meta| meta.0 .0.get(TASK_REQUEST).cloned());
+        .0
+         .0
+        .get(TASK_REQUEST)
+        .or_else(|| request.meta.as_ref().and_then(|m| m.0 .0.get(TASK_REQUEST)))
+        .cloned();
     let client_has_tasks = context
         .client_capabilities()
         .is_some_and(|caps| caps.supports_tasks());
     if let (Some(task), true) = (wants_task, client_has_tasks) {
-        let ttl = task.get("ttl").and_then(Value::as_u64);
+        let ttl = match task.get("ttl") {
+            _ if !task.is_object() => None,
+            None | Some(Value::Null) => Some(None),
+            Some(ttl) => ttl.as_u64().map(Some),
+        }
+        .ok_or_else(|| {
+            McpError::invalid_params(
+                format!("_meta[{TASK_REQUEST:?}] must be {{\"ttl\": MILLISECONDS}}, not {task}"),
+                None,
+            )
+        })?;
         return start_task(server, session, tool_request, ttl)
             .await
             .map(|created| CallToolResponse::Task(created));
@@ -304,7 +318,16 @@ async fn run_tool(
         server: server.clone(),
         job_id: call_id.clone(),
     };
-    let result = match service.call_tool(session, tool_request).await {
+    // A client that goes away (its session closed, the request cancelled)
+    // stops waiting here: dropping the call moves its job to the
+    // background, as for an HTTP caller that hangs up.
+    let outcome = tokio::select! {
+        outcome = service.call_tool(session, tool_request) => outcome,
+        () = gone(context) => {
+            return Err(McpError::internal_error("the client went away; the job runs on", None))
+        }
+    };
+    let result = match outcome {
         Ok(result) => result,
         Err(ServiceError::PermissionDenied(message)) => {
             let refused = CallToolResult::error(vec![Content::text(message)]);
@@ -324,6 +347,22 @@ async fn run_tool(
         ended(&result)
     };
     Ok(CallToolResponse::Complete(with_session(answer, session)))
+}
+
+/// How often a held call looks whether its client is still there.
+const GONE_CHECK: Duration = Duration::from_millis(100);
+
+/// Ends when the request is cancelled or the client's transport closed.
+async fn gone(context: &RequestContext<RoleServer>) {
+    loop {
+        if context.peer.is_transport_closed() {
+            return;
+        }
+        tokio::select! {
+            () = context.ct.cancelled() => return,
+            () = tokio::time::sleep(GONE_CHECK) => {}
+        }
+    }
 }
 
 /// Takes a plain call out of the client's list of blocking calls.
