@@ -21,6 +21,8 @@
 
 pub(crate) mod input;
 mod tasks;
+#[cfg(test)]
+mod tests;
 mod tools;
 mod watch;
 

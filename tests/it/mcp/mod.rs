@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod moves;
+mod permissions;
 mod tasks;
 mod transports;
 
