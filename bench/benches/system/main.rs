@@ -41,10 +41,15 @@
 //!   session service), median of the rounds' ratios. Its parts run alone as
 //!   `writer_http`, `writer_mass` and `writer_throughput`.
 //!
+//! - `mcp`: a `shell true` call through `/mcp` (rmcp's client) vs the same
+//!   call through `POST /api/session/:id/tool`; a held `tools/call` moved
+//!   by the client's `background` call vs a `tools/list` round trip; five
+//!   runs each, median and spread of the ratios.
+//!
 //! Each table row: figure, baseline, ratio, target, and whether it is met.
 //!
 //! One module per group (`http.rs`, `load.rs`, `reload.rs`, `capture.rs`,
-//! `idle.rs`, `mass.rs`, `writer.rs`); what several share is in
+//! `idle.rs`, `mass.rs`, `writer.rs`, `mcp.rs`); what several share is in
 //! `report.rs` (the tables), `server.rs` (a release `offstage serve`) and
 //! `plugins.rs` (plugin files to load).
 
@@ -53,6 +58,7 @@ mod http;
 mod idle;
 mod load;
 mod mass;
+mod mcp;
 mod plugins;
 mod reload;
 mod report;
@@ -68,6 +74,7 @@ use http::{http_background, http_rate};
 use idle::idle;
 use load::load;
 use mass::mass;
+use mcp::mcp;
 use reload::reload;
 use server::Server;
 use writer::{bare_round, writer_http, writer_mass, writer_throughput, BARE_ROUND_VAR};
@@ -127,6 +134,9 @@ fn main() {
         }
         if wanted("writer_throughput") {
             writer_throughput().await;
+        }
+        if wanted("mcp") {
+            mcp().await;
         }
     });
 }

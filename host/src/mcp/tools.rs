@@ -305,7 +305,7 @@ async fn run_tool(
         })?;
         return start_task(server, session, tool_request, ttl)
             .await
-            .map(|created| CallToolResponse::Task(created));
+            .map(CallToolResponse::Task);
     }
     server
         .link
