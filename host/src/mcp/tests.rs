@@ -32,6 +32,7 @@ async fn calls_past_the_cap_in_flight_are_refused_and_the_client_goes_on() {
     let host = McpHost::new(service.clone(), Some("token"));
     let (server_io, client_io) = tokio::io::duplex(1 << 20);
     let server = host.client(None);
+    let link = server.link.clone();
     tokio::spawn(async move {
         if let Ok(running) = server.serve(server_io).await {
             let _ = running.waiting().await;
@@ -66,8 +67,17 @@ async fn calls_past_the_cap_in_flight_are_refused_and_the_client_goes_on() {
         let params = args(json!({"job_id": job_id, "timeout_ms": 60_000}));
         waiting.push(tokio::spawn(async move { peer.call_tool(params).await }));
     }
-    // Every one of them is in flight once the next is refused.
+    // Every one of them in flight...
     let deadline = tokio::time::Instant::now() + PATIENCE;
+    while link.in_flight.load(std::sync::atomic::Ordering::Acquire) < MAX_IN_FLIGHT {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} calls in flight",
+            link.in_flight.load(std::sync::atomic::Ordering::Acquire)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // ...the next is refused.
     let refused = loop {
         match client
             .peer()
@@ -75,8 +85,14 @@ async fn calls_past_the_cap_in_flight_are_refused_and_the_client_goes_on() {
             .await
         {
             Err(rmcp::ServiceError::McpError(error)) if error.code == BUSY => break error,
-            _ => {
-                assert!(tokio::time::Instant::now() < deadline, "never refused");
+            other => {
+                if tokio::time::Instant::now() >= deadline {
+                    let ended: Vec<_> = waiting.iter().filter(|w| w.is_finished()).collect();
+                    panic!(
+                        "never refused: last {other:?}; {} waiters ended",
+                        ended.len()
+                    );
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
