@@ -255,6 +255,11 @@ impl McpServer {
     /// end of its moved calls and tasks, and puts its calls' permission
     /// questions to it (`watch.rs`).
     fn watch(&self, context: &RequestContext<RoleServer>) {
+        // A stateless request (no handshake) cannot be pushed to once it
+        // is answered: nothing to watch for.
+        if context.peer.peer_info().is_none() {
+            return;
+        }
         if self.link.watcher.swap(true, Ordering::AcqRel) {
             return;
         }
