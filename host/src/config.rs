@@ -25,6 +25,14 @@
 //! history = 4096                # events kept for replay and slow readers
 //! history_bytes = 16777216      # and at most this many bytes of them
 //!
+//! [sessions]
+//! default_agent = "gpt"         # the agent of new sessions (default "script")
+//!
+//! [agent.gpt]                   # a model agent (docs/agents.md)
+//! provider = "openai"           # Chat Completions
+//! model = "gpt-4.1-mini"
+//! api_key_env = "OPENAI_API_KEY" # the variable's name, never the key
+//!
 //! [plugins]
 //! isolation = "none"            # none (default) | process: each plugin in a child
 //!
@@ -66,8 +74,10 @@ use serde_json::Value;
 
 use crate::{
     event::HistoryLimits,
+    model::{ApiKey, ModelSettings},
     permission::Rule,
     plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
+    session::model_agent::ModelAgentSettings,
     store::Durability,
 };
 
@@ -124,6 +134,156 @@ pub struct FileConfig {
     #[serde(default)]
     /// `[events]`: how much event history the host keeps.
     pub events: EventsTable,
+    #[serde(default, deserialize_with = "agent_tables")]
+    /// `[agent.NAME]` tables: model-driven agents (docs/agents.md).
+    pub agent: BTreeMap<String, AgentTable>,
+    #[serde(default)]
+    /// `[sessions]`: the default agent.
+    pub sessions: SessionsTable,
+}
+
+/// The `[agent.NAME]` tables, each error naming its table.
+fn agent_tables<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<String, AgentTable>, D::Error> {
+    let raw = BTreeMap::<String, toml::Value>::deserialize(deserializer)?;
+    raw.into_iter()
+        .map(|(name, value)| {
+            let table = AgentTable::deserialize(value)
+                .map_err(|e| de::Error::custom(format!("[agent.{name}]: {}", e.message())))?;
+            Ok((name, table))
+        })
+        .collect()
+}
+
+/// The `[sessions]` table.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsTable {
+    /// `default_agent`: the agent of a session created without one
+    /// (`script` unless set).
+    pub default_agent: Option<String>,
+}
+
+/// An `[agent.NAME]` table as written: a model-driven agent
+/// (docs/agents.md). The key itself is never here, only the name of the
+/// variable that holds it.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentTable {
+    /// `provider = "openai"`: the Chat Completions wire format.
+    pub provider: Option<String>,
+    /// `base_url`: up to and including `/v1`.
+    pub base_url: Option<String>,
+    /// `model`: the model's name on that server.
+    pub model: Option<String>,
+    /// `api_key_env`: the name of the variable holding the key.
+    pub api_key_env: Option<String>,
+    /// `system`: the system prompt.
+    pub system: Option<String>,
+    /// `system_file`: a file holding the system prompt (relative to the
+    /// config file).
+    pub system_file: Option<PathBuf>,
+    /// `temperature`, sent only when set.
+    pub temperature: Option<f64>,
+    /// `max_tokens`, sent only when set.
+    pub max_tokens: Option<u32>,
+    /// `tools`: the tools the model may call (default: all).
+    pub tools: Option<Vec<String>>,
+    /// `max_steps`: model requests per turn, at most (default 25).
+    pub max_steps: Option<u32>,
+    /// `context_tokens`: the window requests are cut to.
+    pub context_tokens: Option<usize>,
+    /// `request_timeout = "120s"`: the longest wait for an answer's head
+    /// and between two pieces of its stream.
+    #[serde(default, deserialize_with = "duration")]
+    pub request_timeout: Option<Duration>,
+    /// `max_retries`: retries of 429, 5xx and failed connections (default 3).
+    pub max_retries: Option<u32>,
+}
+
+impl AgentTable {
+    /// The agent's settings, with the key read from its variable through
+    /// `env` and `system_file` read relative to `base`. Errors name the
+    /// table.
+    pub(crate) fn resolve(
+        &self,
+        name: &str,
+        base: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<ModelAgentSettings, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid(format!("[agent.{name}]: {message}"));
+        let provider = self.provider.clone().ok_or_else(|| {
+            invalid("`provider` is missing (provider = \"openai\" for Chat Completions)".into())
+        })?;
+        if provider != "openai" {
+            return Err(invalid(format!(
+                "unknown provider {provider:?}; known: \"openai\" (Chat Completions)"
+            )));
+        }
+        let base_url = self
+            .base_url
+            .clone()
+            .unwrap_or_else(|| "https://api.openai.com/v1".to_string());
+        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
+            return Err(invalid(format!(
+                "base_url {base_url:?} must start with http:// or https://"
+            )));
+        }
+        let model = self
+            .model
+            .clone()
+            .filter(|m| !m.trim().is_empty())
+            .ok_or_else(|| invalid("`model` is missing".into()))?;
+        let api_key = match &self.api_key_env {
+            None => None,
+            Some(var) => match env(var) {
+                Some(key) if !key.trim().is_empty() => Some(ApiKey::new(key.trim().to_string())),
+                _ => {
+                    return Err(invalid(format!(
+                        "api_key_env = {var:?}, but the environment variable {var} is not set (or empty)"
+                    )))
+                }
+            },
+        };
+        let system = match (&self.system, &self.system_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("give `system` or `system_file`, not both".into()))
+            }
+            (Some(text), None) => Some(text.clone()),
+            (None, Some(file)) => {
+                let path = base.map_or_else(|| file.clone(), |base| base.join(file));
+                Some(std::fs::read_to_string(&path).map_err(|e| {
+                    invalid(format!("cannot read system_file {}: {e}", path.display()))
+                })?)
+            }
+            (None, None) => None,
+        };
+        if self.max_steps == Some(0) {
+            return Err(invalid("max_steps must be at least 1".into()));
+        }
+        Ok(ModelAgentSettings {
+            model: ModelSettings {
+                provider,
+                base_url,
+                model,
+                api_key_env: self.api_key_env.clone(),
+                api_key,
+                temperature: self.temperature,
+                max_tokens: self.max_tokens,
+                request_timeout: self
+                    .request_timeout
+                    .unwrap_or(ModelSettings::DEFAULT_TIMEOUT),
+                max_retries: self.max_retries.unwrap_or(ModelSettings::DEFAULT_RETRIES),
+            },
+            system,
+            tools: self.tools.clone(),
+            max_steps: self
+                .max_steps
+                .unwrap_or(ModelAgentSettings::DEFAULT_MAX_STEPS),
+            context_tokens: self.context_tokens,
+        })
+    }
 }
 
 /// The `[http]` table: how long a client may take, and how many may be
@@ -452,6 +612,10 @@ pub(crate) struct ServeConfig {
     pub max_running: Option<usize>,
     /// `[events]`: the event history's limits.
     pub event_history: HistoryLimits,
+    /// `[agent.NAME]`: model-driven agents, resolved (keys read).
+    pub agents: Vec<(String, ModelAgentSettings)>,
+    /// `[sessions] default_agent`.
+    pub default_agent: Option<String>,
     /// Things worth a warning in the log, e.g. a token in a file that
     /// other users can read.
     pub warnings: Vec<String>,
@@ -523,7 +687,18 @@ impl ServeConfig {
         } else {
             overrides.plugin_dirs
         };
+        let base = overrides.config.as_deref().and_then(Path::parent);
+        let agents = file
+            .agent
+            .iter()
+            .map(|(name, table)| {
+                let settings = table.resolve(name, base, |var| std::env::var(var).ok())?;
+                Ok((name.clone(), settings))
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
         Ok(ServeConfig {
+            agents,
+            default_agent: file.sessions.default_agent,
             addr,
             token,
             no_token: overrides.no_token,
@@ -790,6 +965,51 @@ action = "deny"
         }
         let error = FileConfig::parse("[jobs]\nmax_outptu = 1\n").unwrap_err();
         assert!(error.contains("max_outptu"), "{error}");
+    }
+
+    #[test]
+    fn agent_tables_resolve_and_their_errors_name_the_table() {
+        let file = FileConfig::parse(
+            "[sessions]\ndefault_agent = \"gpt\"\n\n[agent.gpt]\nprovider = \"openai\"\n\
+             model = \"gpt-4.1-mini\"\napi_key_env = \"TEST_KEY\"\ntools = [\"shell\"]\n\
+             max_steps = 4\ncontext_tokens = 8000\nrequest_timeout = \"30s\"\nmax_retries = 1\n",
+        )
+        .unwrap();
+        assert_eq!(file.sessions.default_agent.as_deref(), Some("gpt"));
+        let table = &file.agent["gpt"];
+        let settings = table
+            .resolve("gpt", None, |var| {
+                (var == "TEST_KEY").then(|| "sk-secret".to_string())
+            })
+            .unwrap();
+        assert_eq!(settings.model.base_url, "https://api.openai.com/v1");
+        assert_eq!(settings.model.request_timeout, Duration::from_secs(30));
+        assert_eq!(settings.max_steps, 4);
+        assert_eq!(settings.model.temperature, None, "sent only when set");
+        assert!(
+            !format!("{settings:?}").contains("sk-secret"),
+            "the key is never printed"
+        );
+
+        let missing = table
+            .resolve("gpt", None, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            missing.contains("[agent.gpt]") && missing.contains("TEST_KEY"),
+            "{missing}"
+        );
+        let error =
+            FileConfig::parse("[agent.gpt]\nprovider = \"openai\"\nmodle = \"x\"\n").unwrap_err();
+        assert!(
+            error.contains("modle") && error.contains("agent"),
+            "{error}"
+        );
+        let no_model = FileConfig::parse("[agent.local]\nprovider = \"openai\"\n").unwrap();
+        let error = no_model.agent["local"]
+            .resolve("local", None, |_| None)
+            .unwrap_err();
+        assert!(error.to_string().contains("[agent.local]"), "{error}");
     }
 
     #[test]

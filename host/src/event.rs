@@ -25,9 +25,11 @@
 //! that reconnects after the restart with `Last-Event-ID` gets what it
 //! missed, as far as the history's bounds reach: the shutdown's own events
 //! (questions withdrawn, jobs finished) included. Live-only types
-//! ([`LIVE_ONLY`], e.g. a model's text deltas) are never kept: they mean
+//! ([`LIVE_ONLY`], e.g. a model's text deltas) are never kept, nor
+//! replayed to a reader that resumes with `Last-Event-ID`: they mean
 //! nothing once their moment is gone, and they would crowd out the events
-//! that do. A host killed with SIGKILL keeps nothing; its clients get
+//! that do. For readers that are only behind, the newest [`LIVE_HELD`]
+//! are held, outside the history's limits. A host killed with SIGKILL keeps nothing; its clients get
 //! `stream.lagged` with an unknown count, as before.
 //!
 //! **Start-up.** Until [`EventBus::started`] (after the plugins loaded),
@@ -68,6 +70,33 @@ use crate::{store::StoredEvent, util::RwLockExt};
 /// only mean something live. `message.delta` is reserved for a model's
 /// text as it streams.
 pub(crate) const LIVE_ONLY: &[&str] = &["message.delta"];
+
+/// At most this many [`LIVE_ONLY`] events are held for readers that are
+/// behind; older ones leave the history first (a reader further behind
+/// misses those deltas without a `stream.lagged`: the finished message,
+/// `message.added`, carries the whole text).
+const LIVE_HELD: usize = 256;
+
+/// Refuses a subscription that names a type the host never publishes (a
+/// typo would otherwise subscribe to nothing, silently): one error naming
+/// the unknown types and listing the known ones. The known ones are
+/// plugin-api's `event::ALL`, which a test below checks against
+/// docs/contract.md's events table. An empty list (every event) passes.
+pub(crate) fn check_subscription(types: &[String]) -> crate::error::Result<()> {
+    let unknown: Vec<&str> = types
+        .iter()
+        .map(String::as_str)
+        .filter(|kind| !offstage_plugin_api::event::ALL.contains(kind))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    Err(crate::error::ServiceError::InvalidInput(format!(
+        "subscribe: unknown event type {}; the host publishes {}",
+        unknown.join(", "),
+        offstage_plugin_api::event::ALL.join(", ")
+    )))
+}
 
 /// How much of the past the bus keeps, for slow readers and for replay.
 /// Whichever limit is reached first drops the oldest events; the newest
@@ -185,7 +214,13 @@ struct BusInner {
 #[derive(Debug, Default)]
 struct History {
     events: VecDeque<Published>,
+    /// Bytes of the held events that count against the limits (all but
+    /// the [`LIVE_ONLY`] ones).
     bytes: usize,
+    /// How many [`LIVE_ONLY`] events are held: they count against
+    /// [`LIVE_HELD`] only, never against the limits, so a long streamed
+    /// answer cannot push a `job.finished` out of what replay reaches.
+    live: usize,
     /// The first and last ids restored from the last run, if any.
     restored: Option<(u64, u64)>,
 }
@@ -302,7 +337,11 @@ impl EventBus {
         let mut id = first;
         for PreparedEvent { kind, buf } in events {
             let published = frame(id, Cow::Borrowed(kind), buf);
-            history.bytes += published.cost();
+            if LIVE_ONLY.contains(&kind) {
+                history.live += 1;
+            } else {
+                history.bytes += published.cost();
+            }
             history.events.push_back(published);
             id += 1;
         }
@@ -396,16 +435,21 @@ impl EventBus {
         // events, else this run's first.
         let floor = restored.map_or(self.inner.first_id, |(first, _)| first);
         if last_seen == 0 {
-            return self.reader_from(floor);
+            let mut reader = self.reader_from(floor);
+            reader.live_from = next_id;
+            return reader;
         }
         let of_last_run = restored.is_some_and(|(first, last)| (first..=last).contains(&last_seen));
         if !of_last_run && (last_seen < self.inner.first_id || last_seen >= next_id) {
             // An id of another run: what came after it there is unknown.
             let mut reader = self.reader_from(floor);
             reader.unknown_gap = true;
+            reader.live_from = next_id;
             return reader;
         }
-        self.reader_from(last_seen + 1)
+        let mut reader = self.reader_from(last_seen + 1);
+        reader.live_from = next_id;
+        reader
     }
 
     fn reader_from(&self, next: u64) -> Subscriber {
@@ -413,6 +457,7 @@ impl EventBus {
             bus: self.inner.clone(),
             next,
             unknown_gap: false,
+            live_from: 0,
             published: self.inner.next_id.subscribe(),
         }
     }
@@ -436,12 +481,31 @@ impl EventBus {
 
 impl History {
     /// Drops the oldest events past `limits`, keeping the newest.
+    /// Live-only events past [`LIVE_HELD`] go first, oldest first, and
+    /// count for neither limit.
     fn trim(&mut self, limits: HistoryLimits) {
+        while self.live > LIVE_HELD {
+            match self
+                .events
+                .iter()
+                .position(|event| LIVE_ONLY.contains(&event.kind()))
+            {
+                Some(index) => {
+                    self.events.remove(index);
+                    self.live -= 1;
+                }
+                None => self.live = 0,
+            }
+        }
         while self.events.len() > 1
-            && (self.events.len() > limits.events || self.bytes > limits.bytes)
+            && (self.events.len() - self.live > limits.events || self.bytes > limits.bytes)
         {
             if let Some(dropped) = self.events.pop_front() {
-                self.bytes -= dropped.cost();
+                if LIVE_ONLY.contains(&dropped.kind()) {
+                    self.live -= 1;
+                } else {
+                    self.bytes -= dropped.cost();
+                }
             }
         }
     }
@@ -482,6 +546,9 @@ pub struct Subscriber {
     /// Set when the reader resumed from an id of another run: its first
     /// delivery is a `Lagged` with an unknown count.
     unknown_gap: bool,
+    /// A replay ([`EventBus::subscribe_after`]) skips the [`LIVE_ONLY`]
+    /// events published before it was made: those are not replayed.
+    live_from: u64,
     published: watch::Receiver<u64>,
 }
 
@@ -504,11 +571,24 @@ impl Subscriber {
         // Ids are consecutive within a run, so the index is a subtraction;
         // across the restored events of the last run it is a search.
         let guess = usize::try_from(self.next - oldest).unwrap_or(usize::MAX);
-        let index = match history.events.get(guess) {
+        let mut index = match history.events.get(guess) {
             Some(event) if event.id == self.next => guess,
             _ => history.events.partition_point(|event| event.id < self.next),
         };
-        let event = history.events.get(index)?.clone();
+        // What a replay skips: deltas of answers that streamed before it.
+        while let Some(event) = history.events.get(index) {
+            if event.id >= self.live_from || !LIVE_ONLY.contains(&event.kind()) {
+                break;
+            }
+            index += 1;
+        }
+        let Some(event) = history.events.get(index).cloned() else {
+            // Only skipped events were left: wait past them.
+            if let Some(last) = history.events.back() {
+                self.next = self.next.max(last.id + 1);
+            }
+            return None;
+        };
         self.next = event.id + 1;
         Some(Delivery::Event(event))
     }
@@ -646,6 +726,48 @@ mod tests {
         })
         .collect();
         assert_eq!(rest, (15..25).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn deltas_never_push_other_events_out_of_replay() {
+        let bus = EventBus::new(HistoryLimits {
+            events: 4,
+            bytes: 1 << 20,
+        });
+        bus.publish("job.finished", &json!({ "id": "job_1" }));
+        for n in 0..(LIVE_HELD * 3) {
+            bus.publish("message.delta", &json!({ "delta": n.to_string() }));
+        }
+        let mut reader = bus.subscribe_after(0);
+        let mut kinds = Vec::new();
+        while let Some(Delivery::Event(event)) = reader.try_next() {
+            kinds.push(event.kind().to_string());
+        }
+        assert_eq!(
+            kinds,
+            ["job.finished"],
+            "replay reaches it; no delta is replayed"
+        );
+        assert_eq!(
+            bus.held().0,
+            1 + LIVE_HELD,
+            "only the newest deltas are held"
+        );
+        assert!(bus.kept().iter().all(|e| e.kind != "message.delta"));
+        // Readers get the deltas published after they came.
+        let mut live = bus.subscribe();
+        let mut replay = bus.subscribe_after(0);
+        assert!(
+            matches!(replay.try_next(), Some(Delivery::Event(e)) if e.kind() == "job.finished")
+        );
+        assert!(replay.try_next().is_none());
+        bus.publish("message.delta", &json!({ "delta": "new" }));
+        for reader in [&mut live, &mut replay] {
+            match reader.try_next() {
+                Some(Delivery::Event(event)) => assert_eq!(event.kind(), "message.delta"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
@@ -860,11 +982,15 @@ mod contract_table {
                 );
             }
         }
+        // The stream-only types are the HTTP server's to write.
+        #[cfg(feature = "server")]
         let stream = std::fs::read_to_string(manifest_dir().join("src/http/events.rs")).unwrap();
+        #[cfg(not(feature = "server"))]
+        let stream = String::new();
         for (kind, row) in &documented {
             if row.stream_only {
                 assert!(
-                    stream.contains(&format!("\"{kind}\"")),
+                    cfg!(not(feature = "server")) || stream.contains(&format!("\"{kind}\"")),
                     "`{kind}` is documented as a stream event but http/events.rs never writes it"
                 );
             } else {
@@ -874,5 +1000,56 @@ mod contract_table {
                 );
             }
         }
+    }
+
+    /// plugin-api's event names and payload types against the table: every
+    /// documented type a plugin can get (all but the stream's own) has a
+    /// constant in `offstage_plugin_api::event::ALL`, every constant is
+    /// documented, and a payload written out in the table (`{a, b}`) is
+    /// read by a payload struct with exactly those fields.
+    #[test]
+    fn plugin_api_names_every_documented_event() {
+        use offstage_plugin_api::event;
+        let documented = documented();
+        let subscribable: BTreeSet<&str> = documented
+            .iter()
+            .filter(|(_, row)| !row.stream_only)
+            .map(|(kind, _)| kind.as_str())
+            .collect();
+        let named: BTreeSet<&str> = event::ALL.iter().copied().collect();
+        let missing: Vec<&&str> = subscribable.difference(&named).collect();
+        assert!(
+            missing.is_empty(),
+            "docs/contract.md documents {missing:?}, which have no constant (and payload \
+             type) in plugin-api/src/event.rs"
+        );
+        let undocumented: Vec<&&str> = named.difference(&subscribable).collect();
+        assert!(
+            undocumented.is_empty(),
+            "plugin-api/src/event.rs names {undocumented:?}, which docs/contract.md's \
+             events table does not document"
+        );
+        for kind in event::ALL {
+            let row = &documented[*kind];
+            let fields: Option<BTreeSet<String>> =
+                event::payload_fields(kind).map(|f| f.into_iter().collect());
+            assert_eq!(
+                fields.as_ref(),
+                row.fields.as_ref(),
+                "`{kind}`: the payload struct's fields and docs/contract.md's differ"
+            );
+        }
+    }
+
+    #[test]
+    fn a_subscription_to_an_unknown_type_is_refused_with_the_known_ones() {
+        super::check_subscription(&["job.finished".into()]).unwrap();
+        super::check_subscription(&[]).unwrap();
+        let error = super::check_subscription(&["job.finish".into(), "session.created".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown event type job.finish;"), "{error}");
+        assert!(error.contains("job.finished"), "{error}");
+        assert!(!error.contains("server.connected"), "{error}");
     }
 }

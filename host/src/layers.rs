@@ -29,6 +29,8 @@ const LAYERS: &[&str] = &[
     "permission",
     // Tools see processes and their context, never the service.
     "tool",
+    // Model providers: wire formats, clients, retries; no sessions.
+    "model",
     // The service: sessions, jobs, agents, the built-in `subagent` tool.
     "session",
     // The plugin host adapts the service to the ABI.

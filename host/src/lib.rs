@@ -22,12 +22,28 @@
 //! [`watch_plugins`]), and `offstage demo` ([`run_demo`]). Store internals
 //! that only tests and benchmarks reach sit in the hidden [`testing`]
 //! module.
+//!
+//! ## Features
+//!
+//! - `server` (default): the HTTP server (`http`), the command line and
+//!   `offstage attach` (`cli`), and `offstage demo`; the `offstage` binary
+//!   needs it. Without it the crate is the session service, store, event
+//!   bus and plugin host alone, which is what the plugin test harness
+//!   (`offstage-plugin-test`) embeds.
 
+// Without `server`, what only the binary reaches in the lower layers (the
+// serve config, the child-process entry, log set-up) goes unused; marking
+// each with a cfg would scatter the feature through every layer.
+#![cfg_attr(not(feature = "server"), allow(dead_code, unused_imports))]
+
+#[cfg(feature = "server")]
 mod cli;
 mod config;
+#[cfg(feature = "server")]
 mod demo;
 mod error;
 mod event;
+#[cfg(feature = "server")]
 mod http;
 mod ids;
 #[cfg(test)]
@@ -35,6 +51,7 @@ mod layers;
 mod logging;
 #[cfg(feature = "mcp")]
 mod mcp;
+mod model;
 mod perf;
 mod permission;
 mod plugin;
@@ -44,8 +61,11 @@ mod store;
 mod tool;
 mod util;
 
+// The binary's entry point; with the `server` feature (on by default).
+#[cfg(feature = "server")]
+pub use crate::cli::main;
+
 pub use crate::{
-    cli::main,
     config::FileConfig,
     error::{Result, ServiceError},
     event::{Delivery, Event, EventBus, HistoryLimits, PreparedEvent, Published, Subscriber},
@@ -57,9 +77,9 @@ pub use crate::{
 // tests drive it: the host and its config, what it reports, how isolated
 // plugins run, and `offstage plugin check`'s one-call form.
 pub use crate::plugin::{
-    check_file, Filesystem, Isolation, IsolationConfig, IsolationSettings, LastCrash, LoadError,
-    LoadStage, NameSource, Network, PluginHost, PluginHostConfig, PluginInfo, PluginSettings,
-    PluginStatus, RestartPolicy,
+    check_file, declared_name as declared_plugin_name, Filesystem, Isolation, IsolationConfig,
+    IsolationSettings, LastCrash, LoadError, LoadStage, NameSource, Network, PluginHost,
+    PluginHostConfig, PluginInfo, PluginSettings, PluginStatus, RestartPolicy,
 };
 
 // `offstage dev`'s watcher, for the dev tests and the reload benchmark;
@@ -67,6 +87,7 @@ pub use crate::plugin::{
 pub use crate::plugin::watch::{watch as watch_plugins, DevWatcher, DEBOUNCE as WATCH_DEBOUNCE};
 
 // `offstage demo`, run in process by its end-to-end test.
+#[cfg(feature = "server")]
 pub use crate::demo::{run_with as run_demo, DemoError, DemoOptions, EXAMPLE_PLUGINS};
 
 /// Store internals for the end-to-end tests and benchmarks: opening the
@@ -75,6 +96,7 @@ pub use crate::demo::{run_with as run_demo, DemoError, DemoOptions, EXAMPLE_PLUG
 /// stable API.
 #[doc(hidden)]
 pub mod testing {
+    #[cfg(feature = "server")]
     pub use crate::http::error::status_of;
     pub use crate::process::output::TAIL_BYTES;
     pub use crate::store::testing::StoreTestExt;

@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::{
     abi::{AbiResult, CallbackAbi, CallbackState, NextAbi, WrapperAbi},
+    event::EventPayload,
     futures::{export_json_future, from_abi_result, guard},
     types::{AgentTurn, Event, ToolCall, ToolResult, ToolSpec},
     Context, Error, Result,
@@ -239,7 +240,10 @@ impl Events {
     }
 
     /// Calls `handler` for every event whose type is in `types` (every event
-    /// when `types` is empty), one at a time, in order.
+    /// when `types` is empty), one at a time, in order. Name the types with
+    /// the constants of [`event`](crate::event) (`event::JOB_FINISHED`): a
+    /// 1.3 host refuses a name it never publishes, with the list of those
+    /// it does.
     pub fn subscribe<F, Fut>(&self, types: &[&str], handler: F) -> Result<()>
     where
         F: Fn(Event) -> Fut + Send + Sync + 'static,
@@ -255,6 +259,30 @@ impl Events {
             RString::from(to_json(&types)?),
             handler_abi(handler),
         ))
+    }
+
+    /// Calls `handler` with the payload of every event of `P`'s type
+    /// ([`JobFinished`](crate::event::JobFinished) for `job.finished`...),
+    /// one at a time, in order: [`subscribe`](Self::subscribe) to
+    /// `P::TYPE`, with the properties decoded. An event whose properties do
+    /// not decode is an error of the handler (logged by the host, as any
+    /// other). *Since 1.3.*
+    pub fn on<P, F, Fut>(&self, handler: F) -> Result<()>
+    where
+        P: EventPayload,
+        F: Fn(P) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        let handler = std::sync::Arc::new(handler);
+        self.subscribe(&[P::TYPE], move |event: Event| {
+            let handler = std::sync::Arc::clone(&handler);
+            async move {
+                match event.payload::<P>()? {
+                    Some(payload) => handler(payload).await,
+                    None => Ok(()),
+                }
+            }
+        })
     }
 }
 

@@ -1,11 +1,66 @@
 //! # offstage-plugin-api
 //!
-//! The one crate an [Offstage](https://example.invalid/offstage) plugin
-//! depends on. A plugin is a `cdylib` that implements [`Plugin`] and calls
-//! [`export_plugin!`]; the host loads it at start-up (and reloads it during
-//! development) and gives it a [`Context`]: its options, the session domain
-//! — with `background`, so a plugin can move its own tool call off the
-//! session's turn — tool hooks, events, agents, timers and a task spawner.
+//! The one crate an Offstage plugin depends on. A plugin is a `cdylib`
+//! that implements [`Plugin`] and calls [`export_plugin!`]; the host loads
+//! it at start-up (and reloads it during development) and gives it a
+//! [`Context`]: its options, the session domain — with `background`, so a
+//! plugin can move its own tool call off the session's turn — tool hooks,
+//! events, agents, timers and a task spawner.
+//!
+//! ## Quick start
+//!
+//! ```sh
+//! offstage plugin new my-plugin   # a crate with a tool, a wrapper, a subscription and a test
+//! cd my-plugin
+//! cargo test                      # loads it into a real host (offstage-plugin-test)
+//! cargo build                     # target/debug/libmy_plugin.so, for `offstage serve --plugin-dir`
+//! ```
+//!
+//! Or by hand: a `[lib]` with `crate-type = ["cdylib", "rlib"]` (the
+//! `rlib` lets `cargo test` build the library before tests that load it),
+//! this crate under `[dependencies]` and `offstage-plugin-test` under
+//! `[dev-dependencies]`, and:
+//!
+//! ```
+//! use offstage_plugin_api::prelude::*;
+//!
+//! struct Hello;
+//!
+//! impl Plugin for Hello {
+//!     fn manifest() -> Manifest {
+//!         Manifest::new("hello", env!("CARGO_PKG_VERSION")).capabilities([capability::TOOL_ADD])
+//!     }
+//!
+//!     fn init(ctx: Context) -> Result<Self> {
+//!         ctx.tools().add(ToolSpec::new("hello", "greets input.name"), |call: ToolCall| async move {
+//!             let name = call.input["name"].as_str().unwrap_or("world").to_string();
+//!             Ok(ToolResult::completed(&call, format!("hello, {name}")))
+//!         })?;
+//!         Ok(Hello)
+//!     }
+//! }
+//!
+//! export_plugin!(Hello, name = "hello");
+//! ```
+//!
+//! with a test in `tests/plugin.rs`:
+//!
+//! ```ignore
+//! use offstage_plugin_test::{plugin_library, TestHost};
+//!
+//! #[test]
+//! fn hello_greets() {
+//!     let host = TestHost::load(plugin_library!());
+//!     let session = host.session();
+//!     let result = host.call(&session, "hello", serde_json::json!({ "name": "ada" }));
+//!     assert_eq!(result.output, "hello, ada");
+//! }
+//! ```
+//!
+//! The guide, docs/plugins.md in the Offstage repository, goes on from
+//! there: options, grants, isolation, hot reload.
+//!
+//! ## A wrapper
 //!
 //! ```
 //! use offstage_plugin_api::prelude::*;
@@ -79,6 +134,7 @@
 pub mod abi;
 mod context;
 mod error;
+pub mod event;
 mod futures;
 #[doc(hidden)]
 pub use futures::panic_message;
@@ -138,6 +194,7 @@ pub mod capability {
 /// What a plugin usually needs, in one `use`.
 pub mod prelude {
     pub use crate::capability;
+    pub use crate::event::{self, EventPayload};
     pub use crate::types::{
         AgentTurn, BackgroundRequest, Event, Job, JobStatus, Message, NewSession, OutputChunk,
         Role, Session, SessionStatus, ToolCall, ToolRequest, ToolResult, ToolSpec, ToolStatus,

@@ -17,10 +17,12 @@ use std::{
 };
 
 use offstage_tests::{
-    server::{cli, offstage_binary, Server},
+    model::{ModelServer, Reply},
+    server::{cli, offstage_binary, write_file, Server},
     wait::eventually_showing,
 };
 use portable_pty::{native_pty_system, Child, CommandBuilder, MasterPty, PtySize};
+use serde_json::json;
 
 /// The pseudo-terminal's size, whatever the developer's terminal is.
 const ROWS: NonZeroU16 = NonZeroU16::new(24).unwrap();
@@ -60,11 +62,16 @@ struct Attached {
     parser: Arc<Mutex<vt100::Parser>>,
     /// Reads the pty into `parser` until the client's side is closed.
     reader: thread::JoinHandle<()>,
-    _master: Box<dyn MasterPty + Send>,
+    master: Box<dyn MasterPty + Send>,
 }
 
 impl Attached {
     fn start(server: &Server, args: &[&str]) -> Attached {
+        Self::start_with_env(server, args, &[])
+    }
+
+    /// [`Attached::start`] with `env` added to the client's environment.
+    fn start_with_env(server: &Server, args: &[&str], env: &[(&str, &str)]) -> Attached {
         let pty = native_pty_system()
             .openpty(PtySize {
                 rows: ROWS.get(),
@@ -80,8 +87,17 @@ impl Attached {
         command.args(["--data-dir", server.data_dir.to_str().unwrap()]);
         command.args(args);
         command.env("TERM", "xterm-256color");
-        for name in ["OFFSTAGE_TOKEN", "OFFSTAGE_SERVER", "NO_COLOR", "RUST_LOG"] {
+        for name in [
+            "OFFSTAGE_TOKEN",
+            "OFFSTAGE_SERVER",
+            "NO_COLOR",
+            "RUST_LOG",
+            "TMUX",
+        ] {
             command.env_remove(name);
+        }
+        for (name, value) in env {
+            command.env(name, value);
         }
         let child = pty
             .slave
@@ -117,8 +133,26 @@ impl Attached {
             writer,
             parser,
             reader,
-            _master: pty.master,
+            master: pty.master,
         }
+    }
+
+    /// Resizes the terminal (the client gets SIGWINCH) and the emulator
+    /// reading it.
+    fn resize(&self, rows: u16, cols: u16) {
+        let mut parser = self.parser.lock().unwrap();
+        parser.set_size(
+            NonZeroU16::new(rows).unwrap(),
+            NonZeroU16::new(cols).unwrap(),
+        );
+        self.master
+            .resize(PtySize {
+                rows,
+                cols,
+                pixel_width: 0,
+                pixel_height: 0,
+            })
+            .expect("resize the pty");
     }
 
     fn screen(&self) -> String {
@@ -196,7 +230,7 @@ fn ctrl_b_moves_a_prompted_shell_call_and_the_notice_and_wake_up_follow_alone() 
 
     attach.send(b"sleep 3; echo done\r");
     // The running call shows, blocking the session.
-    let screen = attach.wait_for(&["fg shell sleep 3; echo done", "busy"]);
+    let screen = attach.wait_for(&["$ sleep 3; echo done", "running", "busy"]);
     assert!(screen.contains("you     sleep 3; echo done"), "{screen}");
 
     attach.send(b"\x02"); // Ctrl+B
@@ -254,11 +288,12 @@ fn a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it_alone() {
     attach.wait_for(&[" connected ", &format!("{id} named")]);
 
     attach.send(b"!echo first; sleep 60\r");
-    // The live output tail of the running call.
-    attach.wait_for(&["fg shell echo first; sleep 60", "│ first"]);
+    // The call's block: its command, a spinner with the time, its output.
+    attach.wait_for(&["$ echo first; sleep 60", "│ first", "running"]);
     attach.send(b"\x03"); // Ctrl+C
-    attach.wait_for(&["interrupted"]);
-    attach.wait_for(&["tool    first", "idle"]);
+                          // It says what ran and that it was interrupted, with its duration.
+    let screen = attach.wait_for(&["$ echo first; sleep 60", "■ interrupted · ", "idle"]);
+    assert!(screen.contains("│ first"), "{screen}");
 
     // Ctrl+C on an idle session with an empty line quits.
     attach.send(b"\x03");
@@ -266,10 +301,331 @@ fn a_bang_line_runs_a_shell_call_and_ctrl_c_interrupts_it_alone() {
 }
 
 #[test]
+fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call() {
+    alone(
+        "a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call",
+        a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone,
+    );
+}
+
+fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
+    let model = ModelServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("flag");
+    let command = format!(
+        "echo started; while [ ! -f {} ]; do sleep 0.05; done; echo done",
+        flag.display()
+    );
+    let config = write_file(
+        dir.path(),
+        "offstage.toml",
+        &format!(
+            "[sessions]\ndefault_agent = \"m\"\n[agent.m]\nprovider = \"openai\"\n\
+             base_url = \"{}\"\nmodel = \"test-model\"\n",
+            model.base_url()
+        ),
+    );
+    model.script([
+        Reply::tool_calls(&[(
+            "call_1",
+            "shell",
+            &json!({ "command": command }).to_string(),
+        )]),
+        // Held mid-answer: the first words are on the screen before the
+        // message is finished.
+        Reply::text(&["Moved ", "it; ", "waiting."]).held_after(2),
+        Reply::text(&["noticed ", "it ", "ended"]),
+    ]);
+    let server = Server::start_on(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap()],
+    );
+    let mut attach = Attached::start(&server, &[]);
+    attach.wait_for(&[" connected ", "ses_"]);
+
+    attach.send(b"wait for the flag\r");
+    attach.wait_for(&["$ echo started", "running", "busy"]);
+    attach.send(b"\x02"); // Ctrl+B
+    attach.wait_for(&["[moved] job_"]);
+    // The moved call's result went to the model at once; its answer
+    // streams word by word.
+    attach.wait_for(&["agent   Moved it;"]);
+    assert!(!attach.screen().contains("waiting."));
+    model.release();
+    attach.wait_for(&["agent   Moved it; waiting."]);
+
+    // The job ends: its notice wakes the model, whose answer shows.
+    std::fs::write(&flag, "").unwrap();
+    attach.wait_for(&[
+        "notice  Background job job_",
+        "[wake]",
+        "agent   noticed it ended",
+    ]);
+    let requests = model.wait_requests(3);
+    let notice = requests[2].messages().last().unwrap()["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        notice.starts_with("[notice]") && notice.contains("done"),
+        "{notice}"
+    );
+
+    attach.send(b"\x11"); // Ctrl+Q
+    assert!(attach.wait_exit(), "attach exited with failure");
+    drop(attach);
+    drop(server);
+}
+
+#[test]
 fn without_a_terminal_attach_refuses_clearly() {
     let (code, _, stderr) = cli(&["attach", "--server", "http://127.0.0.1:9"], &[]);
     assert_eq!(code, 1);
     assert!(stderr.contains("needs a terminal"), "{stderr}");
+}
+
+/// Waits until `path` holds `text`.
+fn file_holds(path: &std::path::Path, text: &str) {
+    eventually_showing(&format!("{text:?} in {}", path.display()), || {
+        let now = std::fs::read_to_string(path).unwrap_or_default();
+        if now == text {
+            Ok(())
+        } else {
+            Err(now)
+        }
+    });
+}
+
+#[test]
+fn calls_show_their_state_and_ctrl_g_moves_one_and_tmux_is_named() {
+    alone(
+        "calls_show_their_state_and_ctrl_g_moves_one_and_tmux_is_named",
+        calls_show_their_state_and_ctrl_g_moves_one_and_tmux_is_named_alone,
+    );
+}
+
+fn calls_show_their_state_and_ctrl_g_moves_one_and_tmux_is_named_alone() {
+    let server = Server::start(&[]);
+    // Inside tmux: the footer says how Ctrl+B reaches us.
+    let mut attach = Attached::start_with_env(&server, &[], &[("TMUX", "/tmp/tmux-0/default,1,0")]);
+    attach.wait_for(&[" connected ", "^G bg (tmux: ^B ^B)"]);
+
+    attach.send(b"!echo failing; exit 3\r");
+    attach.wait_for(&["$ echo failing; exit 3", "✗ exit 3 · ", "│ failing"]);
+
+    attach.send(b"!echo started; sleep 60\r");
+    attach.wait_for(&[
+        "$ echo started; sleep 60",
+        "│ started",
+        "running",
+        "^G background",
+    ]);
+    attach.send(b"\x07"); // Ctrl+G
+    let screen = attach.wait_for(&[
+        "↷ moved to the background · running",
+        "⚙ 1 background job running · Ctrl+T lists them",
+        "idle",
+    ]);
+    println!("a call moved with Ctrl+G:\n{screen}");
+    // Ctrl+T lists it; c cancels it; its block says so.
+    attach.send(b"\x14");
+    attach.wait_for(&["jobs: Enter output", "running   bg"]);
+    attach.send(b"\x1b[B"); // ↓ to the second job
+    attach.send(b"c");
+    attach.send(b"\x1b");
+    attach.wait_for(&["■ ↷ moved to the background · cancelled · "]);
+    eventually_showing("the background line to go", || {
+        let screen = attach.screen();
+        if screen.contains("background job running") {
+            Err(rows(&screen))
+        } else {
+            Ok(())
+        }
+    });
+}
+
+#[test]
+fn lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls() {
+    alone(
+        "lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls",
+        lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls_alone,
+    );
+}
+
+fn lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls_alone() {
+    let server = Server::start(&[]);
+    let mut attach = Attached::start(&server, &[]);
+    attach.wait_for(&[" connected ", "ses_"]);
+    attach.send(b"!sleep 2; echo one\r");
+    attach.wait_for(&["$ sleep 2; echo one", "busy"]);
+    // Typed while busy: queued, shown, then sent when the call ends.
+    attach.send(b"!echo two\r");
+    attach.send(b"!echo three\r");
+    attach.wait_for(&["queued (2) · Esc takes back: !echo two"]);
+    // Esc takes the last one back into the input line.
+    attach.send(b"\x1b");
+    attach.wait_for(&["> !echo three", "queued (1)"]);
+    attach.send(b"\x15"); // Ctrl+U: dropped
+    let screen = attach.wait_for(&["│ one", "$ echo two", "│ two", "idle"]);
+    assert!(!screen.contains("three"), "{screen}");
+    assert!(!screen.contains("queued"), "{screen}");
+
+    // ↑ recalls; readline keys edit: Ctrl+A, then text goes first.
+    // (The line taken back and dropped was sent once: it is history.)
+    attach.send(b"\x1b[A");
+    attach.wait_for(&["> !echo three"]);
+    attach.send(b"\x1b[A");
+    attach.wait_for(&["> !echo two"]);
+    attach.send(b"\x1b[A");
+    attach.wait_for(&["> !sleep 2; echo one"]);
+    attach.send(b"\x15!echo four\x01");
+    attach.send(b"\x1b[C\x1b[C\x1b[C\x1b[C\x1b[C\x1b[C"); // → six times
+    attach.send(b"X\x05Y\r");
+    attach.wait_for(&["$ echo Xfour", "│ XfourY"]);
+}
+
+#[test]
+fn a_prompt_survives_a_kill_9_of_the_host_and_runs_once() {
+    alone(
+        "a_prompt_survives_a_kill_9_of_the_host_and_runs_once",
+        a_prompt_survives_a_kill_9_of_the_host_and_runs_once_alone,
+    );
+}
+
+fn a_prompt_survives_a_kill_9_of_the_host_and_runs_once_alone() {
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().join("data");
+    let runs = data.path().join("runs");
+    let server = Server::start_on(&dir, &[]);
+    let addr = server.addr.to_string();
+    let mut attach = Attached::start(&server, &[]);
+    attach.wait_for(&[" connected ", "ses_"]);
+
+    // A prompt whose turn the host dies in: its answer is lost.
+    let first = format!("echo ran >> {}; sleep 60\r", runs.display());
+    attach.send(first.as_bytes());
+    attach.wait_for(&["$ echo ran >>", "running"]);
+    file_holds(&runs, "ran\n");
+    server.kill();
+    attach.wait_for(&["DISCONNECTED"]);
+    // Typed while the host is down: kept.
+    let second = format!("echo down >> {}\r", runs.display());
+    attach.send(second.as_bytes());
+    attach.wait_for(&["queued (2)"]);
+
+    // The host comes back at the same address on the same data dir: the
+    // lost prompt is sent again with its key and does not run again; the
+    // one typed meanwhile runs.
+    let server = Server::start_on(&dir, &["--addr", &addr]);
+    attach.wait_for(&[" connected "]);
+    file_holds(&runs, "ran\ndown\n");
+    let screen = attach.wait_for(&["idle"]);
+    assert!(!screen.contains("queued"), "{screen}");
+    let sessions = server.expect("GET", "/api/session", None, 200);
+    let id = sessions[0]["id"].as_str().unwrap();
+    let messages = server.expect("GET", &format!("/api/session/{id}/message"), None, 200);
+    let prompts = messages
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .count();
+    assert_eq!(prompts, 2, "{messages:#}");
+}
+
+#[test]
+fn a_session_gone_after_a_reconnect_is_said_and_a_new_one_offered() {
+    alone(
+        "a_session_gone_after_a_reconnect_is_said_and_a_new_one_offered",
+        a_session_gone_after_a_reconnect_is_said_and_a_new_one_offered_alone,
+    );
+}
+
+fn a_session_gone_after_a_reconnect_is_said_and_a_new_one_offered_alone() {
+    let token = "attach-test-token";
+    let server = Server::start_with_token(&[], token);
+    let addr = server.addr.to_string();
+    let mut attach = Attached::start_with_env(&server, &[], &[("OFFSTAGE_TOKEN", token)]);
+    let screen = attach.wait_for(&[" connected ", "ses_", "idle"]);
+    let old = screen
+        .split_whitespace()
+        .find(|w| w.starts_with("ses_"))
+        .unwrap()
+        .to_string();
+    server.kill();
+    attach.wait_for(&["DISCONNECTED"]);
+    // Another host, another data dir, the same address.
+    let other = Server::start_with_token(&["--addr", &addr], token);
+    let screen = attach.wait_for(&[
+        "is not on this host",
+        "sessions: Enter attach · n new",
+        "gone",
+    ]);
+    assert!(!screen.contains(" idle "), "{screen}");
+    attach.send(b"n");
+    eventually_showing("a new session on the other host", || {
+        let screen = attach.screen();
+        match screen.split_whitespace().find(|w| w.starts_with("ses_")) {
+            Some(id) if id != old && screen.contains(" idle ") => Ok(()),
+            _ => Err(rows(&screen)),
+        }
+    });
+    // It works: a prompt runs there.
+    attach.send(b"echo alive\r");
+    attach.wait_for(&["│ alive"]);
+    drop(other);
+}
+
+#[test]
+fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized() {
+    alone(
+        "a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized",
+        a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized_alone,
+    );
+}
+
+fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_resized_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("offstage.toml");
+    std::fs::write(
+        &config,
+        "[[permission]]\ntool = \"shell\"\npattern = \"echo *\"\naction = \"ask\"\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    let mut attach = Attached::start(&server, &[]);
+    attach.wait_for(&[" connected ", "ses_"]);
+    // About 300 characters: four times the width.
+    let words: Vec<String> = (0..60).map(|i| format!("w{i:03}")).collect();
+    let command = format!("echo {}", words.join(" "));
+    attach.send(format!("!{command}\r").as_bytes());
+    let screen = attach.wait_for(&["permission: shell `echo w000", "[o]nce  [a]lways  [r]eject"]);
+    let shown: Vec<&str> = screen.split_whitespace().collect();
+    for word in &words {
+        assert!(
+            shown.iter().any(|w| w.trim_matches(['`', '?']) == word),
+            "{word} missing or split:\n{screen}"
+        );
+    }
+    attach.send(b"o");
+    attach.wait_for(&["✓ exit 0", "│ w000 w001"]);
+
+    // Narrower and shorter: rows wrap again at words; the job's id in its
+    // notice line stays whole.
+    attach.resize(20, 50);
+    let screen = attach.wait_for(&["w059", "✓ exit 0", "idle"]);
+    for line in screen.lines() {
+        assert!(line.chars().count() <= 50, "{line:?} wider than 50");
+    }
+    let shown: Vec<&str> = screen.split_whitespace().collect();
+    for word in &words[words.len() - 10..] {
+        assert!(
+            shown.contains(&word.as_str()),
+            "{word} split at 50 columns:\n{screen}"
+        );
+    }
+    attach.resize(24, 80);
+    attach.wait_for(&["$ echo w000 w001"]);
 }
 
 #[test]

@@ -1,10 +1,17 @@
 //! Follows docs/plugins.md literally: in a temp dir outside the workspace,
-//! runs the guide's commands, writes the files it shows, builds the crate
-//! with cargo, loads the library with the real plugin host using the
-//! guide's config, and checks that the guide's request gets the guide's
-//! answer. The same for the plugin template in `templates/plugin`. And
-//! what the documentation may point at: comments cite only files in the
-//! repository, crate metadata has no placeholder URLs.
+//! runs the guide's commands (`offstage plugin new`, then `cargo test` in
+//! the crate as it comes), checks the `Cargo.toml` it shows is the one the
+//! command made, writes the files it shows, builds the crate with cargo,
+//! loads the library with the real plugin host using the guide's config,
+//! checks that the guide's request gets the guide's answer, and runs the
+//! guide's tests (offstage-plugin-test) with `cargo test`. The same load
+//! for the template as the fixture makes it. And what the documentation
+//! may point at: comments cite only files in the repository, crate
+//! metadata has no placeholder URLs.
+//!
+//! The one costly step is the first `cargo test` in the new crate: it
+//! compiles the harness and the host (without its server) into
+//! `target/fixtures`; the second compiles only the crate.
 //!
 //! The blocks are found by the HTML comments before them in the guide
 //! (`<!-- guide:run -->`, `<!-- guide:file PATH -->`, ...), so editing the
@@ -23,7 +30,7 @@ use offstage::{
 };
 use offstage_plugin_api::types::{NewSession, ToolRequest, ToolStatus};
 use offstage_tests::{
-    fixtures::{fixtures_target_dir, write_outside_cargo_config, OUTSIDE_PROFILE},
+    fixtures::{self, fixtures_target_dir, write_outside_cargo_config, OUTSIDE_PROFILE},
     library_file_name, workspace_root,
 };
 use serde_json::json;
@@ -79,11 +86,13 @@ fn block<'a>(blocks: &'a [Block], marker: &str) -> &'a Block {
         .unwrap_or_else(|| panic!("the guide has no `<!-- guide:{marker} -->` block"))
 }
 
-/// Runs a shell snippet as a user would type it, with cargo on the PATH
-/// (and the config of [`write_outside_cargo_config`] above `dir`).
+/// Runs a shell snippet as a user would type it, with cargo and the
+/// `offstage` binary on the PATH (and the config of
+/// [`write_outside_cargo_config`] above `dir`).
 fn run_shell(script: &str, dir: &Path) {
     let cargo_dir = Path::new(env!("CARGO")).parent().unwrap().to_path_buf();
-    let mut paths = vec![cargo_dir];
+    let offstage_dir = fixtures::offstage_binary().parent().unwrap().to_path_buf();
+    let mut paths = vec![cargo_dir, offstage_dir];
     paths.extend(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     ));
@@ -199,19 +208,37 @@ fn the_guide_works_as_written() {
     );
     write_outside_cargo_config(work.path());
 
-    // 1. cargo new
-    run_shell(&block(&blocks, "run").text, work.path());
+    // 1. offstage plugin new, and its tests as it comes (with the
+    // workspace's Cargo.lock, so that no index is needed).
+    run_shell(&with_checkout(&block(&blocks, "run").text), work.path());
     let krate = work.path().join("word-count");
-    assert!(krate.join("Cargo.toml").exists(), "cargo new made no crate");
+    assert!(
+        krate.join("Cargo.toml").exists(),
+        "plugin new made no crate"
+    );
+    std::fs::copy(
+        workspace_root().join("Cargo.lock"),
+        krate.join("Cargo.lock"),
+    )
+    .unwrap();
+    run_shell(&block(&blocks, "run word-count as-made").text, work.path());
 
-    // 2.-3. the files the guide shows
+    // 2. the Cargo.toml it made is the one the guide shows
+    let made = std::fs::read_to_string(krate.join("Cargo.toml")).unwrap();
+    assert_eq!(
+        made,
+        with_checkout(&block(&blocks, "made word-count/Cargo.toml").text),
+        "the guide's Cargo.toml is not what `offstage plugin new` makes"
+    );
+
+    // 3. the files the guide shows
     let files: Vec<&Block> = blocks
         .iter()
         .filter(|b| b.marker.starts_with("file word-count/"))
         .collect();
     assert!(
         files.len() >= 2,
-        "the guide shows Cargo.toml and src/lib.rs"
+        "the guide shows src/lib.rs and tests/plugin.rs"
     );
     for file in files {
         let path = work
@@ -220,11 +247,6 @@ fn the_guide_works_as_written() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, with_checkout(&file.text)).unwrap();
     }
-    std::fs::copy(
-        workspace_root().join("Cargo.lock"),
-        krate.join("Cargo.lock"),
-    )
-    .unwrap();
 
     // 4. cargo build
     run_shell(&block(&blocks, "run word-count").text, &krate);
@@ -240,6 +262,9 @@ fn the_guide_works_as_written() {
     let result = load_and_call(&library, settings, request);
     assert_eq!(result.status, ToolStatus::Completed, "{result:?}");
     assert_eq!(result.output.trim(), block(&blocks, "output").text.trim());
+
+    // Testing your plugin: the guide's tests pass.
+    run_shell(&block(&blocks, "run word-count tests").text, &krate);
 }
 
 #[test]
@@ -273,7 +298,7 @@ fn build_wrapper_example() -> std::path::PathBuf {
     write_outside_cargo_config(work.path());
     let krate = work.path().join("slow-shell");
     std::fs::create_dir_all(krate.join("src")).unwrap();
-    let manifest = block(&blocks, "file word-count/Cargo.toml")
+    let manifest = block(&blocks, "made word-count/Cargo.toml")
         .text
         .replace("name = \"word-count\"", "name = \"slow-shell\"");
     assert!(manifest.contains("slow-shell"), "{manifest}");
@@ -353,7 +378,7 @@ fn the_guide_cargo_toml_has_every_crate_its_code_uses() {
     let guide =
         std::fs::read_to_string(workspace_root().join("docs/plugins.md")).expect("docs/plugins.md");
     let blocks = guide_blocks();
-    let manifest = &block(&blocks, "file word-count/Cargo.toml").text;
+    let manifest = &block(&blocks, "made word-count/Cargo.toml").text;
     let dependencies: Vec<String> = manifest
         .split("[dependencies]")
         .nth(1)

@@ -24,6 +24,9 @@ macro_rules! tests_in_mode {
     };
 }
 
+/// Model-driven sessions against a scripted Chat Completions server.
+mod agent;
+
 /// The session service in process: background moves, cancel, notices,
 /// permissions, how the host polls a plugin's future, a plugin racing its
 /// own call, turns, calls that outlive their wrapper.
@@ -44,6 +47,7 @@ mod http {
     mod api;
     mod disconnect;
     mod events;
+    mod idempotency;
     mod keepalive;
     mod limits;
     mod plugins;
@@ -143,5 +147,10 @@ mod isolation {
     mod reload;
 }
 
-/// `docs/plugins.md` and `templates/plugin`, followed literally.
+/// `docs/plugins.md` and `offstage plugin new`, followed literally.
 mod guide;
+
+/// The plugin author's kit: offstage-plugin-test driving the template in
+/// process and isolated, what it shows when a plugin or a wait fails, and
+/// subscriptions to unknown event types refused.
+mod kit;

@@ -14,7 +14,7 @@
 //! | `reloadable` broken | the same with `/broken` | the workspace's own |
 //! | `faulty` with `panic = "abort"` | `cargo rustc -p offstage-test-faulty --lib -- -C panic=abort` | `target/fixtures` |
 //! | `tests/compat/plugin-*` | one build per workspace (each is its own) | `target/fixtures` |
-//! | `templates/plugin`, copied out as an author would | `cargo build` in the copy | `target/fixtures` |
+//! | the template, made by `offstage plugin new` as an author would | `cargo build` in it | `target/fixtures` |
 //!
 //! Two lanes build them, side by side, each one build after another:
 //!
@@ -196,7 +196,29 @@ fn build_lock(lock: &'static Mutex<()>) -> MutexGuard<'static, ()> {
 /// Runs `cargo SUBCOMMAND --quiet ARGS` in the workspace; fails the caller
 /// with what was built on error.
 fn cargo(subcommand: &str, what: &str, args: &[&str]) {
-    let status = Command::new(env!("CARGO"))
+    let mut command = Command::new(env!("CARGO"));
+    // What `cargo test` sets for this test binary (its package's name,
+    // manifest, ...) and a plain `cargo build` does not: ring's build
+    // script asks to be rerun when any of them changes, so passing them on
+    // rebuilt ring, rustls, reqwest and the host (~30 s) every time a test
+    // run followed a plain build, and the other way round.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_BIN_NAME",
+                "OUT_DIR",
+            ]
+            .contains(&&*name)
+        {
+            command.env_remove(&*name);
+        }
+    }
+    let status = command
         .current_dir(workspace_root())
         .args([subcommand, "--quiet"])
         .args(args)
@@ -395,10 +417,10 @@ pub fn offstage_binary() -> PathBuf {
         .clone()
 }
 
-/// `templates/plugin` copied out of the workspace (its path to plugin-api
-/// pointed at this checkout, as the template's comment asks; the
-/// workspace's Cargo.lock, so no index is needed) and built with `cargo
-/// build` into [`fixtures_target_dir`] (once).
+/// The template as `offstage plugin new my-plugin --path-to-api
+/// <checkout>/plugin-api` makes it (with the workspace's Cargo.lock, so no
+/// index is needed), built with `cargo build` into [`fixtures_target_dir`]
+/// (once).
 pub fn template_library() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     warm_up();
@@ -414,16 +436,18 @@ pub fn template_library() -> PathBuf {
             let work = tempfile::tempdir().unwrap();
             write_outside_cargo_config(work.path());
             let krate = work.path().join("my-plugin");
-            let template = root.join("templates/plugin");
-            std::fs::create_dir_all(krate.join("src")).unwrap();
-            for file in ["Cargo.toml", "src/lib.rs"] {
-                let text = std::fs::read_to_string(template.join(file)).unwrap();
-                let text = text.replace(
-                    "../../plugin-api",
-                    &root.join("plugin-api").display().to_string(),
-                );
-                std::fs::write(krate.join(file), text).unwrap();
-            }
+            let made = Command::new(offstage_binary())
+                .args(["plugin", "new", "my-plugin", "--path"])
+                .arg(&krate)
+                .arg("--path-to-api")
+                .arg(root.join("plugin-api"))
+                .output()
+                .expect("run offstage plugin new");
+            assert!(
+                made.status.success(),
+                "`offstage plugin new` failed: {}",
+                String::from_utf8_lossy(&made.stderr)
+            );
             std::fs::copy(root.join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
             let output = Command::new(env!("CARGO"))
                 .arg("build")

@@ -8,7 +8,8 @@
 //! - [`engine`], [`loader`], [`example_plugins`], [`reload`]: the set-up of
 //!   each area of tests;
 //! - [`server`]: a real `offstage serve` and a small HTTP client;
-//! - [`proc`]: reading `/proc`.
+//! - [`proc`]: reading `/proc`;
+//! - [`model`]: a scripted Chat Completions server.
 
 pub mod engine;
 pub mod example_plugins;
@@ -16,6 +17,7 @@ pub mod fixtures;
 pub mod host;
 pub mod hostile;
 pub mod loader;
+pub mod model;
 pub mod proc;
 pub mod reload;
 pub mod server;

@@ -42,7 +42,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// `offstage serve --addr 127.0.0.1:0 --data-dir TEMP` plus `args`.
+    /// `offstage serve --addr 127.0.0.1:0 --data-dir TEMP` plus `args`
+    /// (`--addr` in `args` takes the place of the default's).
     pub fn start(args: &[&str]) -> Server {
         Self::start_with("serve", args, None)
     }
@@ -138,8 +139,17 @@ impl Server {
         #[cfg(unix)]
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         command.envs(env.iter().map(|(k, v)| (k, v)));
+        // A free port unless the test names an address (a host started
+        // again where its clients expect it).
+        let addr: &[&str] = if args.contains(&"--addr") {
+            &[]
+        } else {
+            &["--addr", "127.0.0.1:0"]
+        };
         command
-            .args([command_name, "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(command_name)
+            .args(addr)
+            .arg("--data-dir")
             .arg(data_dir)
             .args(args)
             .env_remove("OFFSTAGE_TOKEN")

@@ -28,6 +28,10 @@
 //!   1 000 tasks released by one `watch` send); then all cancelled and
 //!   no process left.
 //!
+//! - `model`: a model agent's time to the first `message.delta` (prompt
+//!   over HTTP to the event stream) and a 2,000-delta answer end to end,
+//!   vs the same request sent straight to the same local scripted Chat
+//!   Completions server.
 //! - `writer`: the group-commit store writer, data dir on disk (a temp dir
 //!   on the same disk as the build): background → held answer vs a
 //!   `GET /api/health` round trip sent after the same idle pause, once the
@@ -49,7 +53,7 @@
 //! Each table row: figure, baseline, ratio, target, and whether it is met.
 //!
 //! One module per group (`http.rs`, `load.rs`, `reload.rs`, `capture.rs`,
-//! `idle.rs`, `mass.rs`, `writer.rs`, `mcp.rs`); what several share is in
+//! `idle.rs`, `mass.rs`, `mcp.rs`, `model.rs`, `writer.rs`); what several share is in
 //! `report.rs` (the tables), `server.rs` (a release `offstage serve`) and
 //! `plugins.rs` (plugin files to load).
 
@@ -59,6 +63,7 @@ mod idle;
 mod load;
 mod mass;
 mod mcp;
+mod model;
 mod plugins;
 mod reload;
 mod report;
@@ -75,6 +80,7 @@ use idle::idle;
 use load::load;
 use mass::mass;
 use mcp::mcp;
+use model::model;
 use reload::reload;
 use server::Server;
 use writer::{bare_round, writer_http, writer_mass, writer_throughput, BARE_ROUND_VAR};
@@ -112,6 +118,9 @@ fn main() {
     }
     if wanted("writer_http") {
         writer_http();
+    }
+    if wanted("model") {
+        model();
     }
     if wanted("idle") {
         idle();

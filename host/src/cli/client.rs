@@ -79,13 +79,35 @@ impl Client {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
+        self.call_inner(method, path, body, None)
+    }
+
+    /// [`call`](Self::call) with one more header (a prompt's
+    /// `Idempotency-Key`).
+    pub(crate) fn call_with_header<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        header: (&str, String),
+    ) -> Result<T, ClientError> {
+        self.call_inner(method, path, body, Some(header))
+    }
+
+    fn call_inner<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+        header: Option<(&str, String)>,
+    ) -> Result<T, ClientError> {
         let bytes = match body {
             Some(body) => {
                 serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?
             }
             None => Vec::new(),
         };
-        let mut response = self.send(method, path, bytes)?;
+        let mut response = self.send_with(method, path, bytes, header)?;
         let status = response.status().as_u16();
         let text = response
             .body_mut()
@@ -104,16 +126,7 @@ impl Client {
         serde_json::from_str(text).map_err(|e| ClientError::Protocol(format!("{e} in {text:.200}")))
     }
 
-    fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Vec<u8>,
-    ) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
-        self.send_with(method, path, body, None)
-    }
-
-    /// [`send`](Self::send) with one more header.
+    /// Sends one request, with one more header when given.
     fn send_with(
         &self,
         method: Method,

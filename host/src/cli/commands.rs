@@ -160,6 +160,29 @@ fn tool_input(args: &ToolArgs) -> Result<Value, ClientError> {
 
 /// `offstage tool list`: each tool with its owner, what it does and the
 /// fields its input takes (required ones marked `*`).
+/// `offstage agent list`: every agent (`GET /api/agent`).
+pub(super) fn agent_list(args: &ClientArgs) -> ExitCode {
+    report(|| {
+        let agents: Vec<Value> = client(args)?.get("/api/agent")?;
+        if args.json {
+            print_json(&agents);
+            return Ok(ExitCode::SUCCESS);
+        }
+        for agent in &agents {
+            let text = |key: &str| agent[key].as_str().unwrap_or("-").to_string();
+            println!(
+                "{:<16} {:<8} {:<12} {:<8} {}",
+                text("name"),
+                text("kind"),
+                text("owner"),
+                text("provider"),
+                text("model")
+            );
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
 fn tool_list(args: &ClientArgs) -> ExitCode {
     report(|| {
         let tools: Vec<Value> = client(args)?.get("/api/tool")?;

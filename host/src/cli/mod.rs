@@ -6,11 +6,13 @@
 //! are thin clients of a running host's HTTP API (`client.rs` speaks HTTP, `commands.rs` prints), so they show
 //! exactly what the API says and never touch the host's state themselves.
 
+mod agent;
 pub(crate) mod attach;
 pub(crate) mod client;
 mod commands;
 #[cfg(feature = "mcp")]
 mod mcp;
+mod scaffold;
 mod serve;
 pub(crate) mod token;
 
@@ -71,6 +73,9 @@ pub(crate) enum Command {
         /// With `--read-only`: sockets may be opened (`network = "allow"`).
         #[arg(long, requires = "read_only")]
         network: bool,
+        /// The host's log level (0 off ... 5 trace), told to the plugin.
+        #[arg(long)]
+        log_level: Option<u8>,
     },
     /// Work with plugin files.
     Plugin {
@@ -93,6 +98,11 @@ pub(crate) enum Command {
     /// not stop the job: use `offstage background` to release it with the
     /// output so far, or cancel it over the API.
     Tool(ToolArgs),
+    /// Model agents: list the host's agents, or check one's server.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
     /// Move a session's blocking jobs to the background.
     Background(BackgroundArgs),
     /// List jobs, of one session or all.
@@ -188,6 +198,20 @@ pub(crate) enum PluginCommand {
         #[arg(long, value_parser = ["unrestricted", "read-only"])]
         filesystem: Option<String>,
     },
+    /// Make a plugin crate from the template: a cdylib with a tool, a
+    /// wrapper, a subscription, a README and a test that runs it in a real
+    /// host (offstage-plugin-test). `cargo test` in it passes as it comes.
+    New {
+        /// The plugin's name, also the package's (`word-count`).
+        name: String,
+        /// Where to make it [default: ./NAME]; must be empty or missing.
+        #[arg(long, value_name = "DIR")]
+        path: Option<PathBuf>,
+        /// Depend on a checkout of Offstage by path instead of on crates.io
+        /// versions: its `plugin-api` dir (and `plugin-test` beside it).
+        #[arg(long, value_name = "DIR")]
+        path_to_api: Option<PathBuf>,
+    },
     /// Ask a running host to load plugin NAME's file again as a new
     /// generation (`POST /api/plugin/NAME/reload`); a build that cannot be
     /// loaded leaves the running generation serving (exit status 1).
@@ -246,6 +270,25 @@ impl ClientArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub(crate) enum AgentCommand {
+    /// List the host's agents: name, kind, owner, provider, model.
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
+    /// Make one small request to an `[agent.NAME]`'s server, straight from
+    /// here, and say whether it is reachable, takes the key, knows the
+    /// model and supports tool calls.
+    Check {
+        /// The agent's name, as in `[agent.NAME]`.
+        name: String,
+        /// The config file holding the table.
+        #[arg(long, value_name = "FILE")]
+        config: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub(crate) enum SessionCommand {
     /// List sessions, oldest first.
     List,
@@ -253,7 +296,7 @@ pub(crate) enum SessionCommand {
     Create {
         #[arg(long)]
         title: Option<String>,
-        /// The agent that runs its turns [default: script].
+        /// The agent that runs its turns [default: the host's `[sessions] default_agent`, else script].
         #[arg(long)]
         agent: Option<String>,
         /// Make it a child of this session.
@@ -325,6 +368,7 @@ pub fn main() -> ExitCode {
             read_only,
             writable,
             network,
+            log_level,
         } => crate::plugin::run_child(crate::plugin::ChildArgs {
             file,
             data_dir,
@@ -332,6 +376,7 @@ pub fn main() -> ExitCode {
             read_only,
             writable,
             network,
+            log_level,
         }),
         Command::Plugin {
             command:
@@ -353,14 +398,50 @@ pub fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Reload { client, name },
         } => commands::plugin_reload(&client, &name),
+        Command::Plugin {
+            command:
+                PluginCommand::New {
+                    name,
+                    path,
+                    path_to_api,
+                },
+        } => plugin_new(scaffold::NewPlugin {
+            name,
+            path,
+            path_to_api,
+        }),
         Command::Session { client, command } => commands::session(&client, command),
         Command::Tool(args) => commands::tool(args),
+        Command::Agent { command } => match command {
+            AgentCommand::List { client } => commands::agent_list(&client),
+            AgentCommand::Check { name, config } => agent::check(&name, &config),
+        },
         Command::Background(args) => commands::background(args),
         Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
         Command::Events { client } => commands::events(&client),
         Command::Attach { client, session } => attach::run(&client, session),
         #[cfg(feature = "mcp")]
         Command::Mcp(args) => mcp::run(args),
+    }
+}
+
+/// `offstage plugin new`: makes the crate, says what to run next.
+fn plugin_new(request: scaffold::NewPlugin) -> ExitCode {
+    match scaffold::new_plugin(&request) {
+        Ok(dir) => {
+            println!(
+                "made plugin {} in {}
+next: cd {} && cargo test",
+                request.name,
+                dir.display(),
+                dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("offstage plugin new: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -166,6 +166,22 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             "running tool calls capped ([jobs] max_running)"
         );
     }
+    // Model agents before the plugins: a plugin agent of the same name is
+    // refused, not the configured one.
+    for (name, settings) in &config.agents {
+        let agent = crate::session::model_agent::ModelAgent::new(name, settings.clone())
+            .map_err(|e| format!("[agent.{name}]: {e}"))?;
+        service
+            .agents()
+            .register(name, crate::tool::Owner::Host, Arc::new(agent))
+            .map_err(|e| format!("[agent.{name}]: {e}"))?;
+        tracing::info!(
+            agent = %name,
+            model = %settings.model.model,
+            base_url = %settings.model.base_url,
+            "model agent ready"
+        );
+    }
     let settings = plugin_settings(&config.plugins);
     let plugins = PluginHost::with_isolation(
         service.clone(),
@@ -182,6 +198,11 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     let loaded = tokio::task::block_in_place(|| plugins.load_all());
     let count = |status: PluginStatus| loaded.iter().filter(|i| i.status == status).count();
 
+    if let Some(agent) = &config.default_agent {
+        service
+            .set_default_agent(agent)
+            .map_err(|e| e.to_string())?;
+    }
     // Sessions owed a turn (restart notices) are woken once the agents the
     // plugins register exist.
     let woken = service.resume();

@@ -55,6 +55,11 @@ pub(crate) enum EventPayload {
     /// A message was added; a notice's `metadata` is a `NoticeMetadata`.
     #[serde(rename = "message.added")]
     MessageAdded(Message),
+    /// A fragment of a model's answer as it streams (live only: never
+    /// replayed nor kept across a restart); the finished message, with the
+    /// same `message_id`, follows as `message.added`.
+    #[serde(rename = "message.delta")]
+    MessageDelta(MessageDelta),
     /// A job started.
     #[serde(rename = "job.started")]
     JobStarted(Job),
@@ -86,6 +91,17 @@ pub(crate) enum EventPayload {
     /// `offstage dev` built a watched plugin crate.
     #[serde(rename = "plugin.build")]
     PluginBuild(PluginBuild),
+}
+
+/// `message.delta`.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct MessageDelta {
+    /// The session whose turn streams.
+    pub(crate) session_id: String,
+    /// The id the finished message will have.
+    pub(crate) message_id: String,
+    /// The text fragment.
+    pub(crate) delta: String,
 }
 
 /// `server.connected`.

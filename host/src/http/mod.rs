@@ -23,6 +23,7 @@
 //!   request bodies settled so that a refusal never breaks keep-alive.
 
 mod admission;
+pub(crate) mod agents;
 pub(crate) mod auth;
 mod connection;
 pub(crate) mod error;
@@ -82,6 +83,7 @@ fn api() -> OpenApiRouter<AppState> {
     let api = permissions::routes(api);
     let api = plugins::routes(api);
     let api = tools::routes(api);
+    let api = agents::routes(api);
     events::routes(api)
 }
 

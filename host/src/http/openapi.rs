@@ -48,6 +48,7 @@ use super::event_schema as schema;
         (name = "permission", description = "Questions asked by `ask` rules"),
         (name = "plugin", description = "Loaded native plugins"),
         (name = "tool", description = "The tools sessions can call, with their input schemas"),
+        (name = "agent", description = "The agents sessions can use: built in, from plugins, models"),
         (name = "event", description = "The event stream"),
     ),
 )]
@@ -539,6 +540,24 @@ mod tests {
             .unwrap();
         let limit = parameters.iter().find(|p| p["name"] == "limit").unwrap();
         assert_eq!(limit["schema"]["minimum"], 1, "{limit}");
+    }
+
+    #[test]
+    fn a_prompt_documents_its_idempotency_key() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let parameters = doc["paths"]["/api/session/{id}/prompt"]["post"]["parameters"]
+            .as_array()
+            .unwrap();
+        let key = parameters
+            .iter()
+            .find(|p| p["name"] == "Idempotency-Key")
+            .unwrap();
+        assert_eq!(key["in"], "header", "{key}");
+        assert_eq!(key["required"], false, "{key}");
+        assert!(key["description"]
+            .as_str()
+            .unwrap()
+            .contains("at most once"));
     }
 
     #[test]

@@ -7,7 +7,11 @@
 //! to the background. Stopping work is what `interrupt` and
 //! `DELETE /api/job/:id` are for.
 
-use axum::{extract::State, http::StatusCode, Json};
+use axum::{
+    extract::State,
+    http::{HeaderMap, StatusCode},
+    Json,
+};
 use offstage_plugin_api::types::{
     BackgroundRequest, Job, Message, NewSession, Session, ToolRequest, ToolResult,
 };
@@ -22,6 +26,7 @@ use super::{
     extract::{JsonBody, PathId},
     AppState,
 };
+use crate::error::ServiceError;
 
 /// Registers this file's routes with their OpenAPI entries (one
 /// `routes!` per path).
@@ -138,20 +143,52 @@ pub(crate) struct PromptAnswer {
     pub messages: Vec<Message>,
 }
 
+/// Longest `Idempotency-Key` taken; a client's key is an id, not a payload.
+const IDEMPOTENCY_KEY_MAX: usize = 200;
+
+/// The prompt's `Idempotency-Key` header, if sent: 1 to
+/// [`IDEMPOTENCY_KEY_MAX`] visible ASCII characters, else one clear error.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ServiceError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value
+        .to_str()
+        .ok()
+        .filter(|k| {
+            !k.is_empty()
+                && k.len() <= IDEMPOTENCY_KEY_MAX
+                && k.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .ok_or_else(|| {
+            ServiceError::InvalidInput(format!(
+                "Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} visible ASCII characters"
+            ))
+        })?;
+    Ok(Some(key.to_string()))
+}
+
 #[utoipa::path(post, path = "/api/session/{id}/prompt", tag = "session",
-    params(("id" = String, Path, description = "Session id")),
+    params(("id" = String, Path, description = "Session id"),
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Runs the prompt at most once per key in this session, also across a host restart: a prompt sent again with a key the session already holds is not added again, and the answer is what the first one's turn added (once that turn has ended). 1 to 200 visible ASCII characters.")),
     request_body = PromptBody,
     responses((status = 200, description = "When the turn has ended", body = PromptAnswer),
         (status = "4XX", description = "Refused; `error.code` says why", body = ErrorBody)))]
 pub(crate) async fn prompt(
     State(state): State<AppState>,
     PathId(id): PathId,
+    headers: HeaderMap,
     JsonBody(body): JsonBody<PromptBody>,
 ) -> ApiResult<Json<PromptAnswer>> {
+    let key = idempotency_key(&headers)?;
     let service = state.service.clone();
-    let messages =
-        detached(async move { service.prompt(&id, &body.text, body.agent.as_deref()).await })
-            .await?;
+    let messages = detached(async move {
+        service
+            .prompt_once(&id, &body.text, body.agent.as_deref(), key.as_deref())
+            .await
+    })
+    .await?;
     Ok(Json(PromptAnswer { messages }))
 }
 

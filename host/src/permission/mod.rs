@@ -38,9 +38,10 @@ use crate::{
 /// A reply to a permission question.
 // Also the body of `POST /api/permission/:id`; its OpenAPI schema keeps the
 // published name `ReplyKind` (and this doc line is its description).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
-#[schema(as = ReplyKind)]
+#[cfg_attr(feature = "server", schema(as = ReplyKind))]
 pub enum Reply {
     /// Allow this call.
     Once,
@@ -53,7 +54,8 @@ pub enum Reply {
 /// Why a question was withdrawn (docs/contract.md, "Records"). A job's
 /// foreground timeout counts from the answer, so a question is never
 /// withdrawn for a timeout.
-#[derive(serde::Serialize, utoipa::ToSchema)]
+#[derive(serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[allow(dead_code)] // Only described: the reason travels as a string.
 #[serde(rename_all = "snake_case")]
 pub(crate) enum WithdrawReason {
@@ -68,7 +70,8 @@ pub(crate) enum WithdrawReason {
 }
 
 /// A permission question's status.
-#[derive(serde::Serialize, utoipa::ToSchema)]
+#[derive(serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[allow(dead_code)] // Only described: the status travels as a string.
 #[serde(rename_all = "lowercase")]
 pub(crate) enum PermissionStatus {
@@ -83,7 +86,8 @@ pub(crate) enum PermissionStatus {
 }
 
 /// A question to the user, asked because a permission rule says `ask`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct PermissionRequest {
     /// The question's id (`per_…`).
     pub id: String,
@@ -96,11 +100,11 @@ pub struct PermissionRequest {
     /// The job waiting for the answer (the call's id).
     pub job_id: String,
     /// `pending`, `allowed`, `rejected` or `withdrawn`.
-    #[schema(value_type = PermissionStatus)]
+    #[cfg_attr(feature = "server", schema(value_type = PermissionStatus))]
     pub status: String,
     /// Why a `withdrawn` question went away; absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<WithdrawReason>)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<WithdrawReason>))]
     pub reason: Option<String>,
     /// When it was asked (RFC 3339).
     pub created_at: String,

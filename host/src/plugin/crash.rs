@@ -264,7 +264,8 @@ fn record(signal: libc::c_int, installed: &Installed) {
 
 /// The crash the last run recorded: what `GET /api/plugin` shows as the
 /// plugin's `last_crash`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct LastCrash {
     /// The signal: `SIGSEGV`, `SIGBUS`, `SIGILL`, `SIGABRT` or `SIGFPE`.
     pub signal: String,

@@ -12,7 +12,8 @@ use super::{
 };
 
 /// Where a plugin is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum PluginStatus {
     /// Initialised and serving.
@@ -24,8 +25,9 @@ pub enum PluginStatus {
 }
 
 /// A plugin as `GET /api/plugin` and `offstage plugin check` show it.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-#[schema(as = Plugin)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "server", schema(as = Plugin))]
 pub struct PluginInfo {
     /// The manifest's name; for a file refused before its manifest was read,
     /// the file's stem.
@@ -33,7 +35,7 @@ pub struct PluginInfo {
     /// The version its manifest gives.
     pub version: String,
     /// The plugin file as found in the plugin dir (not the private copy).
-    #[schema(value_type = String)]
+    #[cfg_attr(feature = "server", schema(value_type = String))]
     pub path: PathBuf,
     /// 1 for the first `init` of a name, 0 when `init` was never reached.
     pub generation: u64,

@@ -99,10 +99,22 @@ mod watchdog;
 
 use std::{
     path::Path,
-    sync::{Arc, Mutex},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex,
+    },
+    time::{Duration, Instant},
 };
 
 pub use check::check_file;
+
+/// The plugin name a library file declares (`export_plugin!(T, name =
+/// "...")`), read from the file without running any of its code; `None`
+/// when it declares none or cannot be read. The plugin test harness keys a
+/// plugin's settings by it before loading the file.
+pub fn declared_name(path: &std::path::Path) -> Option<String> {
+    section::declared_name(path).ok().flatten()
+}
 pub(crate) use check::{check_file_with, CheckOptions};
 pub use config::{PluginHostConfig, PluginSettings};
 pub use crash::LastCrash;
@@ -129,6 +141,10 @@ struct Inner {
     service: SessionService,
     config: PluginHostConfig,
     state: Mutex<State>,
+    /// Replaced generations whose `shutdown` runs now, after their drain
+    /// (`reload.rs`): [`PluginHost::shutdown`] waits for them, so that the
+    /// runtime is not dropped under a plugin's `shutdown`.
+    finishing: AtomicUsize,
     /// Loads run one at a time, so a duplicate-name check and the insert
     /// that follows it cannot interleave with another load. Never held by
     /// anything a plugin can call back into.
@@ -173,6 +189,7 @@ impl PluginHost {
                 service,
                 config,
                 state: Mutex::new(State::default()),
+                finishing: AtomicUsize::new(0),
                 loading: Mutex::new(()),
                 isolation,
                 supervisor: isolate::Supervisor::default(),
@@ -211,10 +228,12 @@ impl PluginHost {
     /// Retires every loaded plugin: removes its tools and agents, calls its
     /// `shutdown`, frees its state, and lists it as `unloaded`. Generations
     /// a reload replaced and that are still draining are shut down too,
-    /// without waiting further. Safe to call twice.
+    /// without waiting further; one whose drain already ended and whose
+    /// `shutdown` runs now is waited for (at most 10 s), so the caller
+    /// may drop the runtime after. Safe to call twice.
     pub fn shutdown(&self) {
         self.inner.supervisor.stop();
-        let _serial = self.inner.loading.lock_unpoisoned();
+        let serial = self.inner.loading.lock_unpoisoned();
         let retiring: Vec<(String, Generation)> = {
             let mut state = self.inner.state.lock_unpoisoned();
             let mut retiring: Vec<(String, Generation)> = state
@@ -232,5 +251,32 @@ impl PluginHost {
         for (name, live) in retiring {
             live.finish(&name, Subscriptions::Abort);
         }
+        drop(serial);
+        // A replaced generation whose drain ended just before is shutting
+        // down on a blocking thread: let it finish, within bounds.
+        let deadline = Instant::now() + FINISHING_PATIENCE;
+        while self.inner.finishing.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// How long [`PluginHost::shutdown`] waits for replaced generations already
+/// shutting down.
+const FINISHING_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Counts one replaced generation shutting down, until dropped.
+pub(crate) struct Finishing(Arc<Inner>);
+
+impl Finishing {
+    fn start(inner: &Arc<Inner>) -> Finishing {
+        inner.finishing.fetch_add(1, Ordering::AcqRel);
+        Finishing(Arc::clone(inner))
+    }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        self.0.finishing.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -55,6 +55,21 @@ impl PluginHost {
             .map(|e| e.info.clone().observed())
     }
 
+    /// The state the loaded generation of `name` was handed at its `init`
+    /// by the generation a reload replaced (that one's `export_state`), as
+    /// JSON text; `None` when none was handed over or no generation of
+    /// `name` is loaded. What a test of a plugin's hot-reload handoff
+    /// checks (`offstage-plugin-test`).
+    pub fn handed_state(&self, name: &str) -> Option<String> {
+        let state = self.inner.state.lock_unpoisoned();
+        state
+            .entries
+            .iter()
+            .filter(|e| e.info.name == name)
+            .find_map(|e| e.live.as_ref())
+            .and_then(|live| live.ctx.previous_state.clone())
+    }
+
     pub(super) fn get_generation(&self, name: &str, generation: u64) -> Option<PluginInfo> {
         self.inner
             .state

@@ -388,13 +388,20 @@ impl PluginHost {
             let Some(inner) = Weak::upgrade(&host) else {
                 return;
             };
+            // Counted before it leaves `draining`, so that a host shutting
+            // down meanwhile sees it in one or the other.
+            let finishing = super::Finishing::start(&inner);
             // Gone if the host shut it down meanwhile.
             let Some(live) = inner.state.lock_unpoisoned().draining.remove(&key) else {
                 return;
             };
+            drop(inner);
             tracing::debug!(plugin = %key.0, generation = key.1, "replaced generation drained");
-            let _ = tokio::task::spawn_blocking(move || live.finish(&key.0, Subscriptions::Finish))
-                .await;
+            let _ = tokio::task::spawn_blocking(move || {
+                live.finish(&key.0, Subscriptions::Finish);
+                drop(finishing);
+            })
+            .await;
         });
     }
 }

@@ -12,7 +12,7 @@ use std::{
 };
 
 use offstage_plugin_api::types::{AgentTurn, Role, ToolRequest, ToolStatus};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::SessionService;
 use crate::{error::Result, error::ServiceError, tool::Owner, util::BoxFuture};
@@ -21,8 +21,56 @@ use crate::{error::Result, error::ServiceError, tool::Owner, util::BoxFuture};
 pub trait Agent: Send + Sync {
     /// Runs the turn; takes the registry's `Arc`, as
     /// `Tool::run` does.
-    fn turn(self: Arc<Self>, service: SessionService, turn: AgentTurn)
-        -> BoxFuture<Result<String>>;
+    fn turn(
+        self: Arc<Self>,
+        service: SessionService,
+        turn: AgentTurn,
+    ) -> BoxFuture<Result<TurnReply>>;
+
+    /// The model behind the agent, as `(provider, model)`, for `GET
+    /// /api/agent`; `None` for agents that are not a model's.
+    fn model(&self) -> Option<(String, String)> {
+        None
+    }
+}
+
+/// What a turn answers: the text of its reply and, for an agent that
+/// streamed it, the id it announced in its `message.delta` events and the
+/// metadata to keep with it (the model, its token usage).
+#[derive(Debug, Clone, Default)]
+pub struct TurnReply {
+    /// The reply's text.
+    pub text: String,
+    /// The id the reply's message gets; a new one when `None`.
+    pub id: Option<String>,
+    /// Kept in the message's `metadata` (an object), beside `agent`.
+    pub metadata: Value,
+}
+
+impl From<String> for TurnReply {
+    fn from(text: String) -> Self {
+        TurnReply {
+            text,
+            id: None,
+            metadata: Value::Null,
+        }
+    }
+}
+
+/// An agent as `GET /api/agent` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct AgentInfo {
+    /// The name sessions use.
+    pub name: String,
+    /// `builtin`, `plugin` or `model`.
+    pub kind: String,
+    /// The plugin that registered it, or `host`.
+    pub owner: String,
+    /// A model agent's wire format (`openai`), else `null`.
+    pub provider: Option<String>,
+    /// A model agent's model, else `null`.
+    pub model: Option<String>,
 }
 
 struct Registered {
@@ -106,6 +154,31 @@ impl AgentRegistry {
         self.get(name).is_some()
     }
 
+    /// Every agent, by name.
+    pub fn list(&self) -> Vec<AgentInfo> {
+        let agents = self.agents.read_unpoisoned();
+        let mut list: Vec<AgentInfo> = agents
+            .iter()
+            .map(|(name, registered)| {
+                let model = registered.agent.model();
+                let (kind, owner) = match (&registered.owner, &model) {
+                    (Owner::Plugin { name, .. }, _) => ("plugin", name.clone()),
+                    (Owner::Host, Some(_)) => ("model", "host".to_string()),
+                    (Owner::Host, None) => ("builtin", "host".to_string()),
+                };
+                AgentInfo {
+                    name: name.clone(),
+                    kind: kind.to_string(),
+                    owner,
+                    provider: model.as_ref().map(|(p, _)| p.clone()),
+                    model: model.map(|(_, m)| m),
+                }
+            })
+            .collect();
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+        list
+    }
+
     /// Every agent's name.
     pub fn names(&self) -> Vec<String> {
         let agents = self.agents.read_unpoisoned();
@@ -143,7 +216,7 @@ impl Agent for ScriptAgent {
         self: Arc<Self>,
         service: SessionService,
         turn: AgentTurn,
-    ) -> BoxFuture<Result<String>> {
+    ) -> BoxFuture<Result<TurnReply>> {
         Box::pin(async move {
             let mut summary = Vec::new();
             for message in &turn.messages {
@@ -197,7 +270,7 @@ impl Agent for ScriptAgent {
             if summary.is_empty() {
                 summary.push("nothing to do".to_string());
             }
-            Ok(summary.join("\n"))
+            Ok(summary.join("\n").into())
         })
     }
 }

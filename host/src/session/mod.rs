@@ -30,6 +30,7 @@
 
 pub(crate) mod agent;
 pub(crate) mod jobs;
+pub(crate) mod model_agent;
 mod recover;
 pub(crate) mod subagent;
 mod turn;
@@ -104,6 +105,9 @@ struct Inner {
     /// first use (it canonicalises the data dir: a few syscalls that every
     /// shell call would otherwise pay).
     marker_prefix: std::sync::OnceLock<String>,
+    /// `[sessions] default_agent`: the agent of a session created without
+    /// one ([`DEFAULT_AGENT`] unless set).
+    default_agent: std::sync::RwLock<String>,
 }
 
 #[derive(Default)]
@@ -256,6 +260,24 @@ struct SessionEntry {
 }
 
 impl SessionEntry {
+    /// Where the user message sent with idempotency key `key` is, if any.
+    /// Newest first: a retry follows its first try closely.
+    fn prompted_with(&self, key: &str) -> Option<usize> {
+        self.messages.iter().rposition(|m| {
+            m.role == Role::User && m.metadata["idempotency_key"].as_str() == Some(key)
+        })
+    }
+
+    /// What the turn of the prompt at `index` added: the messages after it,
+    /// up to the next prompt.
+    fn answer_to(&self, index: usize) -> Vec<Message> {
+        self.messages[index + 1..]
+            .iter()
+            .take_while(|m| m.role != Role::User)
+            .map(|m| Message::clone(m))
+            .collect()
+    }
+
     /// Puts a message that is already in the store into memory (the
     /// caller publishes `message.added`). Prompts and notices also go to
     /// the inbox.
@@ -333,6 +355,7 @@ impl SessionService {
                 max_running: AtomicUsize::new(usize::MAX),
                 running_calls: AtomicUsize::new(0),
                 marker_prefix: std::sync::OnceLock::new(),
+                default_agent: std::sync::RwLock::new(DEFAULT_AGENT.to_string()),
             }),
         }
     }
@@ -495,6 +518,24 @@ impl SessionService {
         self.inner.max_running.load(Ordering::Relaxed)
     }
 
+    /// Makes `agent` the agent of sessions created without one (`[sessions]
+    /// default_agent`); an agent nobody registered is refused.
+    pub fn set_default_agent(&self, agent: &str) -> Result<()> {
+        if !self.inner.agents.contains(agent) {
+            return Err(ServiceError::InvalidInput(format!(
+                "[sessions] default_agent: unknown agent {agent:?}; known: {}",
+                self.inner.agents.names().join(", ")
+            )));
+        }
+        *crate::util::RwLockExt::write_unpoisoned(&self.inner.default_agent) = agent.to_string();
+        Ok(())
+    }
+
+    /// What [`set_default_agent`](Self::set_default_agent) set.
+    pub fn default_agent(&self) -> String {
+        crate::util::RwLockExt::read_unpoisoned(&self.inner.default_agent).clone()
+    }
+
     /// Where job output files live.
     pub fn data_dir(&self) -> &Path {
         &self.inner.data_dir
@@ -514,7 +555,7 @@ impl SessionService {
 
     /// Creates a session. An unknown agent or parent is refused.
     pub async fn create(&self, new: NewSession) -> Result<Session> {
-        let agent = new.agent.unwrap_or_else(|| DEFAULT_AGENT.to_string());
+        let agent = new.agent.unwrap_or_else(|| self.default_agent());
         if !self.inner.agents.contains(&agent) {
             return Err(ServiceError::InvalidInput(format!(
                 "unknown agent {agent:?}"
@@ -760,8 +801,14 @@ impl SessionService {
         text: &str,
         metadata: Value,
     ) -> Result<Message> {
-        self.state().session(session_id)?;
-        let message = new_message(session_id, role, text, metadata);
+        self.append_message(new_message(session_id, role, text, metadata))
+            .await
+    }
+
+    /// [`append`](Self::append) of a message made by the caller (a
+    /// model's reply keeps the id its deltas announced).
+    async fn append_message(&self, message: Message) -> Result<Message> {
+        self.state().session(&message.session_id)?;
         self.append_ticket(message.clone(), |_, _| {})
             .wait()
             .await?;

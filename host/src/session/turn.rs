@@ -74,6 +74,22 @@ impl SessionService {
         text: &str,
         agent: Option<&str>,
     ) -> Result<Vec<Message>> {
+        self.prompt_once(session_id, text, agent, None).await
+    }
+
+    /// [`prompt`](Self::prompt), at most once per `key`: a prompt whose key
+    /// the session already holds is not added again; the answer is what
+    /// the first one's turn added (waiting for that turn if it still runs).
+    /// The key is kept in the user message's metadata (`idempotency_key`),
+    /// so it is as durable as the message: a client that lost the answer,
+    /// even across a host restart, can send the prompt again safely.
+    pub async fn prompt_once(
+        &self,
+        session_id: &str,
+        text: &str,
+        agent: Option<&str>,
+        key: Option<&str>,
+    ) -> Result<Vec<Message>> {
         if let Some(agent) = agent {
             if !self.inner.agents.contains(agent) {
                 return Err(ServiceError::InvalidInput(format!(
@@ -92,17 +108,30 @@ impl SessionService {
                 let mut state = self.state();
                 let entry = state.session_mut(session_id)?;
                 let idle = entry.turn.is_none() && entry.prompting == 0;
-                if idle {
-                    entry.prompting += 1;
+                // Looked for under the same lock that admits a prompt: a
+                // second request with the key waits while the first one's
+                // message is on its way to the store, then finds it here.
+                match key.and_then(|key| entry.prompted_with(key)) {
+                    Some(seen) if idle => return Ok(entry.answer_to(seen)),
+                    Some(_) => false,
+                    None => {
+                        if idle {
+                            entry.prompting += 1;
+                        }
+                        idle
+                    }
                 }
-                idle
             };
             if !idle {
                 self.wait_turn_end(session_id).await?;
                 continue;
             }
             let (first_tx, first_rx) = oneshot::channel();
-            let message = super::new_message(session_id, Role::User, text, json!({}));
+            let metadata = match key {
+                Some(key) => json!({ "idempotency_key": key }),
+                None => json!({}),
+            };
+            let message = super::new_message(session_id, Role::User, text, metadata);
             let agent = agent.map(str::to_string);
             let id = session_id.to_string();
             let appended = self
@@ -231,14 +260,32 @@ impl SessionService {
                     "agent {agent_name} not found"
                 ))),
             };
-            let (text, metadata) = match reply {
-                Ok(text) => (text, json!({ "agent": agent_name })),
-                Err(error) => (
-                    format!("The agent failed: {error}"),
+            let message = match reply {
+                Ok(reply) => {
+                    let mut metadata = match reply.metadata {
+                        serde_json::Value::Object(map) => map,
+                        _ => serde_json::Map::new(),
+                    };
+                    metadata.insert("agent".into(), json!(agent_name));
+                    let mut message = super::new_message(
+                        &id,
+                        Role::Assistant,
+                        &reply.text,
+                        serde_json::Value::Object(metadata),
+                    );
+                    if let Some(reply_id) = reply.id {
+                        message.id = reply_id;
+                    }
+                    message
+                }
+                Err(error) => super::new_message(
+                    &id,
+                    Role::Assistant,
+                    &format!("The agent failed: {error}"),
                     json!({ "agent": agent_name, "error": error.code() }),
                 ),
             };
-            let _ = service.append(&id, Role::Assistant, &text, metadata).await;
+            let _ = service.append_message(message).await;
             if let Some(done) = done {
                 let _ = done.send(());
             }

@@ -124,7 +124,8 @@ pub trait Tool: Send + Sync {
 }
 
 /// A tool as `GET /api/tool` lists it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct ToolInfo {
     /// The name calls use.
     pub name: String,
@@ -134,7 +135,7 @@ pub struct ToolInfo {
     pub description: String,
     /// The JSON Schema of the tool's input; absent if it declares none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<Object>))]
     pub input_schema: Option<Value>,
     /// Plugins that wrap the tool, outermost first.
     pub wrapped_by: Vec<String>,

@@ -674,6 +674,7 @@ fn the_openapi_document_describes_every_route() {
         ("/api/permission/{id}", "post"),
         ("/api/plugin", "get"),
         ("/api/plugin/{name}/reload", "post"),
+        ("/api/agent", "get"),
         ("/api/event", "get"),
     ] {
         assert!(
@@ -692,6 +693,8 @@ fn the_openapi_document_describes_every_route() {
         "PermissionRequest",
         "Plugin",
         "OutputChunk",
+        "AgentInfo",
+        "MessageDelta",
     ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }

@@ -412,23 +412,32 @@ fn a_hook_that_blocks_its_worker_is_counted_and_logged_once_a_minute() {
         })
     };
     assert_eq!(blocking_polls(), 0);
-    // Under the threshold: nothing.
+    // Under the threshold: nothing. Whether the poll stayed under it is a
+    // matter of wall time, which a loaded machine stretches (the thread
+    // descheduled mid-poll), so the check holds only when the whole round
+    // trip, the poll within it, took less than the threshold.
+    let began = std::time::Instant::now();
     block(5).join().unwrap();
-    assert_eq!(blocking_polls(), 0);
+    let under = began.elapsed() < std::time::Duration::from_millis(50);
+    let counted = blocking_polls();
+    assert!(counted <= 1, "one short poll counted {counted} times");
+    if under {
+        assert_eq!(counted, 0, "a poll under the threshold was counted");
+    }
     // A poll that ends after 200 ms: counted (by the watchdog while it
     // runs, or as it returns).
     block(200).join().unwrap();
-    assert_eq!(blocking_polls(), 1);
+    assert_eq!(blocking_polls(), counted + 1);
     // One still running: counted by the watchdog before it returns.
     let long = block(3000);
     offstage_tests::wait::eventually("the running poll counted", || {
-        (blocking_polls() == 2).then_some(())
+        (blocking_polls() == counted + 2).then_some(())
     });
     assert!(!long.is_finished(), "counted only once it returned");
     long.join().unwrap();
     assert_eq!(
         blocking_polls(),
-        2,
+        counted + 2,
         "counted once, not again as it returned"
     );
 

@@ -3,16 +3,27 @@
 //! calls) to start. No I/O happens here, so every behaviour of the UI can
 //! be tested by feeding it messages.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    time::SystemTime,
+};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use offstage_plugin_api::types::{Job, JobStatus, Message, Session, SessionStatus, ToolStatus};
 use serde_json::Value;
 
-use super::events::{Action, Msg};
+use super::{
+    events::{Action, CallError, Msg},
+    input::LineEditor,
+};
 
 /// Most bytes of live output kept per running job.
 const TAIL_BYTES: usize = 4096;
+/// How the status lines about the queue begin.
+const QUEUED: &str = "queued";
+/// How long a prompt whose answer was lost waits before it is sent again
+/// (sooner when the event stream reconnects).
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most bytes the pager keeps of one job's output.
 const PAGER_BYTES: usize = 8 * 1024 * 1024;
 
@@ -74,10 +85,35 @@ pub(crate) enum Overlay {
     Sessions { list: Vec<Session>, selected: usize },
 }
 
-/// The blocking call this client has running.
+/// A line typed but not sent yet: the session was busy, or the host was
+/// down. Its key goes with the prompt as `Idempotency-Key`, the same on
+/// every try, so a prompt whose answer was lost is never run twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Queued {
+    pub line: String,
+    pub key: String,
+}
+
+/// The blocking call this client has running: the line it sends.
 #[derive(Debug, Clone)]
 pub(crate) struct Call {
-    pub label: String,
+    pub sent: Queued,
+}
+
+impl Call {
+    /// What the call runs, for the status line.
+    pub(crate) fn label(&self) -> &str {
+        let line = self.sent.line.as_str();
+        line.strip_prefix('!').map_or(line, str::trim)
+    }
+}
+
+/// An answer still streaming in (`message.delta` events): its text so
+/// far, replaced by the whole message when its `message.added` arrives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stream {
+    pub message_id: String,
+    pub text: String,
 }
 
 /// Everything the screen shows.
@@ -93,7 +129,25 @@ pub(crate) struct App {
     pub plugins: Vec<Value>,
     /// Pending permission questions of this session.
     pub permissions: Vec<Value>,
-    pub input: String,
+    pub input: LineEditor,
+    /// Lines typed while the session was busy or the host down, oldest
+    /// first: sent one at a time as soon as the session takes them.
+    pub queue: VecDeque<Queued>,
+    /// Answers streaming in, oldest first.
+    pub streams: Vec<Stream>,
+    /// The host answered that the session does not exist (deleted, or
+    /// another host or data dir at the same address).
+    pub gone: bool,
+    /// Running inside tmux (`$TMUX` set), whose prefix is Ctrl+B.
+    pub tmux: bool,
+    /// The time as of the last tick: running calls' elapsed times.
+    pub now: SystemTime,
+    /// Ticks so far, for the spinner.
+    pub ticks: u64,
+    /// A prompt's answer was lost to a host that went away: the queue
+    /// waits until then (or the next connect) before trying again, so a
+    /// host that is down is not asked in a tight loop.
+    retry_at: Option<SystemTime>,
     /// Transcript lines scrolled up from the bottom.
     pub scroll: usize,
     pub connection: Connection,
@@ -110,6 +164,9 @@ pub(crate) struct App {
     moved: HashSet<String>,
     /// Page height of the pager, as last drawn.
     pub page: usize,
+    /// Makes this client's idempotency keys unique across its runs.
+    key_prefix: String,
+    keys: u64,
 }
 
 impl App {
@@ -125,7 +182,14 @@ impl App {
             tails: HashMap::new(),
             plugins: Vec::new(),
             permissions: Vec::new(),
-            input: String::new(),
+            input: LineEditor::default(),
+            queue: VecDeque::new(),
+            streams: Vec::new(),
+            gone: false,
+            tmux: false,
+            now: SystemTime::now(),
+            ticks: 0,
+            retry_at: None,
             scroll: 0,
             connection: Connection::Connecting,
             resumed: false,
@@ -136,7 +200,80 @@ impl App {
             creating: false,
             moved: HashSet::new(),
             page: 20,
+            key_prefix: key_prefix(),
+            keys: 0,
         }
+    }
+
+    /// A new idempotency key for a line about to be queued.
+    fn new_key(&mut self) -> String {
+        self.keys += 1;
+        format!("{}-{}", self.key_prefix, self.keys)
+    }
+
+    /// Whether a queued line may be sent now: connected, the session
+    /// known and there, nothing blocking it, no question waiting.
+    fn can_send(&self) -> bool {
+        self.connection == Connection::Connected
+            && self.session.is_some()
+            && !self.gone
+            && !self.busy()
+            && !self.creating
+            && self.retry_at.is_none_or(|at| self.now >= at)
+    }
+
+    /// Sends the oldest queued line if the session takes it now.
+    fn send_next(&mut self) -> Vec<Action> {
+        if !self.can_send() {
+            return Vec::new();
+        }
+        let (Some(next), Some(session)) = (self.queue.pop_front(), self.session_id.clone()) else {
+            return Vec::new();
+        };
+        self.scroll = 0;
+        // What the queue said is no longer true once it is empty.
+        if self.queue.is_empty()
+            && self
+                .status
+                .as_deref()
+                .is_some_and(|s| s.starts_with(QUEUED))
+        {
+            self.status = None;
+        }
+        let action = match next.line.strip_prefix('!') {
+            Some(command) => Action::Shell {
+                session,
+                command: command.trim().to_string(),
+            },
+            None => Action::Prompt {
+                session,
+                text: next.line.clone(),
+                key: next.key.clone(),
+            },
+        };
+        self.call = Some(Call { sent: next });
+        vec![action]
+    }
+
+    /// The session is not on the host: say so, and offer the way out.
+    fn session_gone(&mut self) -> Vec<Action> {
+        if self.gone {
+            return Vec::new();
+        }
+        self.gone = true;
+        let id = self.session_id.clone().unwrap_or_default();
+        self.note(
+            NoteKind::Error,
+            format!(
+                "session {id} is not on this host (deleted, or the host runs on another data \
+                 dir): pick another session, or press n for a new one"
+            ),
+        );
+        self.overlay = Overlay::Sessions {
+            list: Vec::new(),
+            selected: 0,
+        };
+        vec![Action::ListSessions]
     }
 
     /// Whether the session is blocked (by this client or another).
@@ -173,6 +310,8 @@ impl App {
         self.tails.clear();
         self.permissions.clear();
         self.moved.clear();
+        self.streams.clear();
+        self.gone = false;
         self.call = None;
         self.scroll = 0;
         self.overlay = Overlay::None;
@@ -180,6 +319,8 @@ impl App {
     }
 
     fn add_message(&mut self, message: Message) {
+        // The whole message replaces what streamed of it.
+        self.streams.retain(|s| s.message_id != message.id);
         if !self.messages.iter().any(|m| m.id == message.id) {
             self.messages.push(message);
             self.scroll = 0;
@@ -251,18 +392,20 @@ impl App {
         match msg {
             Msg::Key(key) => self.key(key),
             Msg::Paste(text) => {
-                self.input.push_str(&text.replace(['\r', '\n'], " "));
+                self.input.insert(&text.replace(['\r', '\n'], " "));
                 Vec::new()
             }
             Msg::Resize => Vec::new(),
-            Msg::Tick => self.tick(),
+            Msg::Tick(now) => self.tick(now),
             Msg::Quit => vec![Action::Quit],
             Msg::Connected { resumed } => {
                 self.connection = Connection::Connected;
                 self.resumed = resumed;
+                self.retry_at = None;
                 if resumed && self.session_id.is_some() {
-                    // The host replays what the gap missed.
-                    return Vec::new();
+                    // The host replays what the gap missed; lines typed
+                    // meanwhile go now.
+                    return self.send_next();
                 }
                 match self.session_id.clone() {
                     Some(session) => vec![Action::Refresh(session)],
@@ -281,6 +424,14 @@ impl App {
             Msg::Session(Ok(session)) => {
                 if self.is_current(&session.id) {
                     self.session = Some(session);
+                    self.gone = false;
+                    return self.send_next();
+                }
+                Vec::new()
+            }
+            Msg::SessionGone(session) => {
+                if self.is_current(&session) {
+                    return self.session_gone();
                 }
                 Vec::new()
             }
@@ -295,6 +446,10 @@ impl App {
             Msg::Messages(session, messages) => {
                 if self.is_current(&session) {
                     self.merge_messages(messages);
+                    let known: HashSet<&str> =
+                        self.messages.iter().map(|m| m.id.as_str()).collect();
+                    self.streams
+                        .retain(|s| !known.contains(s.message_id.as_str()));
                 }
                 Vec::new()
             }
@@ -317,8 +472,9 @@ impl App {
             }
             Msg::Created(Ok(session)) => {
                 self.creating = false;
-                let actions = self.switch_to(session.id.clone());
+                let mut actions = self.switch_to(session.id.clone());
                 self.session = Some(session);
+                actions.extend(self.send_next());
                 actions
             }
             Msg::Created(Err(error)) => {
@@ -343,21 +499,45 @@ impl App {
             }
             Msg::PromptDone(session, result) => {
                 if self.is_current(&session) {
-                    self.call = None;
+                    let call = self.call.take();
                     match result {
                         Ok(messages) => {
                             for message in messages {
                                 self.add_message(message);
                             }
                         }
+                        Err(CallError::Unreachable(_)) => {
+                            // The answer was lost, not necessarily the
+                            // prompt: sent again with the same key after
+                            // the reconnect, it runs at most once.
+                            if let Some(call) = call {
+                                self.queue.push_front(call.sent);
+                            }
+                            self.retry_at = Some(self.now + RETRY);
+                            self.status = Some(format!(
+                                "{QUEUED} again: the host went away before answering; the \
+                                 prompt is sent again (same idempotency key) once it is back"
+                            ));
+                            return Vec::new();
+                        }
+                        Err(CallError::NotFound(_)) => {
+                            if let Some(call) = call {
+                                self.queue.push_front(call.sent);
+                            }
+                            return self.session_gone();
+                        }
                         Err(error) => self.note(NoteKind::Error, format!("prompt: {error}")),
                     }
+                    return self.send_next();
                 }
                 Vec::new()
             }
             Msg::ToolDone(session, result) => {
                 if self.is_current(&session) {
                     self.call = None;
+                    if let Err(CallError::NotFound(_)) = &result {
+                        return self.session_gone();
+                    }
                     match result {
                         Ok(result) if result.status == ToolStatus::Backgrounded => {
                             if let Some(job) =
@@ -367,8 +547,11 @@ impl App {
                             }
                         }
                         Ok(_) => {}
+                        // Not sent again: a shell call may have started
+                        // before the answer was lost (Ctrl+T shows it).
                         Err(error) => self.note(NoteKind::Error, format!("shell: {error}")),
                     }
+                    return self.send_next();
                 }
                 Vec::new()
             }
@@ -462,7 +645,9 @@ impl App {
         }
     }
 
-    fn tick(&mut self) -> Vec<Action> {
+    fn tick(&mut self, now: SystemTime) -> Vec<Action> {
+        self.now = now;
+        self.ticks += 1;
         let mut actions = Vec::new();
         let running: Vec<String> = self.running().map(|j| j.id.clone()).collect();
         for id in running {
@@ -493,6 +678,8 @@ impl App {
                 });
             }
         }
+        // A prompt waiting for its retry goes when its time comes.
+        actions.extend(self.send_next());
         actions
     }
 
@@ -518,6 +705,21 @@ impl App {
                     }
                 }
             }
+            "message.delta" if self.is_current(&session_of(&props)) => {
+                let id = props["message_id"].as_str().unwrap_or_default();
+                let delta = props["delta"].as_str().unwrap_or_default();
+                // A delta after its whole message arrived is stale.
+                if !id.is_empty() && !self.messages.iter().any(|m| m.id == id) {
+                    match self.streams.iter_mut().find(|s| s.message_id == id) {
+                        Some(stream) => stream.text.push_str(delta),
+                        None => self.streams.push(Stream {
+                            message_id: id.to_string(),
+                            text: delta.to_string(),
+                        }),
+                    }
+                    self.scroll = 0;
+                }
+            }
             "session.status" if self.is_current(&session_of(&props)) => {
                 if let (Some(session), Ok(status)) = (
                     self.session.as_mut(),
@@ -525,6 +727,8 @@ impl App {
                 ) {
                     session.status = status;
                 }
+                // The turn ended: the next queued line goes.
+                return self.send_next();
             }
             "session.updated" => {
                 if let Ok(session) = serde_json::from_value::<Session>(props) {
@@ -534,10 +738,7 @@ impl App {
                 }
             }
             "session.deleted" if self.is_current(props["id"].as_str().unwrap_or_default()) => {
-                self.note(
-                    NoteKind::Error,
-                    "this session was deleted (Ctrl+S picks another)",
-                );
+                return self.session_gone();
             }
             "session.wake" if self.is_current(&session_of(&props)) => {
                 self.note(
@@ -551,7 +752,25 @@ impl App {
                         if kind == "job.backgrounded" {
                             self.moved_note(&job);
                         }
+                        // The output's last bytes, written after the last
+                        // poll, for the block of a call that just ended.
+                        let last_read = (kind == "job.finished")
+                            .then(|| self.tails.get_mut(&job.id))
+                            .flatten()
+                            .filter(|tail| !tail.loading)
+                            .map(|tail| {
+                                tail.loading = true;
+                                tail.offset
+                            });
+                        let id = job.id.clone();
                         self.upsert_job(job);
+                        if let Some(offset) = last_read {
+                            return vec![Action::FetchOutput {
+                                job_id: id,
+                                offset,
+                                pager: false,
+                            }];
+                        }
                     }
                 }
             }
@@ -577,7 +796,8 @@ impl App {
         if ctrl {
             match key.code {
                 KeyCode::Char('q') => return vec![Action::Quit],
-                KeyCode::Char('b') => return self.background(None),
+                // Ctrl+G too: inside tmux, Ctrl+B is tmux's prefix.
+                KeyCode::Char('b') | KeyCode::Char('g') => return self.background(None),
                 KeyCode::Char('c') => return self.ctrl_c(),
                 _ => {}
             }
@@ -673,6 +893,10 @@ impl App {
         self.status = None;
         match key.code {
             KeyCode::Char('d') if ctrl && self.input.is_empty() => return vec![Action::Quit],
+            KeyCode::Char('d') if ctrl => {
+                self.input
+                    .key(&KeyEvent::new(KeyCode::Delete, KeyModifiers::NONE));
+            }
             KeyCode::Char('t') if ctrl => self.overlay = Overlay::Jobs { selected: 0 },
             KeyCode::Char('s') if ctrl => {
                 self.overlay = Overlay::Sessions {
@@ -690,18 +914,14 @@ impl App {
                     .into_iter()
                     .collect()
             }
-            KeyCode::Char('u') if ctrl => self.input.clear(),
-            KeyCode::Char(c) if !ctrl => self.input.push(c),
-            KeyCode::Backspace => {
-                self.input.pop();
-            }
             KeyCode::Enter => return self.submit(),
-            KeyCode::Up => self.scroll += 1,
-            KeyCode::Down => self.scroll = self.scroll.saturating_sub(1),
+            KeyCode::Esc => self.take_back(),
             KeyCode::PageUp => self.scroll += 10,
             KeyCode::PageDown => self.scroll = self.scroll.saturating_sub(10),
-            KeyCode::End => self.scroll = 0,
-            _ => {}
+            KeyCode::End if ctrl => self.scroll = 0,
+            _ => {
+                self.input.key(&key);
+            }
         }
         Vec::new()
     }
@@ -755,41 +975,51 @@ impl App {
         vec![Action::Quit]
     }
 
-    fn submit(&mut self) -> Vec<Action> {
-        let line = self.input.trim().to_string();
-        if line.is_empty() {
-            return Vec::new();
-        }
-        let Some(session) = self.session_id.clone() else {
-            self.status = Some("no session yet: waiting for the host".into());
-            return Vec::new();
+    /// Esc: the last queued line comes back into the input line, to edit
+    /// or drop; what was typed there goes into the history, not lost.
+    fn take_back(&mut self) {
+        let Some(last) = self.queue.pop_back() else {
+            return;
         };
-        if let Some(call) = &self.call {
-            self.status = Some(format!(
-                "still running `{}`: Ctrl+B moves it to the background, Ctrl+C interrupts",
-                call.label
-            ));
+        if !self.input.is_empty() {
+            self.input.take();
+        }
+        self.input.set(&last.line);
+        self.status = Some("taken back from the queue".into());
+    }
+
+    /// Enter: the line is queued and goes as soon as the session takes it
+    /// (at once when it is idle and the host is there).
+    fn submit(&mut self) -> Vec<Action> {
+        let line = self.input.take().trim().to_string();
+        if line.is_empty() || line.strip_prefix('!').is_some_and(|c| c.trim().is_empty()) {
             return Vec::new();
         }
-        self.input.clear();
         self.scroll = 0;
-        if let Some(command) = line.strip_prefix('!') {
-            let command = command.trim().to_string();
-            if command.is_empty() {
-                return Vec::new();
-            }
-            self.call = Some(Call {
-                label: command.clone(),
+        let key = self.new_key();
+        self.queue.push_back(Queued { line, key });
+        let actions = self.send_next();
+        if actions.is_empty() {
+            self.status = Some(if self.gone {
+                format!(
+                    "{QUEUED}: this session is gone; pick another (Ctrl+S) or make one (Ctrl+N)"
+                )
+            } else if self.connection != Connection::Connected {
+                format!("{QUEUED}: sent once the host is back")
+            } else {
+                format!("{QUEUED}: sent when the session is free · Esc takes it back")
             });
-            vec![Action::Shell { session, command }]
-        } else {
-            self.call = Some(Call {
-                label: line.clone(),
-            });
-            vec![Action::Prompt {
-                session,
-                text: line,
-            }]
         }
+        actions
     }
+}
+
+/// What makes this client's idempotency keys its own: the process id and
+/// the start time, so another client (or this one after a restart) never
+/// sends a key this one used.
+fn key_prefix() -> String {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("attach-{}-{}", std::process::id(), since.as_nanos())
 }

@@ -40,8 +40,8 @@ pub(crate) enum Msg {
     Paste(String),
     /// The terminal changed size; the next draw follows it.
     Resize,
-    /// Time passed (every [`TICK`]).
-    Tick,
+    /// Time passed (every [`TICK`]); the time now.
+    Tick(std::time::SystemTime),
     /// A signal (SIGTERM, SIGHUP, SIGINT) asked us to stop.
     Quit,
     /// The event stream is open (it begins with `server.connected`).
@@ -58,6 +58,8 @@ pub(crate) enum Msg {
     Event(Value),
     /// Answers to a [`Action::Refresh`] of session `session_id`.
     Session(Result<Session, String>),
+    /// The host answered that session `.0` does not exist.
+    SessionGone(String),
     Messages(String, Vec<Message>),
     Jobs(String, Vec<Job>),
     Plugins(Vec<Value>),
@@ -67,8 +69,8 @@ pub(crate) enum Msg {
     /// Every session, for the session picker.
     Sessions(Result<Vec<Session>, String>),
     /// The blocking call (prompt or tool) returned.
-    PromptDone(String, Result<Vec<Message>, String>),
-    ToolDone(String, Result<ToolResult, String>),
+    PromptDone(String, Result<Vec<Message>, CallError>),
+    ToolDone(String, Result<ToolResult, CallError>),
     /// `POST .../background` answered with the jobs it moved.
     Backgrounded(String, Result<Vec<Job>, String>),
     /// `POST .../interrupt` answered.
@@ -81,6 +83,33 @@ pub(crate) enum Msg {
     },
     /// Any other call's failure, to show.
     Failed(String),
+}
+
+/// Why a prompt or tool call got no answer: what the app does next
+/// depends on it (send again after a reconnect, offer another session, or
+/// just say it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CallError {
+    /// The host could not be reached, or went away before answering.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The session is not on the host.
+    #[error("{0}")]
+    NotFound(String),
+    /// Any other refusal.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<ClientError> for CallError {
+    fn from(error: ClientError) -> Self {
+        let text = error.to_string();
+        match error {
+            ClientError::Unreachable { .. } => CallError::Unreachable(text),
+            ClientError::Api { status: 404, .. } => CallError::NotFound(text),
+            _ => CallError::Other(text),
+        }
+    }
 }
 
 /// One range of `GET /api/job/:id/output`.
@@ -103,6 +132,8 @@ pub(crate) enum Action {
     Prompt {
         session: String,
         text: String,
+        /// Sent as `Idempotency-Key`: the same on every try of this line.
+        key: String,
     },
     Shell {
         session: String,
@@ -171,9 +202,13 @@ impl Io {
             Action::Quit => {}
             Action::Refresh(session) => {
                 let id = segment(&session);
-                self.send(Msg::Session(
-                    client.get(&format!("/api/session/{id}")).map_err(text),
-                ));
+                match client.get(&format!("/api/session/{id}")) {
+                    Err(ClientError::Api { status: 404, .. }) => {
+                        self.send(Msg::SessionGone(session));
+                        return;
+                    }
+                    read => self.send(Msg::Session(read.map_err(text))),
+                }
                 match client.get(&format!("/api/session/{id}/message")) {
                     Ok(messages) => self.send(Msg::Messages(session.clone(), messages)),
                     Err(e) => self.send(Msg::Failed(format!("messages: {e}"))),
@@ -203,12 +238,18 @@ impl Io {
             Action::Prompt {
                 session,
                 text: line,
+                key,
             } => {
                 let path = format!("/api/session/{}/prompt", segment(&session));
-                let answer: Result<Value, _> =
-                    client.call(Method::POST, &path, Some(&json!({ "text": line })));
-                let messages = answer.map_err(text).and_then(|v| {
-                    serde_json::from_value(v["messages"].clone()).map_err(|e| e.to_string())
+                let answer: Result<Value, _> = client.call_with_header(
+                    Method::POST,
+                    &path,
+                    Some(&json!({ "text": line })),
+                    ("Idempotency-Key", key),
+                );
+                let messages = answer.map_err(CallError::from).and_then(|v| {
+                    serde_json::from_value(v["messages"].clone())
+                        .map_err(|e| CallError::Other(e.to_string()))
                 });
                 self.send(Msg::PromptDone(session, messages));
             }
@@ -216,7 +257,7 @@ impl Io {
                 let path = format!("/api/session/{}/tool", segment(&session));
                 let body = json!({ "tool": "shell", "input": { "command": command } });
                 let result = client.call(Method::POST, &path, Some(&body));
-                self.send(Msg::ToolDone(session, result.map_err(text)));
+                self.send(Msg::ToolDone(session, result.map_err(CallError::from)));
             }
             Action::Background { session, job_id } => {
                 let path = format!("/api/session/{}/background", segment(&session));
@@ -360,7 +401,7 @@ pub(crate) fn tick(tx: Sender<Msg>) {
         let msg = if signalled.load(Ordering::SeqCst) {
             Msg::Quit
         } else {
-            Msg::Tick
+            Msg::Tick(std::time::SystemTime::now())
         };
         if tx.send(msg).is_err() {
             return;

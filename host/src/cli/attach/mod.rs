@@ -4,15 +4,21 @@
 //! - `app.rs`: the state, updated by one message at a time;
 //! - `ui.rs`: the drawing, a pure function of the state;
 //! - `events.rs`: the messages, and the threads that produce them (keys,
-//!   ticks, the event stream, HTTP calls).
+//!   ticks, the event stream, HTTP calls);
+//! - `input.rs`: the input line's editor and history;
+//! - `markdown.rs` and `wrap.rs`: answers as markdown, and word wrapping.
 //!
 //! It talks to the host only through the public HTTP API and event stream,
 //! like any other client: a prompt or `!` shell call blocks the session as
-//! it would for anyone, and Ctrl+B is `POST /api/session/:id/background`.
+//! it would for anyone, and Ctrl+B (or Ctrl+G, which tmux leaves alone)
+//! is `POST /api/session/:id/background`.
 
 pub(crate) mod app;
 pub(crate) mod events;
+pub(crate) mod input;
+pub(crate) mod markdown;
 pub(crate) mod ui;
+pub(crate) mod wrap;
 
 use std::{
     io::{IsTerminal, Stdout},
@@ -124,6 +130,8 @@ fn event_loop(
     let (tx, rx) = mpsc::channel();
     let io = Io::new(http.clone(), tx.clone());
     let mut app = App::new(session, !no_color());
+    // tmux takes the first Ctrl+B as its prefix; the footer says so.
+    app.tmux = std::env::var_os("TMUX").is_some_and(|v| !v.is_empty());
     events::read_terminal(tx.clone());
     events::tick(tx.clone());
     events::follow_events(http, tx);

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{
     app::{App, Connection},
-    events::{Action, Msg, OutputChunk},
+    events::{Action, CallError, Msg, OutputChunk},
     ui,
 };
 
@@ -70,11 +70,26 @@ fn attached(color: bool) -> App {
         json!({"name": "audit-log", "status": "loaded"}),
         json!({"name": "broken", "status": "failed"}),
     ]));
+    app.now = at("2026-01-01T00:00:05Z");
     app
 }
 
+/// A tick, five seconds after the test jobs started.
+fn tick() -> Msg {
+    Msg::Tick(at("2026-01-01T00:00:05Z"))
+}
+
+/// A time, as the host writes them.
+fn at(time: &str) -> std::time::SystemTime {
+    humantime::parse_rfc3339_weak(time).unwrap()
+}
+
 fn render(app: &mut App) -> (String, ratatui::buffer::Buffer) {
-    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    render_at(app, 80, 24)
+}
+
+fn render_at(app: &mut App, width: u16, height: u16) -> (String, ratatui::buffer::Buffer) {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
     terminal.draw(|frame| ui::draw(frame, app)).unwrap();
     let buffer = terminal.backend().buffer().clone();
     let mut text = String::new();
@@ -107,7 +122,7 @@ fn the_screen_shows_roles_running_calls_and_plugins_in_80x24() {
         json!({"type": "job.started", "properties": job_json("job_2", "running", false)}),
     ));
     assert_eq!(
-        app.apply(Msg::Tick),
+        app.apply(tick()),
         vec![Action::FetchOutput {
             job_id: "job_2".into(),
             offset: 0,
@@ -132,11 +147,12 @@ fn the_screen_shows_roles_running_calls_and_plugins_in_80x24() {
         "broken failed",
         "you     echo hi",
         "tool    hi",
-        "agent   `echo hi`",
+        "agent   echo hi → completed",
         "notice  Background job job_1",
-        "job_2 fg shell sleep 3; echo done",
+        "shell   $ sleep 3; echo done",
+        "running 5.0s · ^G background · ^C interrupt",
         "│ step 2",
-        "Ctrl+B background",
+        "^B/^G bg",
         "> ",
     ] {
         assert!(
@@ -146,7 +162,7 @@ fn the_screen_shows_roles_running_calls_and_plugins_in_80x24() {
     }
     // The next tick asks for what follows.
     assert_eq!(
-        app.apply(Msg::Tick),
+        app.apply(tick()),
         vec![Action::FetchOutput {
             job_id: "job_2".into(),
             offset: 14,
@@ -176,35 +192,82 @@ fn no_color_draws_without_colours_and_keeps_the_labels() {
     assert!(buffer.content().iter().any(|c| c.fg != Color::Reset));
 }
 
+/// The action a line sent now asks for, with the key it was given.
+fn prompt_key(actions: &[Action]) -> String {
+    match actions {
+        [Action::Prompt { key, .. }] => key.clone(),
+        other => panic!("not one prompt: {other:?}"),
+    }
+}
+
 #[test]
-fn enter_prompts_and_a_bang_runs_a_shell_call() {
+fn enter_prompts_and_a_line_typed_while_busy_is_queued_then_sent() {
     let mut app = attached(true);
     typed(&mut app, "sleep 3; echo done");
-    assert_eq!(
-        app.apply(key(KeyCode::Enter)),
-        vec![Action::Prompt {
-            session: SES.into(),
-            text: "sleep 3; echo done".into()
-        }]
-    );
+    let sent = app.apply(key(KeyCode::Enter));
+    assert!(matches!(&sent[..], [Action::Prompt { session, text, .. }]
+        if session == SES && text == "sleep 3; echo done"));
     assert!(app.busy());
-    // A second line waits for the first.
+    // Typed while busy: queued and shown, not refused.
     typed(&mut app, "!ls");
     assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
-    assert!(app.status.as_deref().unwrap().contains("Ctrl+B"));
-    app.apply(Msg::PromptDone(
-        SES.into(),
-        Ok(vec![message("msg_9", "assistant", "ok")]),
-    ));
-    assert!(!app.busy());
-    assert_eq!(app.messages.len(), 1);
+    typed(&mut app, "second");
+    assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
+    assert_eq!(app.queue.len(), 2);
+    let (screen, _) = render(&mut app);
+    assert!(
+        screen.contains("queued (2) · Esc takes back: !ls"),
+        "{screen}"
+    );
+    // Esc takes the last one back into the input line.
+    app.apply(key(KeyCode::Esc));
+    assert_eq!(app.input.text(), "second");
+    assert_eq!(app.queue.len(), 1);
+    // The turn ends: the next queued line goes at once.
     assert_eq!(
-        app.apply(key(KeyCode::Enter)),
+        app.apply(Msg::PromptDone(
+            SES.into(),
+            Ok(vec![message("msg_9", "assistant", "ok")]),
+        )),
         vec![Action::Shell {
             session: SES.into(),
             command: "ls".into()
         }]
     );
+    assert!(app.queue.is_empty());
+    assert_eq!(app.messages.len(), 1);
+}
+
+#[test]
+fn a_prompt_whose_answer_was_lost_is_sent_again_with_the_same_key_after_the_reconnect() {
+    let mut app = attached(true);
+    typed(&mut app, "echo once");
+    let key_sent = prompt_key(&app.apply(key(KeyCode::Enter)));
+    // The host dies before answering.
+    app.apply(Msg::PromptDone(
+        SES.into(),
+        Err(CallError::Unreachable("connection reset".into())),
+    ));
+    assert_eq!(app.queue.len(), 1);
+    // Not at once (the host is down; the stream has not noticed yet).
+    assert_eq!(app.apply(Msg::Tick(app.now)), vec![]);
+    app.apply(Msg::Disconnected("connection refused".into()));
+    // Typed while the host is down: kept too.
+    typed(&mut app, "echo twice");
+    assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("queued (2)"), "{screen}");
+    // Back: the session is read again, then the first line goes, same key.
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::Refresh(SES.into())]
+    );
+    let again = app.apply(Msg::Session(Ok(session("idle"))));
+    assert_eq!(prompt_key(&again), key_sent);
+    let next = app.apply(Msg::PromptDone(SES.into(), Ok(vec![])));
+    let second = prompt_key(&next);
+    assert_ne!(second, key_sent);
+    assert!(app.queue.is_empty());
 }
 
 #[test]
@@ -327,7 +390,7 @@ fn the_jobs_list_opens_a_paged_output() {
     });
     // Not at the end yet: the next page is asked for.
     assert_eq!(
-        app.apply(Msg::Tick),
+        app.apply(tick()),
         vec![Action::FetchOutput {
             job_id: "job_1".into(),
             offset: first.len() as u64,
@@ -344,7 +407,7 @@ fn the_jobs_list_opens_a_paged_output() {
             eof: true,
         }),
     });
-    assert_eq!(app.apply(Msg::Tick), vec![]);
+    assert_eq!(app.apply(tick()), vec![]);
     app.apply(key(KeyCode::End));
     let (screen, _) = render(&mut app);
     assert!(screen.contains("line 31"), "{screen}");
@@ -451,4 +514,658 @@ fn a_stale_refresh_never_undoes_what_the_stream_showed() {
     ));
     app.apply(Msg::Jobs(SES.into(), vec![job("job_3", "running", true)]));
     assert!(app.jobs.iter().any(|j| j.id == "job_3" && j.backgrounded));
+}
+
+fn event(kind: &str, properties: Value) -> Msg {
+    Msg::Event(json!({ "type": kind, "properties": properties }))
+}
+
+fn delta(message_id: &str, text: &str) -> Msg {
+    event(
+        "message.delta",
+        json!({ "session_id": SES, "message_id": message_id, "delta": text }),
+    )
+}
+
+/// A job record as the host sends it, ended or not.
+fn job_at(
+    id: &str,
+    title: &str,
+    status: &str,
+    backgrounded: bool,
+    ended: Option<(&str, Option<i32>)>,
+) -> Value {
+    let mut job = job_json(id, status, backgrounded);
+    job["title"] = json!(title);
+    if let Some((completed_at, exit_code)) = ended {
+        job["completed_at"] = json!(completed_at);
+        job["exit_code"] = json!(exit_code);
+    }
+    job
+}
+
+fn tool_answer(id: &str, job_id: &str, text: &str, status: &str, exit: Option<i32>) -> Message {
+    serde_json::from_value(json!({
+        "id": id, "session_id": SES, "role": "tool", "text": text,
+        "metadata": {"job_id": job_id, "tool": "shell", "status": status, "exit_code": exit},
+        "created_at": "2026-01-01T00:00:02Z"
+    }))
+    .unwrap()
+}
+
+/// The screen's rows without their trailing blanks.
+fn trimmed(screen: &str) -> String {
+    screen
+        .lines()
+        .map(str::trim_end)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn a_streamed_answer_shows_as_markdown_and_the_finished_message_replaces_it() {
+    let mut app = attached(true);
+    app.apply(delta("msg_a", "## Plan\n\nFirst **build**, then"));
+    app.apply(delta(
+        "msg_a",
+        " run `cargo test`:\n\n- fast\n- sure\n\n```sh\ncargo",
+    ));
+    // Deltas of another session stay out.
+    app.apply(event(
+        "message.delta",
+        json!({"session_id": "ses_other", "message_id": "msg_x", "delta": "nope"}),
+    ));
+    let (screen, buffer) = render(&mut app);
+    for expected in [
+        "agent   Plan",
+        "        First build, then run cargo test:",
+        "        • fast",
+        "        • sure",
+        "        │ cargo",
+    ] {
+        assert!(
+            screen.contains(expected),
+            "{expected:?} missing from:\n{screen}"
+        );
+    }
+    assert!(!screen.contains("nope"), "{screen}");
+    assert!(!screen.contains("**"), "{screen}");
+    // Bold is bold; inline code has its colour.
+    let row = screen
+        .lines()
+        .position(|l| l.contains("First build"))
+        .unwrap() as u16;
+    let col = screen
+        .lines()
+        .nth(row as usize)
+        .unwrap()
+        .find("build")
+        .unwrap() as u16;
+    assert!(buffer[(col, row)]
+        .modifier
+        .contains(ratatui::style::Modifier::BOLD));
+    // The finished message replaces what streamed, once.
+    app.apply(Msg::Event(json!({"type": "message.added", "properties":
+        serde_json::to_value(message("msg_a", "assistant", "## Plan\n\nDone.")).unwrap()})));
+    assert!(app.streams.is_empty());
+    // A late delta of a finished message is ignored.
+    app.apply(delta("msg_a", " late"));
+    let (screen, _) = render(&mut app);
+    assert_eq!(screen.matches("Plan").count(), 1, "{screen}");
+    assert!(screen.contains("        Done."), "{screen}");
+    assert!(!screen.contains("late"), "{screen}");
+}
+
+#[test]
+fn every_tool_call_is_a_block_with_its_command_state_and_output() {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![
+            message("msg_1", "user", "!echo hi"),
+            tool_answer("msg_2", "job_ok", "hi", "completed", Some(0)),
+            tool_answer("msg_3", "job_bad", "no such file", "error", Some(2)),
+            // The host writes why a job was cancelled as its last line.
+            tool_answer(
+                "msg_4",
+                "job_int",
+                "partial\n[interrupted]",
+                "cancelled",
+                None,
+            ),
+        ],
+    ));
+    let ended = |id, title, status, bg, exit| {
+        Msg::Event(json!({"type": "job.finished", "properties":
+            job_at(id, title, status, bg, Some(("2026-01-01T00:00:01.500Z", exit)))}))
+    };
+    app.apply(ended("job_ok", "echo hi", "completed", false, Some(0)));
+    app.apply(ended("job_bad", "ls /nope", "error", false, Some(2)));
+    // Interrupted (its answer says so).
+    app.apply(ended("job_int", "sleep 60", "cancelled", false, None));
+    // Cancelled in the background.
+    app.apply(ended("job_can", "sleep 70", "cancelled", true, None));
+    // Moved, still running; and one running in the foreground.
+    app.apply(event(
+        "job.started",
+        job_at("job_bg", "make all", "running", true, None),
+    ));
+    app.apply(event(
+        "job.started",
+        job_at("job_fg", "cargo build", "running", false, None),
+    ));
+    app.apply(tick());
+    app.apply(Msg::Output {
+        job_id: "job_fg".into(),
+        pager: false,
+        result: Ok(OutputChunk {
+            offset: 0,
+            data: "Compiling a\nCompiling b\n".into(),
+            next_offset: 24,
+            eof: false,
+        }),
+    });
+    let (screen, _) = render(&mut app);
+    for expected in [
+        "shell   $ echo hi",
+        "        ✓ exit 0 · 1.5s",
+        "        │ hi",
+        "shell   $ ls /nope",
+        "        ✗ exit 2 · 1.5s",
+        "        │ no such file",
+        "shell   $ sleep 60",
+        "        ■ interrupted · 1.5s",
+        "        │ partial",
+        "shell   $ sleep 70",
+        "        ■ ↷ moved to the background · cancelled · 1.5s",
+        "shell   $ make all",
+        "↷ moved to the background · running 5.0s",
+        "shell   $ cargo build",
+        "running 5.0s · ^G background · ^C interrupt",
+        "        │ Compiling b",
+        // The background one counts in the status line.
+        " ⚙ 1 background job running · Ctrl+T lists them",
+    ] {
+        assert!(
+            screen.contains(expected),
+            "{expected:?} missing from:\n{screen}"
+        );
+    }
+    // The spinner turns with the ticks.
+    let before = screen.lines().find(|l| l.contains("cargo build")).map(|_| {
+        screen
+            .lines()
+            .find(|l| l.contains("running 5.0s · ^G"))
+            .unwrap()
+            .to_string()
+    });
+    app.apply(tick());
+    let (screen, _) = render(&mut app);
+    let after = screen
+        .lines()
+        .find(|l| l.contains("running 5.0s · ^G"))
+        .unwrap();
+    assert_ne!(before.as_deref(), Some(after), "the spinner did not move");
+    // The tick's read comes back empty; when the call ends, its last
+    // output is read once more.
+    app.apply(Msg::Output {
+        job_id: "job_fg".into(),
+        pager: false,
+        result: Ok(OutputChunk {
+            offset: 24,
+            data: String::new(),
+            next_offset: 24,
+            eof: true,
+        }),
+    });
+    let finished = app.apply(Msg::Event(json!({"type": "job.finished", "properties":
+        job_at("job_fg", "cargo build", "completed", false, Some(("2026-01-01T00:01:05Z", Some(0))))})));
+    assert_eq!(
+        finished,
+        vec![Action::FetchOutput {
+            job_id: "job_fg".into(),
+            offset: 24,
+            pager: false
+        }]
+    );
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("✓ exit 0 · 1m05s"), "{screen}");
+}
+
+#[test]
+fn a_permission_question_shows_whole_with_its_keys_at_80x24_whatever_its_length() {
+    for length in [40, 60, 200, 2000] {
+        let mut app = attached(true);
+        let words: Vec<String> = (0..).map(|i| format!("arg{i}")).take(length / 5).collect();
+        let command = format!("rm {}", words.join(" "));
+        app.apply(event(
+            "permission.asked",
+            json!({
+            "id": "per_1", "session_id": SES, "tool": "shell",
+            "pattern": command, "status": "pending"}),
+        ));
+        let (screen, _) = render(&mut app);
+        assert!(
+            screen.contains("[o]nce  [a]lways  [r]eject"),
+            "{length}: {screen}"
+        );
+        assert!(
+            screen.contains("permission: shell `rm arg0"),
+            "{length}: {screen}"
+        );
+        assert!(screen.contains("> "), "{length}: {screen}");
+        if length <= 200 {
+            // Whole: every word shows, none split.
+            let last = words.last().unwrap();
+            assert!(screen.contains(&format!("{last}`?")), "{length}: {screen}");
+            for word in &words {
+                assert!(
+                    screen
+                        .split_whitespace()
+                        .any(|w| w.trim_matches(['`', '?']) == word),
+                    "{word} of {length} missing or split:\n{screen}"
+                );
+            }
+        } else {
+            assert!(screen.contains("more lines …"), "{screen}");
+        }
+    }
+}
+
+#[test]
+fn lines_wrap_at_words_and_never_inside_an_id_also_when_resized() {
+    let mut app = attached(false);
+    let id = "job_01a22e87024c000002fc9e9e";
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![message(
+            "msg_1",
+            "notice",
+            &format!("Background job {id} (shell: sleep 3; echo done) completed with exit code 0."),
+        )],
+    ));
+    for (width, height) in [(80, 24), (50, 20), (37, 30), (120, 40)] {
+        let (screen, _) = render_at(&mut app, width, height);
+        assert!(screen.contains(id), "{id} split at {width}:\n{screen}");
+        // No word was cut: each row's words are whole words of the text.
+        for word in ["Background", "completed", "exit", "code"] {
+            assert!(screen.contains(word), "{word} split at {width}:\n{screen}");
+        }
+    }
+}
+
+#[test]
+fn the_input_line_edits_with_readline_keys_and_recalls_history() {
+    let mut app = attached(true);
+    let alt = |c| Msg::Key(KeyEvent::new(KeyCode::Char(c), KeyModifiers::ALT));
+    typed(&mut app, "echo world");
+    app.apply(ctrl('a'));
+    typed(&mut app, "x ");
+    assert_eq!(app.input.text(), "x echo world");
+    app.apply(ctrl('e'));
+    app.apply(alt('b'));
+    app.apply(ctrl('k'));
+    assert_eq!(app.input.text(), "x echo ");
+    typed(&mut app, "there");
+    app.apply(key(KeyCode::Left));
+    app.apply(key(KeyCode::Left));
+    app.apply(key(KeyCode::Backspace));
+    assert_eq!(app.input.text(), "x echo thre");
+    app.apply(ctrl('w'));
+    assert_eq!(app.input.text(), "x echo re");
+    app.apply(key(KeyCode::Home));
+    app.apply(key(KeyCode::Delete));
+    app.apply(key(KeyCode::Delete));
+    assert_eq!(app.input.text(), "echo re");
+    app.apply(ctrl('e'));
+    app.apply(ctrl('u'));
+    assert!(app.input.is_empty());
+    // The cursor is drawn where the editing happens.
+    typed(&mut app, "abc");
+    app.apply(key(KeyCode::Left));
+    let mut terminal = Terminal::new(TestBackend::new(80, 24)).unwrap();
+    terminal.draw(|frame| ui::draw(frame, &mut app)).unwrap();
+    terminal.backend_mut().assert_cursor_position((4, 23));
+    app.apply(ctrl('e'));
+    app.apply(ctrl('u'));
+
+    // ↑ and ↓ walk the lines sent; what was being typed comes back.
+    for line in ["first", "second"] {
+        typed(&mut app, line);
+        app.apply(key(KeyCode::Enter));
+        app.apply(Msg::PromptDone(SES.into(), Ok(vec![])));
+    }
+    typed(&mut app, "draft");
+    app.apply(key(KeyCode::Up));
+    assert_eq!(app.input.text(), "second");
+    app.apply(key(KeyCode::Up));
+    assert_eq!(app.input.text(), "first");
+    app.apply(key(KeyCode::Up));
+    assert_eq!(app.input.text(), "first");
+    app.apply(key(KeyCode::Down));
+    app.apply(key(KeyCode::Down));
+    assert_eq!(app.input.text(), "draft");
+    // PgUp/PgDn scroll the transcript instead.
+    app.apply(key(KeyCode::PageUp));
+    assert_eq!(app.scroll, 10);
+    app.apply(key(KeyCode::PageDown));
+    assert_eq!(app.scroll, 0);
+}
+
+#[test]
+fn ctrl_g_backgrounds_too_and_inside_tmux_the_footer_says_how() {
+    let mut app = attached(true);
+    assert_eq!(
+        app.apply(ctrl('g')),
+        vec![Action::Background {
+            session: SES.into(),
+            job_id: None
+        }]
+    );
+    app.status = None;
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("^B/^G bg"), "{screen}");
+    app.tmux = true;
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("^G bg (tmux: ^B ^B)"), "{screen}");
+    // Both footers fit in 80 columns.
+    assert!(ui::footer(true).chars().count() <= 80);
+    assert!(ui::footer(false).chars().count() <= 80);
+}
+
+#[test]
+fn a_session_the_host_does_not_have_is_said_and_another_is_offered() {
+    let mut app = attached(true);
+    app.apply(Msg::Disconnected("connection refused".into()));
+    // Back, but it is another host (another data dir).
+    assert_eq!(
+        app.apply(Msg::Connected { resumed: false }),
+        vec![Action::Refresh(SES.into())]
+    );
+    assert_eq!(
+        app.apply(Msg::SessionGone(SES.into())),
+        vec![Action::ListSessions]
+    );
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("gone"), "{screen}");
+    assert!(screen.contains("is not on this host"), "{screen}");
+    assert!(
+        screen.contains("sessions: Enter attach · n new"),
+        "{screen}"
+    );
+    assert!(!screen.contains(" idle "), "{screen}");
+    // A line typed now is kept, not sent to a session that is not there.
+    app.apply(key(KeyCode::Esc));
+    typed(&mut app, "echo kept");
+    assert_eq!(app.apply(key(KeyCode::Enter)), vec![]);
+    assert_eq!(app.queue.len(), 1);
+    // A new session takes it.
+    app.apply(ctrl('s'));
+    assert_eq!(
+        app.apply(key(KeyCode::Char('n'))),
+        vec![Action::CreateSession]
+    );
+    let mut other = session("idle");
+    other.id = "ses_new".into();
+    let actions = app.apply(Msg::Created(Ok(other)));
+    assert_eq!(actions[0], Action::Refresh("ses_new".into()));
+    assert!(matches!(&actions[1], Action::Prompt { session, text, .. }
+        if session == "ses_new" && text == "echo kept"));
+    assert!(!app.gone);
+}
+
+/// The screens shown in docs/attach.md, drawn here so they cannot go
+/// stale: the test fails when the file differs, and
+/// `OFFSTAGE_UPDATE_SCREENS=1` rewrites it.
+#[test]
+fn the_screens_in_the_docs_are_what_attach_draws() {
+    let mut doc = String::from(
+        "<!-- Generated by `the_screens_in_the_docs_are_what_attach_draws` \
+         (host/src/cli/attach/tests.rs): OFFSTAGE_UPDATE_SCREENS=1 cargo test -p offstage \
+         --lib cli::attach rewrites it. Do not edit. -->\n\n\
+         # `offstage attach`: screens\n\n\
+         Drawn by the client's own code on an 80x24 terminal (ratatui's TestBackend), \
+         from the events a host sends; the unit tests fail when this file differs.\n",
+    );
+    for (title, mut app) in [
+        (
+            "A streamed answer, as markdown, while the agent writes it",
+            streaming_screen(),
+        ),
+        (
+            "Tool calls: running, ended, interrupted, moved; a queued prompt",
+            calls_screen(),
+        ),
+        (
+            "A permission question whose command is long",
+            permission_screen(),
+        ),
+        (
+            "The host came back without the session (another data dir)",
+            gone_screen(),
+        ),
+    ] {
+        let (screen, _) = render(&mut app);
+        doc.push_str(&format!(
+            "\n## {title}\n\n```text\n{}\n```\n",
+            trimmed(&screen)
+        ));
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let update = std::env::var_os("OFFSTAGE_UPDATE_SCREENS").is_some();
+    let fix = "run OFFSTAGE_UPDATE_SCREENS=1 cargo test -p offstage --lib \
+               cli::attach::tests::the_screens_in_the_docs_are_what_attach_draws";
+    let path = root.join("docs/attach.md");
+    if update {
+        std::fs::write(&path, &doc).unwrap();
+    }
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(written == doc, "docs/attach.md is out of date: {fix}");
+
+    // README.md shows one of them between its markers.
+    let (begin, end) = ("<!-- attach-screen: begin", "<!-- attach-screen: end -->");
+    let path = root.join("README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let start = readme.find(begin).expect("the README's begin marker");
+    let start = start + readme[start..].find('\n').unwrap() + 1;
+    let stop = readme.find(end).expect("the README's end marker");
+    let (screen, _) = render(&mut calls_screen());
+    let block = format!("```text\n{}\n```\n", trimmed(&screen));
+    if update {
+        let updated = format!("{}{block}{}", &readme[..start], &readme[stop..]);
+        std::fs::write(&path, updated).unwrap();
+    } else {
+        assert!(
+            readme[start..stop] == block,
+            "README.md's attach screen is out of date: {fix}"
+        );
+    }
+}
+
+fn streaming_screen() -> App {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![message("msg_1", "user", "how do I run the tests?")],
+    ));
+    app.apply(delta(
+        "msg_2",
+        "## Running the tests\n\nUse **cargo** from the workspace root; the \
+         integration tests live in `tests/it/`:\n\n1. `cargo test --workspace` runs \
+         everything\n2. a *filter* narrows it down:\n\n```sh\ncargo test -p offstage-tests \
+         --test it -- attach\n```\n\n> The pty tests start",
+    ));
+    app
+}
+
+fn calls_screen() -> App {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![
+            message("msg_1", "user", "!ls docs"),
+            tool_answer(
+                "msg_2",
+                "job_01a22e87024c000002fc9e9e",
+                "attach.md\ncontract.md\nplugins.md",
+                "completed",
+                Some(0),
+            ),
+            message("msg_3", "user", "!sleep 60"),
+            tool_answer(
+                "msg_4",
+                "job_01a22e8702ee000003a1b2c3",
+                "[interrupted]",
+                "cancelled",
+                None,
+            ),
+        ],
+    ));
+    app.apply(Msg::Jobs(
+        SES.into(),
+        vec![
+            serde_json::from_value(job_at(
+                "job_01a22e87024c000002fc9e9e",
+                "ls docs",
+                "completed",
+                false,
+                Some(("2026-01-01T00:00:00.400Z", Some(0))),
+            ))
+            .unwrap(),
+            serde_json::from_value(job_at(
+                "job_01a22e8702ee000003a1b2c3",
+                "sleep 60",
+                "cancelled",
+                false,
+                Some(("2026-01-01T00:00:04.200Z", None)),
+            ))
+            .unwrap(),
+            serde_json::from_value(job_at(
+                "job_01a22e87031f000004d4e5f6",
+                "make release",
+                "running",
+                true,
+                None,
+            ))
+            .unwrap(),
+            serde_json::from_value(job_at(
+                "job_01a22e870350000005a7b8c9",
+                "cargo build",
+                "running",
+                false,
+                None,
+            ))
+            .unwrap(),
+        ],
+    ));
+    app.apply(tick());
+    app.apply(Msg::Output {
+        job_id: "job_01a22e870350000005a7b8c9".into(),
+        pager: false,
+        result: Ok(OutputChunk {
+            offset: 0,
+            data: "   Compiling ratatui v0.30.2\n   Compiling offstage v0.1.0\n".into(),
+            next_offset: 57,
+            eof: false,
+        }),
+    });
+    typed(&mut app, "!git status");
+    app.call = Some(super::app::Call {
+        sent: super::app::Queued {
+            line: "!cargo build".into(),
+            key: "k0".into(),
+        },
+    });
+    app.apply(key(KeyCode::Enter));
+    app.status = None;
+    app
+}
+
+fn permission_screen() -> App {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![message("msg_1", "user", "clean up the build directories")],
+    ));
+    app.apply(event(
+        "permission.asked",
+        json!({
+        "id": "per_1", "session_id": SES, "tool": "shell", "status": "pending",
+        "pattern": "find . -name target -type d -prune -exec rm -rf {} + && \
+                    rm -rf node_modules .cache dist build coverage && git clean -fdx -e .env"}),
+    ));
+    app
+}
+
+fn gone_screen() -> App {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![message("msg_1", "user", "echo before")],
+    ));
+    app.apply(Msg::Disconnected("connection refused".into()));
+    app.apply(Msg::Connected { resumed: false });
+    app.apply(Msg::SessionGone(SES.into()));
+    let mut other = session("idle");
+    other.id = "ses_01a22e8701c600000067a674".into();
+    other.title = "attach".into();
+    app.apply(Msg::Sessions(Ok(vec![other])));
+    app
+}
+
+/// Only what shows is drawn (from the end), yet scrolling reaches the
+/// first line and stops there.
+#[test]
+fn a_long_transcript_scrolls_to_its_first_line_and_back() {
+    let mut app = attached(false);
+    let messages = (0..300)
+        .map(|i| message(&format!("msg_{i}"), "user", &format!("line {i:03}")))
+        .collect();
+    app.apply(Msg::Messages(SES.into(), messages));
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("line 299"), "{screen}");
+    assert!(!screen.contains("line 000"), "{screen}");
+    for _ in 0..40 {
+        app.apply(key(KeyCode::PageUp));
+    }
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("you     line 000"), "{screen}");
+    // Clamped at the top: one PgDn moves at once.
+    let top = app.scroll;
+    app.apply(key(KeyCode::PageDown));
+    assert_eq!(app.scroll, top - 10);
+    let end = Msg::Key(KeyEvent::new(KeyCode::End, KeyModifiers::CONTROL));
+    app.apply(end);
+    let (screen, _) = render(&mut app);
+    assert!(screen.contains("line 299"), "{screen}");
+}
+
+/// A command's output is shown as text: its escape sequences are not
+/// passed to the terminal (they would clear it, move the cursor, recolour).
+#[test]
+fn escape_sequences_in_output_are_shown_not_obeyed() {
+    let mut app = attached(false);
+    app.apply(Msg::Messages(
+        SES.into(),
+        vec![
+            message("msg_1", "user", "!printf"),
+            tool_answer(
+                "msg_2",
+                "job_esc",
+                "\u{1b}[2J\u{1b}[31mred\u{7}",
+                "completed",
+                Some(0),
+            ),
+        ],
+    ));
+    app.apply(Msg::Event(json!({"type": "job.finished", "properties":
+        job_at("job_esc", "printf", "completed", false, Some(("2026-01-01T00:00:01Z", Some(0))))})));
+    let (screen, buffer) = render(&mut app);
+    assert!(screen.contains("│ [2J[31mred"), "{screen}");
+    for cell in buffer.content() {
+        assert!(
+            !cell.symbol().chars().any(char::is_control),
+            "a control character reached the screen: {cell:?}"
+        );
+    }
 }

@@ -33,7 +33,7 @@ use crate::{
         isolate::HookKind,
         watchdog::Hook,
     },
-    session::agent::Agent,
+    session::agent::{Agent, TurnReply},
     session::SessionService,
     tool::{JobContext, Next, Tool, ToolOutcome, ToolWrapper},
     util::BoxFuture,
@@ -194,10 +194,11 @@ impl Agent for PluginAgent {
         self: Arc<Self>,
         _service: SessionService,
         turn: AgentTurn,
-    ) -> BoxFuture<Result<String>> {
+    ) -> BoxFuture<Result<TurnReply>> {
         Box::pin(async move {
             let json = self.callback.call(to_json(&turn)?).await?;
             serde_json::from_str::<String>(&json)
+                .map(TurnReply::from)
                 .map_err(|e| ServiceError::Plugin(format!("agent reply is not a string: {e}")))
         })
     }
@@ -322,6 +323,7 @@ pub(in crate::plugin) extern "C" fn subscribe(
     to_abi_unit((|| {
         plugin.check_grant(capability::EVENTS)?;
         let types: Vec<String> = parse("subscribe", types.as_str())?;
+        crate::event::check_subscription(&types)?;
         plugin.register(Staged::Subscription(types, callback, plugin.new_queue()))
     })())
 }

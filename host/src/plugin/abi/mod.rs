@@ -50,7 +50,7 @@ pub(super) use convert::{error_from_wire, error_to_wire};
 pub(super) use hooks::Callback;
 pub(super) use instance::{Exporter, Instance, InstanceError};
 pub(super) use library::{init, manifest, open, ManifestInfo, Mapping, Module};
-pub(super) use services::emit_log;
+pub(super) use services::{emit_log, forward_log_level, own_log_level};
 pub(super) use session::block_on_host;
 
 use super::{generation::GenerationState, isolate::HookKind};

@@ -137,6 +137,27 @@ mod plugin_log {
 }
 
 pub(super) extern "C" fn max_log_level(_: HostCtx) -> u8 {
+    FORWARDED_LOG_LEVEL
+        .get()
+        .copied()
+        .unwrap_or_else(own_log_level)
+}
+
+/// In an isolated plugin's process: the host's level, which the plugin is
+/// told instead of this process's own (`warn`, for its own lines). The
+/// plugin's lines go to the host, which filters them by its own level; told
+/// `warn`, a plugin would drop its `info` lines before they were sent.
+static FORWARDED_LOG_LEVEL: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+
+/// Sets the level an isolated plugin is told ([`FORWARDED_LOG_LEVEL`]);
+/// once, at the start of its process.
+pub(in crate::plugin) fn forward_log_level(level: u8) {
+    let _ = FORWARDED_LOG_LEVEL.set(level);
+}
+
+/// This process's most verbose log level as the ABI numbers it: 0 off, 1
+/// error ... 5 trace.
+pub(in crate::plugin) fn own_log_level() -> u8 {
     use tracing::level_filters::LevelFilter;
     match LevelFilter::current() {
         LevelFilter::OFF => 0,

@@ -397,6 +397,7 @@ mod tests {
 
     /// `"METHOD /path"` of every operation tagged `session` or `job` in the
     /// host's OpenAPI document.
+    #[cfg(feature = "server")]
     fn session_domain_routes() -> BTreeSet<String> {
         let doc = serde_json::to_value(crate::http::openapi()).unwrap();
         let mut routes = BTreeSet::new();
@@ -412,6 +413,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "server")]
     fn the_method_table_and_the_http_api_agree() {
         let routes = session_domain_routes();
         assert!(

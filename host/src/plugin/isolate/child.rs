@@ -82,6 +82,9 @@ pub(crate) struct ChildArgs {
     pub writable: Option<PathBuf>,
     /// With `read_only`: sockets may be opened (`network = "allow"`).
     pub network: bool,
+    /// The host's log level (0 off ... 5 trace), which the plugin is told;
+    /// this process's own otherwise.
+    pub log_level: Option<u8>,
 }
 
 /// Runs the plugin's process until the host closes the channel. Started by
@@ -94,8 +97,12 @@ pub(crate) fn run_child(args: ChildArgs) -> ExitCode {
         read_only,
         writable,
         network,
+        log_level,
     } = args;
     crate::logging::init("warn");
+    if let Some(level) = log_level {
+        abi::forward_log_level(level);
+    }
     let config = PluginHostConfig {
         dirs: Vec::new(),
         data_dir: data_dir.clone(),

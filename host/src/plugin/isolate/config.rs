@@ -6,7 +6,8 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use serde::Serialize;
 
 /// Where a plugin's code runs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Isolation {
     /// In the host's process: native speed, but a crash is the host's.
@@ -32,7 +33,8 @@ impl std::str::FromStr for Isolation {
 
 /// What an isolated plugin's process may do to the filesystem
 /// (`filesystem = ...`; see `sandbox.rs`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "kebab-case")]
 pub enum Filesystem {
     /// What the user running the host may do (no restriction).
@@ -59,7 +61,8 @@ impl std::str::FromStr for Filesystem {
 /// Whether a `filesystem = "read-only"` plugin's process may open sockets
 /// (`network = ...`; see `sandbox.rs`). Without `read-only` nothing is
 /// restricted, this included.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
     /// No `socket()` (unix, IP, netlink or any other family).

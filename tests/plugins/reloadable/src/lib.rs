@@ -26,6 +26,8 @@
 //! - option `reload_gate` (a path): an `init` that has a previous state
 //!   appends `init V N waiting` to the log and then waits until that file
 //!   exists (a slow `init`, as long as a test wants it);
+//! - option `also_subscribe` (a list of event types): subscribes to them
+//!   too, doing nothing (the refusal of an unknown type, tests/it/kit.rs);
 //! - `shutdown` appends `shutdown V N in_flight=K` to that file, `K` being
 //!   the number of this generation's hooks still running (0 if the host
 //!   drained them first).
@@ -205,6 +207,11 @@ impl Plugin for Reloadable {
                 }
                 async { Ok(()) }
             })?;
+        if let Some(also) = ctx.options_value()["also_subscribe"].as_array() {
+            let types: Vec<&str> = also.iter().filter_map(|t| t.as_str()).collect();
+            ctx.events()
+                .subscribe(&types, |_: Event| async { Ok(()) })?;
+        }
         let me = shared.clone();
         ctx.tools()
             .add(spec("reloadable_finished"), move |call: ToolCall| {

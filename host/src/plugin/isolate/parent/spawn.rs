@@ -222,6 +222,9 @@ fn command(
         .arg(path)
         .arg("--data-dir")
         .arg(&config.data_dir)
+        // The plugin is told the host's log level, not the child's own.
+        .arg("--log-level")
+        .arg(crate::plugin::abi::own_log_level().to_string())
         .env_clear()
         .envs(harden::child_env())
         .stdin(Stdio::null())

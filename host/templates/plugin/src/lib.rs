@@ -1,14 +1,20 @@
-//! my-plugin: a template. It shows each kind of hook in a few lines — keep
-//! what you need, delete the rest, and trim the capabilities to match.
+//! my-plugin: made by `offstage plugin new`. It shows each kind of hook in
+//! a few lines — keep what you need, delete the rest, and trim the
+//! capabilities to match. `tests/plugin.rs` tests it in a real host.
 //!
-//! Rules of the road (docs/plugins.md has the details):
+//! Rules of the road (docs/plugins.md in the Offstage repository has the
+//! details):
 //! - no tokio here: use `ctx.sleep`, `ctx.timeout`, `ctx.race` and `ctx.spawn`;
 //! - panics are contained, but mark the plugin failed: return errors instead;
 //! - `tracing` macros go to the host's log under the plugin's name.
 
-use offstage_plugin_api::prelude::*;
+use std::sync::{
+    atomic::{AtomicU64, Ordering},
+    Arc,
+};
+
+use offstage_plugin_api::{event::JobFinished, prelude::*};
 use serde::Deserialize;
-use serde_json::json;
 
 /// The keys of `[plugin.my-plugin]` in the host config (but `enabled` and
 /// `grant`, which are the host's).
@@ -25,7 +31,10 @@ impl Default for Options {
     }
 }
 
-struct MyPlugin;
+struct MyPlugin {
+    /// How many times `my_tool` answered, across hot reloads.
+    echoed: Arc<AtomicU64>,
+}
 
 impl Plugin for MyPlugin {
     fn manifest() -> Manifest {
@@ -61,25 +70,40 @@ impl Plugin for MyPlugin {
 
         // 2. Add a tool, with the JSON Schema of its input: models and
         //    `GET /api/tool` show it, so callers know what to send.
+        //    What it counts is handed to the next generation on hot reload.
+        let previous: u64 = match ctx.previous_state::<Value>() {
+            Some(state) => state?["echoed"].as_u64().unwrap_or(0),
+            None => 0,
+        };
+        let echoed = Arc::new(AtomicU64::new(previous));
+        let counter = Arc::clone(&echoed);
         let spec = ToolSpec::new("my_tool", "echoes input.text").with_input_schema(json!({
             "type": "object",
             "properties": { "text": { "type": "string", "description": "what to echo" } },
             "required": ["text"],
         }));
-        ctx.tools().add(spec, |call: ToolCall| async move {
-            let text = call.input["text"].as_str().unwrap_or_default().to_string();
-            Ok(ToolResult::completed(&call, text))
+        ctx.tools().add(spec, move |call: ToolCall| {
+            let counter = Arc::clone(&counter);
+            async move {
+                let text = call.input["text"].as_str().unwrap_or_default().to_string();
+                counter.fetch_add(1, Ordering::Relaxed);
+                Ok(ToolResult::completed(&call, text))
+            }
         })?;
 
-        // 3. Listen to events.
-        ctx.events()
-            .subscribe(&["job.finished"], |event: Event| async move {
-                tracing::debug!(job = %event.properties["id"], "job finished");
-                Ok(())
-            })?;
+        // 3. Listen to events, by their payload type (`event` has one per
+        //    event type; `subscribe(&[event::JOB_FINISHED], ..)` by name).
+        ctx.events().on(|job: JobFinished| async move {
+            tracing::debug!(job = %job.id, exit_code = ?job.exit_code, "job finished");
+            Ok(())
+        })?;
 
         tracing::info!(?options, "my-plugin ready");
-        Ok(MyPlugin)
+        Ok(MyPlugin { echoed })
+    }
+
+    fn export_state(&self) -> Option<Value> {
+        Some(json!({ "echoed": self.echoed.load(Ordering::Relaxed) }))
     }
 
     fn shutdown(&self) {
