@@ -655,7 +655,7 @@ fn ctrl_b_moves_an_mcp_clients_held_call_alone() {
         "echo first; sleep 30; echo second",
     ));
     let mut attach = Attached::start(&server, &[&session]);
-    attach.wait_for(&[" connected ", "fg shell echo first"]);
+    attach.wait_for(&[" connected ", "$ echo first; sleep 30", "running"]);
     attach.send(b"\x02"); // Ctrl+B
     runtime.block_on(moved_answer(pending, &job_id));
     attach.send(b"\x11"); // Ctrl+Q
