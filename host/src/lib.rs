@@ -49,6 +49,8 @@ mod ids;
 #[cfg(test)]
 mod layers;
 mod logging;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod model;
 mod perf;
 mod permission;

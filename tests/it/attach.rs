@@ -627,3 +627,38 @@ fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_
     attach.resize(24, 80);
     attach.wait_for(&["$ echo w000 w001"]);
 }
+
+#[test]
+fn ctrl_b_moves_an_mcp_clients_held_call() {
+    alone(
+        "ctrl_b_moves_an_mcp_clients_held_call",
+        ctrl_b_moves_an_mcp_clients_held_call_alone,
+    );
+}
+
+/// An MCP client's held `tools/call`, moved by Ctrl+B in attach on the
+/// same session: the call answers at once as moved (docs/mcp.md).
+fn ctrl_b_moves_an_mcp_clients_held_call_alone() {
+    use crate::mcp::{held_call, http_client, moved_answer, session_of, Recorder};
+    let server = Server::start(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(http_client(&server, Recorder::new("held")));
+    let session = runtime.block_on(session_of(&client));
+    let (pending, job_id) = runtime.block_on(held_call(
+        &client,
+        &server,
+        &session,
+        "echo first; sleep 30; echo second",
+    ));
+    let mut attach = Attached::start(&server, &[&session]);
+    attach.wait_for(&[" connected ", "$ echo first; sleep 30", "running"]);
+    attach.send(b"\x02"); // Ctrl+B
+    runtime.block_on(moved_answer(pending, &job_id));
+    attach.send(b"\x11"); // Ctrl+Q
+    assert!(attach.wait_exit(), "attach exited with failure");
+    runtime.block_on(async { client.cancel().await.unwrap() });
+}

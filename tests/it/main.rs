@@ -54,6 +54,9 @@ mod http {
     mod tools;
 }
 
+/// The MCP server, driven by rmcp's client over Streamable HTTP and stdio.
+mod mcp;
+
 /// The `offstage` client commands and serve's refusals.
 mod cli;
 
