@@ -32,6 +32,8 @@
 //! provider = "openai"           # Chat Completions
 //! model = "gpt-4.1-mini"
 //! api_key_env = "OPENAI_API_KEY" # the variable's name, never the key
+//! max_wake_turns = 20           # wake-up turns per hour (sliding); default no cap
+//! max_tokens_per_session = 2000000 # tokens before wake-ups stop; default no cap
 //!
 //! [plugins]
 //! isolation = "none"            # none (default) | process: each plugin in a child
@@ -78,6 +80,7 @@ use crate::{
     permission::Rule,
     plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
     session::model_agent::ModelAgentSettings,
+    session::usage::Caps,
     store::Durability,
 };
 
@@ -200,6 +203,12 @@ pub struct AgentTable {
     pub request_timeout: Option<Duration>,
     /// `max_retries`: retries of 429, 5xx and failed connections (default 3).
     pub max_retries: Option<u32>,
+    /// `max_wake_turns`: wake-up turns a session may take in any hour
+    /// (sliding); past it the session stops waking. Default: no cap.
+    pub max_wake_turns: Option<u32>,
+    /// `max_tokens_per_session`: input plus output tokens a session may use
+    /// before it stops waking. Default: no cap.
+    pub max_tokens_per_session: Option<u64>,
 }
 
 impl AgentTable {
@@ -282,6 +291,10 @@ impl AgentTable {
                 .max_steps
                 .unwrap_or(ModelAgentSettings::DEFAULT_MAX_STEPS),
             context_tokens: self.context_tokens,
+            caps: Caps {
+                max_wake_turns: self.max_wake_turns,
+                max_tokens_per_session: self.max_tokens_per_session,
+            },
         })
     }
 }
