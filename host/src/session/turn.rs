@@ -342,8 +342,13 @@ impl SessionService {
                 "used": reached.used,
             }),
         );
-        tracing::info!(session_id, cap = reached.cap, limit = reached.limit, used = reached.used,
-            "a cap on unattended work was reached; the session stops waking");
+        tracing::info!(
+            session_id,
+            cap = reached.cap,
+            limit = reached.limit,
+            used = reached.used,
+            "a cap on unattended work was reached; the session stops waking"
+        );
         let event = json!({
             "session_id": session_id,
             "message_id": message.id,

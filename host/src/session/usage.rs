@@ -54,9 +54,10 @@ impl SessionUsage {
                 Role::Assistant => {
                     let counted = match meta.get("usage").filter(|u| u.is_object()) {
                         Some(reported) => Some(reported),
-                        None => meta.get("estimated_usage").filter(|u| u.is_object()).inspect(
-                            |_| usage.estimated = true,
-                        ),
+                        None => meta
+                            .get("estimated_usage")
+                            .filter(|u| u.is_object())
+                            .inspect(|_| usage.estimated = true),
                     };
                     if let Some(counted) = counted {
                         usage.input_tokens += tokens(counted, "prompt_tokens");
@@ -94,7 +95,9 @@ pub(crate) fn recent_wake_turns<'a>(
     messages: impl DoubleEndedIterator<Item = &'a Message>,
     now: SystemTime,
 ) -> u32 {
-    let since = now.checked_sub(WAKE_WINDOW).unwrap_or(SystemTime::UNIX_EPOCH);
+    let since = now
+        .checked_sub(WAKE_WINDOW)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
     let mut count = 0;
     // Newest first: the count stops at the first reply older than the
     // window (messages are recorded in time order).
@@ -251,10 +254,26 @@ mod tests {
     fn the_wake_window_slides_over_the_last_hour() {
         let now = humantime::parse_rfc3339("2026-01-01T12:00:00Z").unwrap();
         let messages = [
-            message(Role::Assistant, json!({"turn": "wake"}), "2026-01-01T10:59:00.000Z"),
-            message(Role::Assistant, json!({"turn": "wake"}), "2026-01-01T11:00:01.000Z"),
-            message(Role::Assistant, json!({"turn": "prompt"}), "2026-01-01T11:30:00.000Z"),
-            message(Role::Assistant, json!({"turn": "wake"}), "2026-01-01T11:59:00.000Z"),
+            message(
+                Role::Assistant,
+                json!({"turn": "wake"}),
+                "2026-01-01T10:59:00.000Z",
+            ),
+            message(
+                Role::Assistant,
+                json!({"turn": "wake"}),
+                "2026-01-01T11:00:01.000Z",
+            ),
+            message(
+                Role::Assistant,
+                json!({"turn": "prompt"}),
+                "2026-01-01T11:30:00.000Z",
+            ),
+            message(
+                Role::Assistant,
+                json!({"turn": "wake"}),
+                "2026-01-01T11:59:00.000Z",
+            ),
         ];
         assert_eq!(recent_wake_turns(messages.iter(), now), 2);
         let caps = Caps {
@@ -264,6 +283,10 @@ mod tests {
         let refs: Vec<&Message> = messages.iter().collect();
         assert_eq!(caps.reached(&refs, now).unwrap().cap, "max_wake_turns");
         let later = now + Duration::from_secs(60);
-        assert_eq!(caps.reached(&refs, later), None, "the 11:00:01 turn left the window");
+        assert_eq!(
+            caps.reached(&refs, later),
+            None,
+            "the 11:00:01 turn left the window"
+        );
     }
 }
