@@ -985,7 +985,8 @@ action = "deny"
         let file = FileConfig::parse(
             "[sessions]\ndefault_agent = \"gpt\"\n\n[agent.gpt]\nprovider = \"openai\"\n\
              model = \"gpt-4.1-mini\"\napi_key_env = \"TEST_KEY\"\ntools = [\"shell\"]\n\
-             max_steps = 4\ncontext_tokens = 8000\nrequest_timeout = \"30s\"\nmax_retries = 1\n",
+             max_steps = 4\ncontext_tokens = 8000\nrequest_timeout = \"30s\"\nmax_retries = 1\n\
+             max_wake_turns = 6\nmax_tokens_per_session = 500000\n",
         )
         .unwrap();
         assert_eq!(file.sessions.default_agent.as_deref(), Some("gpt"));
@@ -998,6 +999,13 @@ action = "deny"
         assert_eq!(settings.model.base_url, "https://api.openai.com/v1");
         assert_eq!(settings.model.request_timeout, Duration::from_secs(30));
         assert_eq!(settings.max_steps, 4);
+        assert_eq!(
+            settings.caps,
+            Caps {
+                max_wake_turns: Some(6),
+                max_tokens_per_session: Some(500_000),
+            }
+        );
         assert_eq!(settings.model.temperature, None, "sent only when set");
         assert!(
             !format!("{settings:?}").contains("sk-secret"),
