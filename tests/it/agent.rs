@@ -18,7 +18,7 @@ const KEY_ENV: &str = "OFFSTAGE_TEST_MODEL_KEY";
 
 /// A host whose default agent `m` is the model at `model`, with `extra`
 /// lines in its `[agent.m]` table, on `data_dir`.
-fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Server {
+pub(crate) fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Server {
     std::fs::create_dir_all(data_dir).unwrap();
     let config = write_file(
         data_dir.parent().unwrap(),
@@ -37,14 +37,14 @@ fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Server {
     )
 }
 
-fn session(server: &Server) -> String {
+pub(crate) fn session(server: &Server) -> String {
     server.expect("POST", "/api/session", Some(&json!({})), 201)["id"]
         .as_str()
         .unwrap()
         .to_string()
 }
 
-fn prompt(server: &Server, session: &str, text: &str) -> Vec<Value> {
+pub(crate) fn prompt(server: &Server, session: &str, text: &str) -> Vec<Value> {
     server.expect(
         "POST",
         &format!("/api/session/{session}/prompt"),
@@ -56,7 +56,7 @@ fn prompt(server: &Server, session: &str, text: &str) -> Vec<Value> {
         .clone()
 }
 
-fn messages(server: &Server, session: &str) -> Vec<Value> {
+pub(crate) fn messages(server: &Server, session: &str) -> Vec<Value> {
     let answer = server.expect("GET", &format!("/api/session/{session}/message"), None, 200);
     answer
         .as_array()

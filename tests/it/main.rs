@@ -25,7 +25,9 @@ macro_rules! tests_in_mode {
 }
 
 /// Model-driven sessions against a scripted Chat Completions server.
-mod agent;
+pub(crate) mod agent;
+/// Caps on a model session's unattended work, and its usage totals.
+mod agent_caps;
 
 /// The session service in process: background moves, cancel, notices,
 /// permissions, how the host polls a plugin's future, a plugin racing its

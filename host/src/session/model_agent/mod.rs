@@ -34,7 +34,7 @@ use futures_util::future::join_all;
 use offstage_plugin_api::types::{AgentTurn, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 
-use super::{agent::Agent, agent::TurnReply, new_message, SessionService};
+use super::{agent::Agent, agent::TurnReply, new_message, usage::Caps, SessionService};
 use crate::{
     error::Result,
     ids::new_id,
@@ -55,6 +55,9 @@ pub(crate) struct ModelAgentSettings {
     pub(crate) max_steps: u32,
     /// `context_tokens`: the window requests are cut to (estimated).
     pub(crate) context_tokens: Option<usize>,
+    /// `max_wake_turns`, `max_tokens_per_session`: past one, the session
+    /// stops waking (`session/usage.rs`).
+    pub(crate) caps: Caps,
 }
 
 impl ModelAgentSettings {
@@ -184,6 +187,23 @@ impl ModelAgent {
                 "usage": completion.usage,
                 "finish_reason": completion.finish_reason,
             });
+            if completion.usage.is_none() {
+                // A server that reports no usage still spends tokens: the
+                // session's totals (and `max_tokens_per_session`) count an
+                // estimate instead, marked as one.
+                let written = model::estimate_tokens(&completion.text)
+                    + completion
+                        .tool_calls
+                        .iter()
+                        .map(|c| {
+                            model::estimate_tokens(&c.name) + model::estimate_tokens(&c.arguments)
+                        })
+                        .sum::<usize>();
+                metadata["estimated_usage"] = json!({
+                    "prompt_tokens": history::estimate(&request),
+                    "completion_tokens": written,
+                });
+            }
             if completion.tool_calls.is_empty() {
                 return Ok(TurnReply {
                     text: completion.text,
@@ -353,6 +373,10 @@ impl Agent for ModelAgent {
         turn: AgentTurn,
     ) -> BoxFuture<Result<TurnReply>> {
         Box::pin(self.run(service, turn))
+    }
+
+    fn caps(&self) -> Caps {
+        self.settings.caps
     }
 
     fn model(&self) -> Option<(String, String)> {
