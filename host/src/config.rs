@@ -40,6 +40,8 @@
 //! default_allow = true          # (default) its read-only `shell` commands run
 //!                               # unasked; anything else no rule allows asks
 //! sandbox = "workspace-write"   # and network, escalate: as [jobs], for its calls
+//! max_wake_turns = 20           # wake-up turns per hour (sliding); default no cap
+//! max_tokens_per_session = 2000000 # tokens before wake-ups stop; default no cap
 //!
 //! [plugins]
 //! isolation = "none"            # none (default) | process: each plugin in a child
@@ -86,6 +88,7 @@ use crate::{
     permission::Rule,
     plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
     process::sandbox::launch::{JobSandbox, SandboxMode, SandboxOverride},
+    session::usage::Caps,
     session::{jobs::call::ModelCaller, model_agent::ModelAgentSettings},
     store::Durability,
 };
@@ -219,6 +222,12 @@ pub struct AgentTable {
     pub network: Option<JobNetwork>,
     /// `escalate = "ask"` for this agent's refused calls.
     pub escalate: Option<Escalate>,
+    /// `max_wake_turns`: wake-up turns a session may take in any hour
+    /// (sliding); past it the session stops waking. Default: no cap.
+    pub max_wake_turns: Option<u32>,
+    /// `max_tokens_per_session`: input plus output tokens a session may use
+    /// before it stops waking. Default: no cap.
+    pub max_tokens_per_session: Option<u64>,
 }
 
 impl AgentTable {
@@ -302,6 +311,10 @@ impl AgentTable {
                 .unwrap_or(ModelAgentSettings::DEFAULT_MAX_STEPS),
             context_tokens: self.context_tokens,
             caller: self.caller(),
+            caps: Caps {
+                max_wake_turns: self.max_wake_turns,
+                max_tokens_per_session: self.max_tokens_per_session,
+            },
         })
     }
 
@@ -1048,7 +1061,8 @@ action = "deny"
         let file = FileConfig::parse(
             "[sessions]\ndefault_agent = \"gpt\"\n\n[agent.gpt]\nprovider = \"openai\"\n\
              model = \"gpt-4.1-mini\"\napi_key_env = \"TEST_KEY\"\ntools = [\"shell\"]\n\
-             max_steps = 4\ncontext_tokens = 8000\nrequest_timeout = \"30s\"\nmax_retries = 1\n",
+             max_steps = 4\ncontext_tokens = 8000\nrequest_timeout = \"30s\"\nmax_retries = 1\n\
+             max_wake_turns = 6\nmax_tokens_per_session = 500000\n",
         )
         .unwrap();
         assert_eq!(file.sessions.default_agent.as_deref(), Some("gpt"));
@@ -1061,6 +1075,13 @@ action = "deny"
         assert_eq!(settings.model.base_url, "https://api.openai.com/v1");
         assert_eq!(settings.model.request_timeout, Duration::from_secs(30));
         assert_eq!(settings.max_steps, 4);
+        assert_eq!(
+            settings.caps,
+            Caps {
+                max_wake_turns: Some(6),
+                max_tokens_per_session: Some(500_000),
+            }
+        );
         assert_eq!(settings.model.temperature, None, "sent only when set");
         assert!(
             !format!("{settings:?}").contains("sk-secret"),

@@ -36,6 +36,8 @@ const LAYERS: &[&str] = &[
     // The plugin host adapts the service to the ABI.
     "plugin",
     "config",
+    // The MCP server: another front end of the service, mounted by `http`.
+    "mcp",
     "http",
     "demo",
     "cli",

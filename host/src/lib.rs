@@ -49,6 +49,8 @@ mod ids;
 #[cfg(test)]
 mod layers;
 mod logging;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod model;
 mod perf;
 mod permission;
@@ -68,7 +70,7 @@ pub use crate::{
     error::{Result, ServiceError},
     event::{Delivery, Event, EventBus, HistoryLimits, PreparedEvent, Published, Subscriber},
     permission::{Action, PermissionRequest, Reply, Rule},
-    session::{ServiceConfig, SessionService},
+    session::{usage::SessionUsage, ServiceConfig, SessionService},
 };
 
 // The plugin host, as the benchmarks and the loader, reload and isolation

@@ -61,3 +61,15 @@ pub(crate) fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     }
     format!("{}… [{} bytes cut]", &text[..end], text.len() - end).into()
 }
+
+/// Compares two byte strings in time that depends only on their lengths,
+/// so a secret (the token, a task id's tag) cannot be guessed byte by byte
+/// from response times.
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    // Keep the optimiser from turning the fold into an early exit.
+    std::hint::black_box(diff) == 0
+}

@@ -169,6 +169,7 @@ events! {
         SESSION_WAKE = "session.wake" => SessionWake;
         MESSAGE_DELTA = "message.delta" => MessageDelta;
         PLUGIN_BUILD = "plugin.build" => PluginBuild;
+        SESSION_CAPPED = "session.capped" => SessionCapped;
     }
 }
 
@@ -220,6 +221,27 @@ impl Default for SessionStatusChanged {
 pub struct SessionWake {
     /// The session.
     pub session_id: String,
+}
+
+/// `session.capped`: a session reached a cap on unattended work
+/// (`[agent.NAME] max_wake_turns` or `max_tokens_per_session`) and stops
+/// waking up; published once, after the message that says so, until the
+/// user prompts again.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SessionCapped {
+    /// The session.
+    pub session_id: String,
+    /// The message that says why (an assistant message with
+    /// `metadata.capped`).
+    pub message_id: String,
+    /// The cap: `max_wake_turns` or `max_tokens_per_session`.
+    pub cap: String,
+    /// Its configured value.
+    pub limit: u64,
+    /// What the session had used: wake-up turns in the last hour, or
+    /// tokens.
+    pub used: u64,
 }
 
 /// `plugin.build` (`offstage dev` only): a build of plugin sources ended.

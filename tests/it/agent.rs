@@ -20,7 +20,7 @@ const KEY_ENV: &str = "OFFSTAGE_TEST_MODEL_KEY";
 /// lines in its `[agent.m]` table, on `data_dir`. Its config allows every
 /// `shell` command: these tests are about the agent, not about what a
 /// model may run unasked (`model_defaults.rs`).
-fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Server {
+pub(crate) fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Server {
     model_host(
         data_dir,
         model,
@@ -69,7 +69,7 @@ pub(crate) fn prompt(server: &Server, session: &str, text: &str) -> Vec<Value> {
         .clone()
 }
 
-fn messages(server: &Server, session: &str) -> Vec<Value> {
+pub(crate) fn messages(server: &Server, session: &str) -> Vec<Value> {
     let answer = server.expect("GET", &format!("/api/session/{session}/message"), None, 200);
     answer
         .as_array()

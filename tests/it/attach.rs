@@ -155,6 +155,23 @@ impl Attached {
             .expect("resize the pty");
     }
 
+    /// The cell where `text` starts on the screen (its first row holding it).
+    fn cell_of(&self, text: &str) -> vt100::Cell {
+        let parser = self.parser.lock().unwrap();
+        let screen = parser.screen();
+        let (_, cols) = screen.size();
+        for (row, line) in screen.rows(0, cols.get()).enumerate() {
+            if let Some(at) = line.find(text) {
+                let col = line[..at].chars().count();
+                return screen
+                    .cell(row as u16, col as u16)
+                    .expect("a cell on the screen")
+                    .clone();
+            }
+        }
+        panic!("{text:?} is not on the screen:\n{}", screen.contents());
+    }
+
     fn screen(&self) -> String {
         self.parser.lock().unwrap().screen().contents()
     }
@@ -336,7 +353,12 @@ fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
         // Held mid-answer: the first words are on the screen before the
         // message is finished.
         Reply::text(&["Moved ", "it; ", "waiting."]).held_after(2),
-        Reply::text(&["noticed ", "it ", "ended"]),
+        // Markdown, streamed in pieces that split its marks.
+        Reply::text(&[
+            "## Noticed\n\nThe job ran `echo ",
+            "done` and ended.\n\n```sh\necho ",
+            "done\n```\n",
+        ]),
     ]);
     let server = Server::start_on(
         &dir.path().join("data"),
@@ -348,7 +370,13 @@ fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
     attach.send(b"wait for the flag\r");
     attach.wait_for(&["$ echo started", "running", "busy"]);
     attach.send(b"\x02"); // Ctrl+B
-    attach.wait_for(&["[moved] job_"]);
+    let screen = attach.wait_for(&["[moved] job_"]);
+    // The answer that only called the tool has no text: no empty `agent`
+    // line stands for it (its call is the block above).
+    assert!(
+        !screen.lines().any(|row| row.trim() == "agent"),
+        "an empty agent line:\n{screen}"
+    );
     // The moved call's result went to the model at once; its answer
     // streams word by word.
     attach.wait_for(&["agent   Moved it;"]);
@@ -358,11 +386,35 @@ fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
 
     // The job ends: its notice wakes the model, whose answer shows.
     std::fs::write(&flag, "").unwrap();
-    attach.wait_for(&[
+    // Wide enough for the header's usage after the session's id.
+    attach.resize(ROWS.get(), 120);
+    let screen = attach.wait_for(&[
         "notice  Background job job_",
         "[wake]",
-        "agent   noticed it ended",
+        "agent   Noticed",
+        "The job ran echo done and ended.",
+        // Three answers of 11 + 7 tokens (the scripted server's usage);
+        // the prompt's turn and the wake-up's; the one call.
+        " · 33 in · 21 out · 2 turns · 1 call",
     ]);
+    // Rendered, not shown as written: no marks left, and the styles on.
+    for mark in ["## Noticed", "`echo done`", "```"] {
+        assert!(!screen.contains(mark), "{mark:?} as written:\n{screen}");
+    }
+    let heading = attach.cell_of("Noticed");
+    assert!(heading.bold() && heading.underline(), "{heading:?}");
+    let code = attach.cell_of("echo done and");
+    assert_eq!(
+        code.fgcolor(),
+        vt100::Color::Idx(3),
+        "inline code is yellow"
+    );
+    let rows = rows(&screen);
+    let fence = rows
+        .iter()
+        .position(|row| row.trim() == "sh")
+        .unwrap_or_else(|| panic!("no language label:\n{screen}"));
+    assert_eq!(rows[fence + 1].trim(), "│ echo done", "{screen}");
     let requests = model.wait_requests(3);
     let notice = requests[2].messages().last().unwrap()["content"]
         .as_str()
@@ -628,4 +680,39 @@ fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_
     }
     attach.resize(24, 80);
     attach.wait_for(&["$ echo w000 w001"]);
+}
+
+#[test]
+fn ctrl_b_moves_an_mcp_clients_held_call() {
+    alone(
+        "ctrl_b_moves_an_mcp_clients_held_call",
+        ctrl_b_moves_an_mcp_clients_held_call_alone,
+    );
+}
+
+/// An MCP client's held `tools/call`, moved by Ctrl+B in attach on the
+/// same session: the call answers at once as moved (docs/mcp.md).
+fn ctrl_b_moves_an_mcp_clients_held_call_alone() {
+    use crate::mcp::{held_call, http_client, moved_answer, session_of, Recorder};
+    let server = Server::start(&[]);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(http_client(&server, Recorder::new("held")));
+    let session = runtime.block_on(session_of(&client));
+    let (pending, job_id) = runtime.block_on(held_call(
+        &client,
+        &server,
+        &session,
+        "echo first; sleep 30; echo second",
+    ));
+    let mut attach = Attached::start(&server, &[&session]);
+    attach.wait_for(&[" connected ", "$ echo first; sleep 30", "running"]);
+    attach.send(b"\x02"); // Ctrl+B
+    runtime.block_on(moved_answer(pending, &job_id));
+    attach.send(b"\x11"); // Ctrl+Q
+    assert!(attach.wait_exit(), "attach exited with failure");
+    runtime.block_on(async { client.cancel().await.unwrap() });
 }

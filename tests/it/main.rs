@@ -25,7 +25,9 @@ macro_rules! tests_in_mode {
 }
 
 /// Model-driven sessions against a scripted Chat Completions server.
-mod agent;
+pub(crate) mod agent;
+/// Caps on a model session's unattended work, and its usage totals.
+mod agent_caps;
 
 /// What a model may run unasked, and its agent's own sandbox.
 mod model_defaults;
@@ -56,6 +58,9 @@ mod http {
     mod plugins;
     mod tools;
 }
+
+/// The MCP server, driven by rmcp's client over Streamable HTTP and stdio.
+mod mcp;
 
 /// The `offstage` client commands and serve's refusals.
 mod cli;

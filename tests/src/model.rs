@@ -158,6 +158,20 @@ impl Reply {
         }))
     }
 
+    /// The same answer without its usage chunk, as a server that never
+    /// reports usage sends it.
+    pub fn without_usage(self) -> Reply {
+        match self {
+            Reply::Stream(steps) => Reply::Stream(
+                steps
+                    .into_iter()
+                    .filter(|step| !matches!(step, Step::Chunk(c) if c.get("usage").is_some()))
+                    .collect(),
+            ),
+            other => other,
+        }
+    }
+
     /// The same answer with `pause` before each of its steps.
     pub fn paced(self, pause: Duration) -> Reply {
         match self {

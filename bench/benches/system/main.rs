@@ -45,10 +45,15 @@
 //!   session service), median of the rounds' ratios. Its parts run alone as
 //!   `writer_http`, `writer_mass` and `writer_throughput`.
 //!
+//! - `mcp`: a `shell true` call through `/mcp` (rmcp's client) vs the same
+//!   call through `POST /api/session/:id/tool`; a held `tools/call` moved
+//!   by the client's `background` call vs a `tools/list` round trip; five
+//!   runs each, median and spread of the ratios.
+//!
 //! Each table row: figure, baseline, ratio, target, and whether it is met.
 //!
 //! One module per group (`http.rs`, `load.rs`, `reload.rs`, `capture.rs`,
-//! `idle.rs`, `mass.rs`, `model.rs`, `writer.rs`); what several share is in
+//! `idle.rs`, `mass.rs`, `mcp.rs`, `model.rs`, `writer.rs`); what several share is in
 //! `report.rs` (the tables), `server.rs` (a release `offstage serve`) and
 //! `plugins.rs` (plugin files to load).
 
@@ -57,6 +62,7 @@ mod http;
 mod idle;
 mod load;
 mod mass;
+mod mcp;
 mod model;
 mod plugins;
 mod reload;
@@ -73,6 +79,7 @@ use http::{http_background, http_rate};
 use idle::idle;
 use load::load;
 use mass::mass;
+use mcp::mcp;
 use model::model;
 use reload::reload;
 use server::Server;
@@ -136,6 +143,9 @@ fn main() {
         }
         if wanted("writer_throughput") {
             writer_throughput().await;
+        }
+        if wanted("mcp") {
+            mcp().await;
         }
     });
 }

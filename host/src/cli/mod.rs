@@ -10,6 +10,8 @@ mod agent;
 pub(crate) mod attach;
 pub(crate) mod client;
 mod commands;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod scaffold;
 mod serve;
 pub(crate) mod token;
@@ -142,6 +144,11 @@ pub(crate) enum Command {
         /// The session to attach to; a new one is made when absent.
         session: Option<String>,
     },
+    /// The MCP server on stdio, for an MCP client's config: bridges to the
+    /// host at `--server` (starting one with the data dir when none
+    /// answers), in a new session titled from the client or `--session`'s.
+    #[cfg(feature = "mcp")]
+    Mcp(mcp::McpArgs),
 }
 
 /// Flags of `offstage serve`.
@@ -441,6 +448,8 @@ pub fn main() -> ExitCode {
         Command::Jobs { client, session } => commands::jobs(&client, session.as_deref()),
         Command::Events { client } => commands::events(&client),
         Command::Attach { client, session } => attach::run(&client, session),
+        #[cfg(feature = "mcp")]
+        Command::Mcp(args) => mcp::run(args),
     }
 }
 

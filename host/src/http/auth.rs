@@ -28,6 +28,7 @@ use axum::{
 };
 
 use super::{error::ApiError, AppState};
+use crate::util::constant_time_eq;
 
 /// The route that answers without a token, so a supervisor can probe.
 const OPEN_ROUTE: &str = "/api/health";
@@ -136,16 +137,6 @@ fn check(
             }
         }
     }
-}
-
-/// Compares two byte strings in time that depends only on their lengths.
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    // Keep the optimiser from turning the fold into an early exit.
-    std::hint::black_box(diff) == 0
 }
 
 /// Whether a `Host` header value (name or address, optional port) is a

@@ -52,6 +52,10 @@ pub(crate) enum EventPayload {
     /// A session is woken to run a turn (before the turn adds anything).
     #[serde(rename = "session.wake")]
     SessionWake(SessionWake),
+    /// A session reached a cap on unattended work and stops waking (once,
+    /// after the message that says so, until the next prompt).
+    #[serde(rename = "session.capped")]
+    SessionCapped(SessionCapped),
     /// A message was added; a notice's `metadata` is a `NoticeMetadata`.
     #[serde(rename = "message.added")]
     MessageAdded(Message),
@@ -153,6 +157,21 @@ pub(crate) struct SessionStatusChanged {
 pub(crate) struct SessionWake {
     /// The woken session.
     pub(crate) session_id: String,
+}
+
+/// `session.capped`.
+#[derive(Serialize, ToSchema)]
+pub(crate) struct SessionCapped {
+    /// The capped session.
+    pub(crate) session_id: String,
+    /// The assistant message that says why (`metadata.capped`).
+    pub(crate) message_id: String,
+    /// `max_wake_turns` or `max_tokens_per_session`.
+    pub(crate) cap: String,
+    /// The cap's configured value.
+    pub(crate) limit: u64,
+    /// Wake-up turns in the last hour, or tokens used.
+    pub(crate) used: u64,
 }
 
 /// `plugin.failed`: the plugin's record, and for a failed reload the

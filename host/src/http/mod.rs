@@ -33,6 +33,8 @@ pub(crate) mod events;
 pub(crate) mod extract;
 pub(crate) mod host;
 pub(crate) mod jobs;
+#[cfg(feature = "mcp")]
+mod mcp;
 pub(crate) mod openapi;
 pub(crate) mod permissions;
 pub(crate) mod plugins;
@@ -105,6 +107,9 @@ pub(crate) fn openapi() -> serde_json::Value {
 /// The API's router with its state, checks and limits.
 pub(crate) fn router(state: AppState) -> Router {
     let (routes, _document) = api().split_for_parts();
+    // The MCP server (docs/mcp.md), behind the same checks as the API.
+    #[cfg(feature = "mcp")]
+    let routes = routes.route("/mcp", mcp::route(&state));
     routes
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)

@@ -26,7 +26,7 @@ use super::{
     extract::{JsonBody, PathId},
     AppState,
 };
-use crate::error::ServiceError;
+use crate::{error::ServiceError, session::usage::SessionUsage};
 
 /// Registers this file's routes with their OpenAPI entries (one
 /// `routes!` per path).
@@ -76,14 +76,26 @@ pub(crate) async fn create_session(
     Ok((StatusCode::CREATED, Json(state.service.create(new).await?)))
 }
 
+/// `GET /api/session/:id`: the session and what it has used.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SessionDetail {
+    #[serde(flatten)]
+    pub session: Session,
+    /// Tokens, turns and tool calls so far, counted from the stored
+    /// history (so they survive a restart).
+    pub usage: SessionUsage,
+}
+
 #[utoipa::path(get, path = "/api/session/{id}", tag = "session",
     params(("id" = String, Path, description = "Session id")),
-    responses((status = 200, description = "The session", body = Session), (status = 404, description = "No such id", body = ErrorBody)))]
+    responses((status = 200, description = "The session, with its usage totals", body = SessionDetail), (status = 404, description = "No such id", body = ErrorBody)))]
 pub(crate) async fn get_session(
     State(state): State<AppState>,
     PathId(id): PathId,
-) -> ApiResult<Json<Session>> {
-    Ok(Json(state.service.get(&id).await?))
+) -> ApiResult<Json<SessionDetail>> {
+    let session = state.service.get(&id).await?;
+    let usage = state.service.usage(&id)?;
+    Ok(Json(SessionDetail { session, usage }))
 }
 
 /// Body of `PATCH /api/session/:id`.

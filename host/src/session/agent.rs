@@ -14,7 +14,7 @@ use std::{
 use offstage_plugin_api::types::{AgentTurn, Role, ToolRequest, ToolStatus};
 use serde_json::{json, Value};
 
-use super::SessionService;
+use super::{usage::Caps, SessionService};
 use crate::{error::Result, error::ServiceError, tool::Owner, util::BoxFuture};
 
 /// Runs one turn of a session and returns the reply.
@@ -31,6 +31,12 @@ pub trait Agent: Send + Sync {
     /// /api/agent`; `None` for agents that are not a model's.
     fn model(&self) -> Option<(String, String)> {
         None
+    }
+
+    /// The caps on its unattended work (wake-up turns, tokens); none by
+    /// default.
+    fn caps(&self) -> Caps {
+        Caps::default()
     }
 }
 

@@ -34,6 +34,7 @@ pub(crate) mod model_agent;
 mod recover;
 pub(crate) mod subagent;
 mod turn;
+pub(crate) mod usage;
 
 use crate::util::{LockExt, RwLockExt};
 use std::{
@@ -256,6 +257,9 @@ struct SessionEntry {
     /// Prompts submitted whose turn has not started: a wake-up waits for
     /// them (their turn takes the whole inbox).
     prompting: usize,
+    /// A cap on unattended work was said since the last prompt (its
+    /// message may still be on its way to the store); cleared by a prompt.
+    cap_said: bool,
     status: watch::Sender<SessionStatus>,
     /// The session's output directory was made (by its first job); its
     /// jobs' sinks clear it if they find it gone.
@@ -608,6 +612,7 @@ impl SessionService {
                         turn: None,
                         blocking_calls: 0,
                         prompting: 0,
+                        cap_said: false,
                         status: watch::channel(SessionStatus::Idle).0,
                         output_dir_made: Default::default(),
                     },
@@ -624,6 +629,14 @@ impl SessionService {
     pub async fn get(&self, id: &str) -> Result<Session> {
         let session = self.shared_session(id)?;
         Ok(Session::clone(&session))
+    }
+
+    /// What the session has used: tokens, turns, tool calls, counted from
+    /// its history (`usage.rs`), so the totals survive a restart with it.
+    pub fn usage(&self, id: &str) -> Result<usage::SessionUsage> {
+        let state = self.state();
+        let entry = state.session(id)?;
+        Ok(usage::SessionUsage::of(entry.messages.iter().map(|m| &**m)))
     }
 
     /// [`get`](Self::get) without copying the record: the session as the

@@ -89,6 +89,7 @@ impl SessionService {
                     turn: None,
                     blocking_calls: 0,
                     prompting: 0,
+                    cap_said: false,
                     status: watch::channel(SessionStatus::Idle).0,
                     output_dir_made: Default::default(),
                 },

@@ -6,13 +6,19 @@
 //! gets a turn of its own as soon as the current one ends; one that arrives
 //! while the session is idle starts a turn at once (the wake-up).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::{
+    sync::atomic::{AtomicU64, Ordering},
+    time::SystemTime,
+};
 
 use offstage_plugin_api::types::{AgentTurn, Message, Role};
 use serde_json::json;
 use tokio::{sync::oneshot, task::AbortHandle};
 
-use super::{SessionService, State};
+use super::{
+    usage::{self, Reached},
+    SessionService, State,
+};
 use crate::{error::Result, error::ServiceError};
 
 /// A running turn, so that an interrupt can stop it.
@@ -138,6 +144,8 @@ impl SessionService {
                 .append_ticket(message, move |service, state| {
                     if let Some(entry) = state.sessions.get_mut(&id) {
                         entry.prompting -= 1;
+                        // The user is back: a cap may be said again.
+                        entry.cap_said = false;
                         let _ = first_tx.send(entry.messages.len() - 1);
                         let started = service.start_turn_locked(state, &id, agent, Some(tx));
                         debug_assert!(started, "no turn ran and the inbox has the prompt");
@@ -224,6 +232,22 @@ impl SessionService {
             // A prompt's turn is about to start and will take the inbox.
             return false;
         }
+        if done.is_none() {
+            // A wake-up: nobody is there to watch it, so the agent's caps
+            // apply. Past one, the notices stay in the inbox for the next
+            // prompt's turn, and the session says why once.
+            let agent_name = entry.session.agent.clone();
+            if let Some(agent) = self.inner.agents.get(&agent_name) {
+                let messages: Vec<&Message> = entry.messages.iter().map(|m| &**m).collect();
+                if let Some(reached) = agent.caps().reached(&messages, SystemTime::now()) {
+                    if !entry.cap_said && !usage::said_since_prompt(messages.into_iter()) {
+                        entry.cap_said = true;
+                        self.say_capped(session_id, &agent_name, &reached);
+                    }
+                    return false;
+                }
+            }
+        }
         let messages = std::mem::take(&mut entry.inbox);
         // Handed over now: a turn cut short by a crash is not replayed. Not
         // waited for: a failure only costs a repeat after a restart.
@@ -243,6 +267,7 @@ impl SessionService {
         let service = self.clone();
         let id = session_id.to_string();
         let turn_id = NEXT_TURN.fetch_add(1, Ordering::Relaxed);
+        let woken = done.is_none();
         let task = tokio::spawn(async move {
             let _guard = TurnGuard {
                 service: service.clone(),
@@ -267,6 +292,9 @@ impl SessionService {
                         _ => serde_json::Map::new(),
                     };
                     metadata.insert("agent".into(), json!(agent_name));
+                    // What the usage totals and the wake cap count.
+                    let kind = if woken { "wake" } else { "prompt" };
+                    metadata.insert("turn".into(), json!(kind));
                     let mut message = super::new_message(
                         &id,
                         Role::Assistant,
@@ -296,6 +324,43 @@ impl SessionService {
         });
         self.refresh_status(state, session_id);
         true
+    }
+
+    /// Records the one message and publishes the one event that say a
+    /// session stopped waking at `reached`. Not waited for: the message is
+    /// committed like any other, and the flag set by the caller keeps a
+    /// second wake-up from saying it again meanwhile.
+    fn say_capped(&self, session_id: &str, agent: &str, reached: &Reached) {
+        let message = super::new_message(
+            session_id,
+            Role::Assistant,
+            &reached.text(agent),
+            json!({
+                "agent": agent,
+                "capped": reached.cap,
+                "limit": reached.limit,
+                "used": reached.used,
+            }),
+        );
+        tracing::info!(
+            session_id,
+            cap = reached.cap,
+            limit = reached.limit,
+            used = reached.used,
+            "a cap on unattended work was reached; the session stops waking"
+        );
+        let event = json!({
+            "session_id": session_id,
+            "message_id": message.id,
+            "cap": reached.cap,
+            "limit": reached.limit,
+            "used": reached.used,
+        });
+        // The event follows the message's commit, so a reader that sees it
+        // finds the message.
+        let _ = self.append_ticket(message, move |service, _| {
+            service.inner.events.publish("session.capped", &event);
+        });
     }
 
     /// Stops the session's running turn and cancels its foreground jobs;

@@ -12,6 +12,8 @@ use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use offstage_plugin_api::types::{Job, JobStatus, Message, Session, SessionStatus, ToolStatus};
 use serde_json::Value;
 
+use crate::session::usage::SessionUsage;
+
 use super::{
     events::{Action, CallError, Msg},
     input::LineEditor,
@@ -123,6 +125,10 @@ pub(crate) struct App {
     pub session_id: Option<String>,
     pub session: Option<Session>,
     pub messages: Vec<Message>,
+    /// What the session used (tokens, turns, tool calls), counted from
+    /// `messages` as the host counts it for `GET /api/session/:id`; kept
+    /// here so a frame does not count it again.
+    pub usage: SessionUsage,
     pub notes: Vec<Note>,
     pub jobs: Vec<Job>,
     pub tails: HashMap<String, Tail>,
@@ -177,6 +183,7 @@ impl App {
             session_id: session,
             session: None,
             messages: Vec::new(),
+            usage: SessionUsage::default(),
             notes: Vec::new(),
             jobs: Vec::new(),
             tails: HashMap::new(),
@@ -305,6 +312,7 @@ impl App {
         self.session_id = Some(session.clone());
         self.session = None;
         self.messages.clear();
+        self.usage = SessionUsage::default();
         self.notes.clear();
         self.jobs.clear();
         self.tails.clear();
@@ -323,6 +331,7 @@ impl App {
         self.streams.retain(|s| s.message_id != message.id);
         if !self.messages.iter().any(|m| m.id == message.id) {
             self.messages.push(message);
+            self.usage = SessionUsage::of(&self.messages);
             self.scroll = 0;
         }
     }
@@ -373,6 +382,7 @@ impl App {
         for message in missing {
             self.add_message(message);
         }
+        self.usage = SessionUsage::of(&self.messages);
     }
 
     fn moved_note(&mut self, job: &Job) {

@@ -20,6 +20,8 @@ use ratatui::{
 };
 
 use serde_json::Value;
+
+use crate::session::usage::SessionUsage;
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 use super::{
@@ -303,8 +305,37 @@ fn draw_header(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
         connection,
         Span::raw(" "),
         Span::styled(session, Style::default().add_modifier(Modifier::BOLD)),
+        Span::styled(usage_text(&app.usage), theme.dim()),
     ]);
     frame.render_widget(Paragraph::new(line), area);
+}
+
+/// The session's usage for the header: ` · 1.2k in · 340 out · 3 turns ·
+/// 5 calls` (`~` before the tokens when some are estimated); nothing
+/// before the first turn.
+pub(crate) fn usage_text(usage: &SessionUsage) -> String {
+    if usage.turns == 0 && usage.tokens() == 0 && usage.tool_calls == 0 {
+        return String::new();
+    }
+    let about = if usage.estimated { "~" } else { "" };
+    format!(
+        " · {about}{} in · {about}{} out · {} turn{} · {} call{}",
+        count(usage.input_tokens),
+        count(usage.output_tokens),
+        usage.turns,
+        if usage.turns == 1 { "" } else { "s" },
+        usage.tool_calls,
+        if usage.tool_calls == 1 { "" } else { "s" },
+    )
+}
+
+/// A token count as a person reads it at a glance: `980`, `12.3k`, `4.5M`.
+fn count(n: u64) -> String {
+    match n {
+        0..=999 => n.to_string(),
+        1_000..=999_999 => format!("{:.1}k", n as f64 / 1e3),
+        _ => format!("{:.1}M", n as f64 / 1e6),
+    }
 }
 
 fn draw_plugins(frame: &mut Frame<'_>, app: &App, theme: &Theme, area: Rect) {
@@ -635,6 +666,14 @@ fn chunk_lines(app: &App, theme: &Theme, width: usize, chunk: &Chunk<'_>) -> Vec
                     theme.bold(Color::Cyan),
                     wrap_text(text, Style::default(), body),
                 ),
+                // A model's answer that only calls tools: its calls show as
+                // their own blocks, so an empty `agent` line would say
+                // nothing.
+                Role::Assistant
+                    if text.is_empty() && message.metadata.get("tool_calls").is_some() =>
+                {
+                    Vec::new()
+                }
                 Role::Assistant => entry(
                     "agent",
                     theme.bold(Color::Green),

@@ -38,7 +38,9 @@ use super::{
     agent::Agent,
     agent::TurnReply,
     jobs::call::{Caller, ModelCaller},
-    new_message, SessionService,
+    new_message,
+    usage::Caps,
+    SessionService,
 };
 use crate::{
     error::Result,
@@ -63,6 +65,9 @@ pub(crate) struct ModelAgentSettings {
     /// `default_allow` (on unless `false`) and `sandbox`, `network`,
     /// `escalate`: how the host treats this agent's tool calls.
     pub(crate) caller: ModelCaller,
+    /// `max_wake_turns`, `max_tokens_per_session`: past one, the session
+    /// stops waking (`session/usage.rs`).
+    pub(crate) caps: Caps,
 }
 
 impl ModelAgentSettings {
@@ -192,6 +197,23 @@ impl ModelAgent {
                 "usage": completion.usage,
                 "finish_reason": completion.finish_reason,
             });
+            if completion.usage.is_none() {
+                // A server that reports no usage still spends tokens: the
+                // session's totals (and `max_tokens_per_session`) count an
+                // estimate instead, marked as one.
+                let written = model::estimate_tokens(&completion.text)
+                    + completion
+                        .tool_calls
+                        .iter()
+                        .map(|c| {
+                            model::estimate_tokens(&c.name) + model::estimate_tokens(&c.arguments)
+                        })
+                        .sum::<usize>();
+                metadata["estimated_usage"] = json!({
+                    "prompt_tokens": history::estimate(&request),
+                    "completion_tokens": written,
+                });
+            }
             if completion.tool_calls.is_empty() {
                 return Ok(TurnReply {
                     text: completion.text,
@@ -364,6 +386,10 @@ impl Agent for ModelAgent {
         turn: AgentTurn,
     ) -> BoxFuture<Result<TurnReply>> {
         Box::pin(self.run(service, turn))
+    }
+
+    fn caps(&self) -> Caps {
+        self.settings.caps
     }
 
     fn model(&self) -> Option<(String, String)> {

@@ -1,0 +1,60 @@
+//! `/mcp`: the MCP server (`crate::mcp`, docs/mcp.md) under the API's
+//! token, origin and Host checks, with each POSTed message checked first
+//! so that bad input gets a JSON-RPC error rather than rmcp's plain-text
+//! refusal (`mcp/input.rs`).
+
+use axum::{
+    body::{Body, Bytes},
+    extract::{FromRequest, Request},
+    http::{header, HeaderValue, Method, StatusCode},
+    middleware::Next,
+    response::{IntoResponse, Response},
+    routing::{any_service, MethodRouter},
+};
+use rmcp::model::JsonRpcError;
+
+use super::{extract::BODY_LIMIT, AppState};
+use crate::mcp::{input, McpHost};
+
+/// The `/mcp` route: rmcp's Streamable HTTP service behind [`check_message`].
+pub(super) fn route(state: &AppState) -> MethodRouter<AppState> {
+    let host = McpHost::new(state.service.clone(), state.token.as_deref());
+    any_service(crate::mcp::http_service(host, BODY_LIMIT))
+        .layer(axum::middleware::from_fn(check_message))
+}
+
+/// Reads a POSTed body (within the API's body limit) and answers what is
+/// not one MCP message with its JSON-RPC error; passes the rest on.
+async fn check_message(request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let announced_too_large =
+        http_body::Body::size_hint(&body).lower() > u64::try_from(BODY_LIMIT).unwrap_or(u64::MAX);
+    if announced_too_large {
+        return refuse(StatusCode::PAYLOAD_TOO_LARGE, input::too_large(BODY_LIMIT));
+    }
+    let bytes = match Bytes::from_request(Request::from_parts(parts.clone(), body), &()).await {
+        Ok(bytes) => bytes,
+        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, input::too_large(BODY_LIMIT))
+        }
+        Err(rejection) => return rejection.into_response(),
+    };
+    if let Err(error) = input::parse(&bytes) {
+        return refuse(StatusCode::BAD_REQUEST, error);
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+fn refuse(status: StatusCode, error: JsonRpcError) -> Response {
+    let body = serde_json::to_vec(&error).unwrap_or_default();
+    let mut response = (status, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
