@@ -37,6 +37,9 @@
 //! provider = "openai"           # Chat Completions
 //! model = "gpt-4.1-mini"
 //! api_key_env = "OPENAI_API_KEY" # the variable's name, never the key
+//! default_allow = true          # (default) its read-only `shell` commands run
+//!                               # unasked; anything else no rule allows asks
+//! sandbox = "workspace-write"   # and network, escalate: as [jobs], for its calls
 //! max_wake_turns = 20           # wake-up turns per hour (sliding); default no cap
 //! max_tokens_per_session = 2000000 # tokens before wake-ups stop; default no cap
 //!
@@ -84,9 +87,9 @@ use crate::{
     model::{ApiKey, ModelSettings},
     permission::Rule,
     plugin::{take_isolation_keys, IsolationConfig, IsolationSettings},
-    process::sandbox::launch::{JobSandbox, SandboxMode},
-    session::model_agent::ModelAgentSettings,
+    process::sandbox::launch::{JobSandbox, SandboxMode, SandboxOverride},
     session::usage::Caps,
+    session::{jobs::call::ModelCaller, model_agent::ModelAgentSettings},
     store::Durability,
 };
 
@@ -209,6 +212,16 @@ pub struct AgentTable {
     pub request_timeout: Option<Duration>,
     /// `max_retries`: retries of 429, 5xx and failed connections (default 3).
     pub max_retries: Option<u32>,
+    /// `default_allow = false`: no shipped allow list; every `shell` call
+    /// of the model that no rule allows is asked about.
+    pub default_allow: Option<bool>,
+    /// `sandbox`, `network`, `escalate`: as in `[jobs]`, for this agent's
+    /// calls only (unset keys keep the `[jobs]` values).
+    pub sandbox: Option<SandboxMode>,
+    /// `network = "deny"` for this agent's sandboxed calls.
+    pub network: Option<JobNetwork>,
+    /// `escalate = "ask"` for this agent's refused calls.
+    pub escalate: Option<Escalate>,
     /// `max_wake_turns`: wake-up turns a session may take in any hour
     /// (sliding); past it the session stops waking. Default: no cap.
     pub max_wake_turns: Option<u32>,
@@ -297,11 +310,25 @@ impl AgentTable {
                 .max_steps
                 .unwrap_or(ModelAgentSettings::DEFAULT_MAX_STEPS),
             context_tokens: self.context_tokens,
+            caller: self.caller(),
             caps: Caps {
                 max_wake_turns: self.max_wake_turns,
                 max_tokens_per_session: self.max_tokens_per_session,
             },
         })
+    }
+
+    /// How the host treats this agent's tool calls: the shipped allow
+    /// list unless `default_allow = false`, and its own sandbox keys.
+    fn caller(&self) -> ModelCaller {
+        ModelCaller {
+            default_allow: self.default_allow.unwrap_or(true),
+            sandbox: SandboxOverride {
+                mode: self.sandbox,
+                network: self.network.map(|n| n == JobNetwork::Allow),
+                escalate: self.escalate.map(|e| e == Escalate::Ask),
+            },
+        }
     }
 }
 
@@ -1080,6 +1107,35 @@ action = "deny"
             .resolve("local", None, |_| None)
             .unwrap_err();
         assert!(error.to_string().contains("[agent.local]"), "{error}");
+    }
+
+    #[test]
+    fn an_agents_default_allow_and_sandbox_keys() {
+        let caller = |extra: &str| {
+            let text = format!("[agent.m]\nprovider = \"openai\"\nmodel = \"x\"\n{extra}");
+            let file = FileConfig::parse(&text)?;
+            file.agent["m"]
+                .resolve("m", None, |_| None)
+                .map(|s| s.caller)
+                .map_err(|e| e.to_string())
+        };
+        let default = caller("").unwrap();
+        assert!(default.default_allow && default.sandbox.is_empty());
+        let set =
+            caller("default_allow = false\nsandbox = \"read-only\"\nnetwork = \"deny\"\n").unwrap();
+        assert!(!set.default_allow);
+        let jobs = JobSandbox {
+            mode: SandboxMode::WorkspaceWrite,
+            network: true,
+            escalate: true,
+            launcher: None,
+        };
+        // Its keys replace `[jobs]`'s; the one it leaves unset is kept.
+        let own = set.sandbox.over(&jobs);
+        assert_eq!(own.mode, SandboxMode::ReadOnly);
+        assert!(!own.network && own.escalate);
+        let error = caller("sandbox = \"danger-full-access\"\n").unwrap_err();
+        assert!(error.contains("[agent.m]"), "{error}");
     }
 
     #[test]

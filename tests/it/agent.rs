@@ -13,12 +13,25 @@ use offstage_tests::{
 use serde_json::{json, Value};
 
 /// The key the hosts get through `api_key_env`; it must never show.
-const KEY: &str = "sk-test-9f8e7d6c5b4a-never-shown";
+pub(crate) const KEY: &str = "sk-test-9f8e7d6c5b4a-never-shown";
 const KEY_ENV: &str = "OFFSTAGE_TEST_MODEL_KEY";
 
 /// A host whose default agent `m` is the model at `model`, with `extra`
-/// lines in its `[agent.m]` table, on `data_dir`.
+/// lines in its `[agent.m]` table, on `data_dir`. Its config allows every
+/// `shell` command: these tests are about the agent, not about what a
+/// model may run unasked (`model_defaults.rs`).
 pub(crate) fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Server {
+    model_host(
+        data_dir,
+        model,
+        extra,
+        "[[permission]]\ntool = \"shell\"\naction = \"allow\"\n",
+    )
+}
+
+/// As [`host_on`], with `rules` (`[[permission]]` tables) as the config's
+/// only rules.
+pub(crate) fn model_host(data_dir: &Path, model: &ModelServer, extra: &str, rules: &str) -> Server {
     std::fs::create_dir_all(data_dir).unwrap();
     let config = write_file(
         data_dir.parent().unwrap(),
@@ -26,7 +39,7 @@ pub(crate) fn host_on(data_dir: &Path, model: &ModelServer, extra: &str) -> Serv
         &format!(
             "[sessions]\ndefault_agent = \"m\"\n\n[agent.m]\nprovider = \"openai\"\n\
              base_url = \"{}\"\nmodel = \"test-model\"\napi_key_env = \"{KEY_ENV}\"\n\
-             system = \"You are a test agent.\"\nmax_retries = 2\n{extra}\n",
+             system = \"You are a test agent.\"\nmax_retries = 2\n{extra}\n\n{rules}",
             model.base_url()
         ),
     );
@@ -66,7 +79,7 @@ pub(crate) fn messages(server: &Server, session: &str) -> Vec<Value> {
 }
 
 /// The tool message answering `call_id` in a request's messages.
-fn tool_answer<'a>(messages: &'a [Value], call_id: &str) -> &'a Value {
+pub(crate) fn tool_answer<'a>(messages: &'a [Value], call_id: &str) -> &'a Value {
     messages
         .iter()
         .find(|m| m["role"] == "tool" && m["tool_call_id"] == call_id)

@@ -338,7 +338,9 @@ fn a_model_answer_streams_on_screen_and_ctrl_b_moves_its_call_alone() {
         "offstage.toml",
         &format!(
             "[sessions]\ndefault_agent = \"m\"\n[agent.m]\nprovider = \"openai\"\n\
-             base_url = \"{}\"\nmodel = \"test-model\"\n",
+             base_url = \"{}\"\nmodel = \"test-model\"\n\n\
+             # The model's loop is not on the read-only list: allowed here.\n\
+             [[permission]]\ntool = \"shell\"\naction = \"allow\"\n",
             model.base_url()
         ),
     );

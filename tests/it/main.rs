@@ -29,6 +29,9 @@ pub(crate) mod agent;
 /// Caps on a model session's unattended work, and its usage totals.
 mod agent_caps;
 
+/// What a model may run unasked, and its agent's own sandbox.
+mod model_defaults;
+
 /// The session service in process: background moves, cancel, notices,
 /// permissions, how the host polls a plugin's future, a plugin racing its
 /// own call, turns, calls that outlive their wrapper.

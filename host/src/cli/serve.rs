@@ -13,12 +13,17 @@
 //! history in the store, and exits 0. A second signal exits at once.
 
 use std::{
-    collections::BTreeMap, io::Write, path::PathBuf, process::ExitCode, sync::Arc, time::Duration,
+    collections::BTreeMap,
+    io::Write,
+    path::{Path, PathBuf},
+    process::ExitCode,
+    sync::Arc,
+    time::Duration,
 };
 
 use tokio::{net::TcpListener, sync::watch};
 
-use crate::process::sandbox::launch::JobSandbox;
+use crate::process::sandbox::launch::{JobSandbox, SandboxMode};
 
 use super::ServeArgs;
 use crate::{
@@ -168,10 +173,17 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
             "running tool calls capped ([jobs] max_running)"
         );
     }
-    service.set_job_sandbox(job_sandbox(&config)?);
+    let jobs_sandbox = job_sandbox(&config)?;
+    service.set_job_sandbox(jobs_sandbox.clone());
     // Model agents before the plugins: a plugin agent of the same name is
     // refused, not the configured one.
     for (name, settings) in &config.agents {
+        // An agent's own sandbox is checked like `[jobs]`'s, at start.
+        let own = &settings.caller.sandbox;
+        if !own.is_empty() {
+            let sandbox = own.over(&jobs_sandbox);
+            probe_sandbox(&sandbox, &config.data_dir, &format!("[agent.{name}]"))?;
+        }
         let agent = crate::session::model_agent::ModelAgent::new(name, settings.clone())
             .map_err(|e| format!("[agent.{name}]: {e}"))?;
         service
@@ -335,16 +347,10 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
 /// "Sandbox").
 fn job_sandbox(config: &ServeConfig) -> Result<JobSandbox, String> {
     let sandbox = config.job_sandbox.clone();
-    let dir = config.data_dir.clone();
-    let Some(probe) = sandbox.sandbox(dir.clone(), dir) else {
+    if sandbox.mode == SandboxMode::None {
         return Ok(sandbox);
-    };
-    crate::process::sandbox::available_for(&probe).map_err(|e| {
-        format!(
-            "[jobs] sandbox = {:?} cannot be enforced here: {e}",
-            crate::cli::api_word(sandbox.mode)
-        )
-    })?;
+    }
+    probe_sandbox(&sandbox, &config.data_dir, "[jobs]")?;
     tracing::info!(
         sandbox = %crate::cli::api_word(sandbox.mode),
         network = sandbox.network,
@@ -352,6 +358,19 @@ fn job_sandbox(config: &ServeConfig) -> Result<JobSandbox, String> {
         "shell commands run in a sandbox ([jobs] sandbox; Landlock and seccomp)"
     );
     Ok(sandbox)
+}
+
+/// Checks that `sandbox` (set in `table`) can be enforced by this kernel.
+fn probe_sandbox(sandbox: &JobSandbox, dir: &Path, table: &str) -> Result<(), String> {
+    let Some(probe) = sandbox.sandbox(dir.to_path_buf(), dir.to_path_buf()) else {
+        return Ok(());
+    };
+    crate::process::sandbox::available_for(&probe).map_err(|e| {
+        format!(
+            "{table} sandbox = {:?} cannot be enforced here: {e}",
+            crate::cli::api_word(sandbox.mode)
+        )
+    })
 }
 
 /// The token the host requires: the one configured, else the data dir's

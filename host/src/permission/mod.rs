@@ -20,6 +20,7 @@
 //! `reason`) when its job ended first.
 
 pub(crate) mod command;
+pub(crate) mod model_defaults;
 pub(crate) mod rule;
 
 pub use self::rule::{Action, Rule};
@@ -225,6 +226,21 @@ impl Permissions {
     ///
     /// [`evaluate`]: Self::evaluate
     pub fn decide(&self, tool: &str, pattern: &str, unmatched: Action) -> Action {
+        self.decide_with(tool, pattern, unmatched, &[])
+    }
+
+    /// As [`decide`](Self::decide), with `shipped` rules consulted before
+    /// the config's: a rule of the config (or an `always` answer) that
+    /// matches a call or a part of its line has the last word, and the
+    /// shipped rules speak only where none does (a model's default allow
+    /// list, [`model_defaults`]).
+    pub(crate) fn decide_with(
+        &self,
+        tool: &str,
+        pattern: &str,
+        unmatched: Action,
+        shipped: &[Rule],
+    ) -> Action {
         // An `always` answer is the newest decision, so it wins like a rule
         // appended last would. It names the exact line that was asked
         // about, so it allows that line and nothing else.
@@ -238,6 +254,7 @@ impl Permissions {
             rules
                 .iter()
                 .rev()
+                .chain(shipped.iter().rev())
                 .find(|rule| {
                     wildcard_match(&rule.tool, tool) && wildcard_match(&rule.pattern, text)
                 })
@@ -248,7 +265,12 @@ impl Permissions {
         }
         // No rule speaks of `shell` and nothing is asked by default: every
         // line is allowed, whatever it holds, so it need not be read.
-        if unmatched == Action::Allow && !rules.iter().any(|r| wildcard_match(&r.tool, tool)) {
+        if unmatched == Action::Allow
+            && !rules
+                .iter()
+                .chain(shipped)
+                .any(|r| wildcard_match(&r.tool, tool))
+        {
             return Action::Allow;
         }
         match command::simple_commands(pattern) {

@@ -80,6 +80,37 @@ impl JobSandbox {
     }
 }
 
+/// `[agent.NAME] sandbox`, `network` and `escalate`: what a model agent
+/// sets over the `[jobs]` settings for its own calls. A key it leaves
+/// unset keeps the `[jobs]` value, so an agent that sets none confines
+/// its calls like every other caller's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SandboxOverride {
+    /// `sandbox`: what the agent's commands may write.
+    pub(crate) mode: Option<SandboxMode>,
+    /// `network`: whether they may open sockets.
+    pub(crate) network: Option<bool>,
+    /// `escalate`: whether a refused call may ask to run unsandboxed.
+    pub(crate) escalate: Option<bool>,
+}
+
+impl SandboxOverride {
+    /// Whether it sets nothing (the `[jobs]` settings apply as they are).
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == SandboxOverride::default()
+    }
+
+    /// `base` (the `[jobs]` settings) with this override's keys replaced.
+    pub(crate) fn over(&self, base: &JobSandbox) -> JobSandbox {
+        JobSandbox {
+            mode: self.mode.unwrap_or(base.mode),
+            network: self.network.unwrap_or(base.network),
+            escalate: self.escalate.unwrap_or(base.escalate),
+            launcher: base.launcher.clone(),
+        }
+    }
+}
+
 /// The launcher's arguments for running `command` (a program and its
 /// arguments) in `sandbox`.
 pub(crate) fn launcher_args(sandbox: &Sandbox, command: &[OsString]) -> Vec<OsString> {

@@ -31,13 +31,41 @@ use crate::{
     error::Result,
     error::ServiceError,
     ids::{check_caller_id, new_id, now},
-    permission::{Action, Permissions},
-    process::output::OutputSink,
+    permission::{model_defaults, Action, Permissions},
+    process::{
+        output::OutputSink,
+        sandbox::launch::{JobSandbox, SandboxOverride},
+    },
     session::{JobEntry, SessionService},
     store::{self, StoreError, Ticket},
     tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
     util::LockExt,
 };
+
+/// Who makes a tool call, as the host itself knows it: never read from a
+/// request, so no client can pass for a model (or a model for a client).
+/// HTTP, the CLI and plugins call [`SessionService::call_tool`], which is
+/// always [`Caller::Client`]; only the host's model agent makes
+/// [`Caller::Model`] calls, through [`SessionService::call_tool_as`],
+/// which is not part of any API.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Caller {
+    /// A client of the host: a call no rule matches is allowed.
+    #[default]
+    Client,
+    /// A model agent: its `shell` calls ask unless a rule allows them.
+    Model(ModelCaller),
+}
+
+/// What a model agent's settings make of its calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ModelCaller {
+    /// `[agent.NAME] default_allow`: the shipped allow list of read-only
+    /// commands applies ([`model_defaults`]).
+    pub(crate) default_allow: bool,
+    /// `[agent.NAME] sandbox`, `network`, `escalate` over `[jobs]`.
+    pub(crate) sandbox: SandboxOverride,
+}
 
 /// A call that passed every check: what [`SessionService::start_job`]
 /// needs.
@@ -52,6 +80,9 @@ struct CheckedCall {
     /// What to ask about before the tool runs (its permission pattern),
     /// when a rule says `ask`.
     ask: Option<String>,
+    /// How its commands are confined: the `[jobs]` settings, or a model
+    /// agent's own over them.
+    sandbox: Arc<JobSandbox>,
     /// Holds the job id from the first check until the job is registered.
     reservation: IdReservation,
     /// The call's place under `[jobs] max_running`, until its task is done.
@@ -199,7 +230,19 @@ impl SessionService {
     /// Runs a tool in a session and blocks until its job ends or is moved
     /// to the background, whichever comes first.
     pub async fn call_tool(&self, session_id: &str, request: ToolRequest) -> Result<ToolResult> {
-        let checked = self.check_call(session_id, request).await?;
+        self.call_tool_as(session_id, request, &Caller::Client)
+            .await
+    }
+
+    /// As [`call_tool`](Self::call_tool), for `caller`: the host's own
+    /// model agent says it is one here, where no request can.
+    pub(crate) async fn call_tool_as(
+        &self,
+        session_id: &str,
+        request: ToolRequest,
+        caller: &Caller,
+    ) -> Result<ToolResult> {
+        let checked = self.check_call(session_id, request, caller).await?;
         // Armed from before the job starts: a caller dropped at any await
         // from here on (even one whose job started but who was not polled
         // again yet) moves its job to the background.
@@ -243,7 +286,12 @@ impl SessionService {
     /// Step 1: everything that can refuse the call before it exists — the
     /// session, the tool and its input, the job id, a `deny` rule. (An
     /// `ask` is asked by the job's task.)
-    async fn check_call(&self, session_id: &str, request: ToolRequest) -> Result<CheckedCall> {
+    async fn check_call(
+        &self,
+        session_id: &str,
+        request: ToolRequest,
+        caller: &Caller,
+    ) -> Result<CheckedCall> {
         self.shared_session(session_id)?;
         let (tool, wrappers) = self.inner.tools.chain_for_call(&request.tool)?;
         let policy = tool.policy(&request.input)?;
@@ -272,10 +320,32 @@ impl SessionService {
             }
         };
         let pattern = tool.permission_pattern(&request.input);
-        let ask = match self.inner.permissions.evaluate(&request.tool, &pattern) {
+        let action = match caller {
+            Caller::Client => self.inner.permissions.evaluate(&request.tool, &pattern),
+            Caller::Model(model) => {
+                let shipped = if model.default_allow {
+                    model_defaults::for_call(&request.tool, &pattern)
+                } else {
+                    &[]
+                };
+                self.inner.permissions.decide_with(
+                    &request.tool,
+                    &pattern,
+                    model_defaults::unmatched(&request.tool),
+                    shipped,
+                )
+            }
+        };
+        let ask = match action {
             Action::Allow => None,
             Action::Ask => Some(pattern),
             Action::Deny => return Err(Permissions::denied(&request.tool, &pattern)),
+        };
+        let sandbox = match caller {
+            Caller::Model(model) if !model.sandbox.is_empty() => {
+                Arc::new(model.sandbox.over(&self.job_sandbox()))
+            }
+            _ => self.job_sandbox(),
         };
         // Last: a call refused for anything else is refused for that.
         let slot = JobSlot::take(self)?;
@@ -291,6 +361,7 @@ impl SessionService {
             policy,
             file_id,
             ask,
+            sandbox,
             reservation,
             slot,
         })
@@ -390,6 +461,7 @@ impl SessionService {
             wrappers,
             policy,
             ask,
+            sandbox,
             reservation,
             slot,
             ..
@@ -403,10 +475,7 @@ impl SessionService {
                 session_id: call.session_id.clone(),
                 job_id: call.job_id.clone(),
             }),
-            // Every caller's calls are confined alike today; a model
-            // agent's own `sandbox` setting would be chosen here, by the
-            // session's agent.
-            sandbox: self.job_sandbox(),
+            sandbox,
         };
         let (started_tx, started_rx) = tokio::sync::oneshot::channel();
         let service = self.clone();

@@ -48,7 +48,7 @@
 
 pub(super) mod background;
 pub(super) mod beside;
-mod call;
+pub(crate) mod call;
 mod cancel;
 pub(crate) mod process;
 mod run;

@@ -34,7 +34,14 @@ use futures_util::future::join_all;
 use offstage_plugin_api::types::{AgentTurn, Message, Role, ToolRequest, ToolResult};
 use serde_json::{json, Value};
 
-use super::{agent::Agent, agent::TurnReply, new_message, usage::Caps, SessionService};
+use super::{
+    agent::Agent,
+    agent::TurnReply,
+    jobs::call::{Caller, ModelCaller},
+    new_message,
+    usage::Caps,
+    SessionService,
+};
 use crate::{
     error::Result,
     ids::new_id,
@@ -55,6 +62,9 @@ pub(crate) struct ModelAgentSettings {
     pub(crate) max_steps: u32,
     /// `context_tokens`: the window requests are cut to (estimated).
     pub(crate) context_tokens: Option<usize>,
+    /// `default_allow` (on unless `false`) and `sandbox`, `network`,
+    /// `escalate`: how the host treats this agent's tool calls.
+    pub(crate) caller: ModelCaller,
     /// `max_wake_turns`, `max_tokens_per_session`: past one, the session
     /// stops waking (`session/usage.rs`).
     pub(crate) caps: Caps,
@@ -317,7 +327,10 @@ impl ModelAgent {
             input,
             call_id: Some(job_id.to_string()),
         };
-        let result = service.call_tool(session_id, request).await;
+        // Made as the model's: `shell` asks unless a rule allows it, and
+        // the agent's own sandbox applies.
+        let caller = Caller::Model(self.settings.caller.clone());
+        let result = service.call_tool_as(session_id, request, &caller).await;
         answered();
         match result {
             // The job system recorded the tool message; this is its copy.
