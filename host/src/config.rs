@@ -26,6 +26,8 @@
 //! network = "allow"             # allow (default) | deny: sockets in the sandbox
 //! escalate = "never"            # never (default) | ask: a call the sandbox
 //!                               # refused may run again without it, if allowed
+//! workspace = "/src/project"    # where workspace-write writes, whatever a
+//!                               # call's workdir (default: the call's workdir)
 //! [events]
 //! history = 4096                # events kept for replay and slow readers
 //! history_bytes = 16777216      # and at most this many bytes of them
@@ -40,6 +42,8 @@
 //! default_allow = true          # (default) its read-only `shell` commands run
 //!                               # unasked; anything else no rule allows asks
 //! sandbox = "workspace-write"   # and network, escalate: as [jobs], for its calls
+//! workspace = "/src/project"    # where it may write (default: [jobs] workspace,
+//!                               # else the host's working directory)
 //! max_wake_turns = 20           # wake-up turns per hour (sliding); default no cap
 //! max_tokens_per_session = 2000000 # tokens before wake-ups stop; default no cap
 //!
@@ -222,6 +226,10 @@ pub struct AgentTable {
     pub network: Option<JobNetwork>,
     /// `escalate = "ask"` for this agent's refused calls.
     pub escalate: Option<Escalate>,
+    /// `workspace = "DIR"`: where `workspace-write` lets this agent's
+    /// calls write (default: `[jobs] workspace`, else the host's working
+    /// directory; never the directory a call names).
+    pub workspace: Option<PathBuf>,
     /// `max_wake_turns`: wake-up turns a session may take in any hour
     /// (sliding); past it the session stops waking. Default: no cap.
     pub max_wake_turns: Option<u32>,
@@ -327,6 +335,7 @@ impl AgentTable {
                 mode: self.sandbox,
                 network: self.network.map(|n| n == JobNetwork::Allow),
                 escalate: self.escalate.map(|e| e == Escalate::Ask),
+                workspace: self.workspace.as_deref().map(absolute),
             },
         }
     }
@@ -388,6 +397,9 @@ pub struct JobsTable {
     /// `escalate = "ask"`: a call the sandbox refused may be run again
     /// without it, once a permission question allows it.
     pub escalate: Option<Escalate>,
+    /// `workspace = "DIR"`: where `workspace-write` lets commands write,
+    /// whatever working directory a call names.
+    pub workspace: Option<PathBuf>,
 }
 
 /// `[jobs] network`.
@@ -419,8 +431,17 @@ impl JobsTable {
             network: self.network != Some(JobNetwork::Deny),
             escalate: self.escalate == Some(Escalate::Ask),
             launcher: None,
+            workspace: self.workspace.as_deref().map(absolute),
         }
     }
+}
+
+/// `path` against the host's working directory, as the host's own
+/// relative paths are.
+fn absolute(path: &Path) -> PathBuf {
+    std::env::current_dir()
+        .map(|cwd| cwd.join(path))
+        .unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// A size in bytes, written as a number of bytes or a string with a unit:
@@ -1120,7 +1141,7 @@ action = "deny"
                 .map_err(|e| e.to_string())
         };
         let default = caller("").unwrap();
-        assert!(default.default_allow && default.sandbox.is_empty());
+        assert!(default.default_allow && default.sandbox == SandboxOverride::default());
         let set =
             caller("default_allow = false\nsandbox = \"read-only\"\nnetwork = \"deny\"\n").unwrap();
         assert!(!set.default_allow);
@@ -1129,6 +1150,7 @@ action = "deny"
             network: true,
             escalate: true,
             launcher: None,
+            workspace: None,
         };
         // Its keys replace `[jobs]`'s; the one it leaves unset is kept.
         let own = set.sandbox.over(&jobs);

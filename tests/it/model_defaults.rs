@@ -189,7 +189,10 @@ fn an_agents_workspace_write_sandbox_refuses_a_write_outside_and_tells_the_model
     let server = model_host(
         &dir.path().join("data"),
         &model,
-        "sandbox = \"workspace-write\"",
+        &format!(
+            "sandbox = \"workspace-write\"\nworkspace = \"{}\"",
+            work.display()
+        ),
         "[[permission]]\ntool = \"shell\"\npattern = \"echo *\"\naction = \"allow\"\n",
     );
     let id = session(&server);
@@ -198,6 +201,9 @@ fn an_agents_workspace_write_sandbox_refuses_a_write_outside_and_tells_the_model
         Reply::tool_calls(&[
             ("c_in", "shell", &shell("echo kept > inside", &work)),
             ("c_out", "shell", &shell(&escape, &work)),
+            // The model names its own working directory: the workspace
+            // stays the agent's, so writing "here" there is refused too.
+            ("c_moved", "shell", &shell("echo lost > moved", &outside)),
         ]),
         Reply::text(&["done"]),
     ]);
@@ -208,11 +214,19 @@ fn an_agents_workspace_write_sandbox_refuses_a_write_outside_and_tells_the_model
         "kept\n"
     );
     assert!(!outside.join("file").exists(), "the write got out");
-    let out = told(&model, 2, "c_out");
     assert!(
-        out.contains("the sandbox refused this command") && out.contains("workspace-write"),
-        "{out}"
+        !outside.join("moved").exists(),
+        "a workdir of the model's choosing became writable"
     );
+    for call in ["c_out", "c_moved"] {
+        let out = told(&model, 2, call);
+        assert!(
+            out.contains("the sandbox refused this command")
+                && out.contains("workspace-write")
+                && out.contains(&work.display().to_string()),
+            "{call}: {out}"
+        );
+    }
 
     // The agent's setting is its own: an HTTP client's same call writes.
     let call = server.expect(

@@ -179,11 +179,8 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // refused, not the configured one.
     for (name, settings) in &config.agents {
         // An agent's own sandbox is checked like `[jobs]`'s, at start.
-        let own = &settings.caller.sandbox;
-        if !own.is_empty() {
-            let sandbox = own.over(&jobs_sandbox);
-            probe_sandbox(&sandbox, &config.data_dir, &format!("[agent.{name}]"))?;
-        }
+        let sandbox = settings.caller.sandbox.over(&jobs_sandbox);
+        probe_sandbox(&sandbox, &config.data_dir, &format!("[agent.{name}]"))?;
         let agent = crate::session::model_agent::ModelAgent::new(name, settings.clone())
             .map_err(|e| format!("[agent.{name}]: {e}"))?;
         service
@@ -365,6 +362,18 @@ fn probe_sandbox(sandbox: &JobSandbox, dir: &Path, table: &str) -> Result<(), St
     let Some(probe) = sandbox.sandbox(dir.to_path_buf(), dir.to_path_buf()) else {
         return Ok(());
     };
+    if let Some(workspace) = sandbox
+        .workspace
+        .as_ref()
+        .filter(|_| !probe.writable.is_empty())
+    {
+        if !workspace.is_dir() {
+            return Err(format!(
+                "{table} workspace = {:?} is not a directory",
+                workspace.display()
+            ));
+        }
+    }
     crate::process::sandbox::available_for(&probe).map_err(|e| {
         format!(
             "{table} sandbox = {:?} cannot be enforced here: {e}",

@@ -243,7 +243,7 @@ async fn run_command(ctx: JobContext, input: ShellInput) -> Result<ToolOutcome> 
     } else {
         format!(
             "writes only beneath {} and its own $TMPDIR",
-            workdir.display()
+            sandbox.writable[0].display()
         )
     };
     let network = if sandbox.network {

@@ -60,6 +60,13 @@ pub struct JobSandbox {
     /// The `offstage` binary that launches sandboxed commands; the
     /// running one when unset.
     pub launcher: Option<PathBuf>,
+    /// `workspace = "DIR"`: where `workspace-write` lets commands write,
+    /// whatever working directory a call names. Unset, a call's own
+    /// working directory is its workspace, which suits a caller the user
+    /// trusts to name it; a model agent's calls always have one
+    /// ([`SandboxOverride::over`]), so a model cannot pick `/` as the
+    /// place it may write.
+    pub workspace: Option<PathBuf>,
 }
 
 impl JobSandbox {
@@ -69,7 +76,7 @@ impl JobSandbox {
         let writable = match self.mode {
             SandboxMode::None => return None,
             SandboxMode::ReadOnly => Vec::new(),
-            SandboxMode::WorkspaceWrite => vec![workdir, tmp],
+            SandboxMode::WorkspaceWrite => vec![self.workspace.clone().unwrap_or(workdir), tmp],
         };
         Some(Sandbox {
             metadata: !writable.is_empty(),
@@ -80,11 +87,12 @@ impl JobSandbox {
     }
 }
 
-/// `[agent.NAME] sandbox`, `network` and `escalate`: what a model agent
-/// sets over the `[jobs]` settings for its own calls. A key it leaves
-/// unset keeps the `[jobs]` value, so an agent that sets none confines
-/// its calls like every other caller's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// `[agent.NAME] sandbox`, `network`, `escalate` and `workspace`: what a
+/// model agent sets over the `[jobs]` settings for its own calls. A key it
+/// leaves unset keeps the `[jobs]` value, so an agent that sets none
+/// confines its calls like every other caller's, except that its
+/// workspace is never the call's own choice (see [`Self::over`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SandboxOverride {
     /// `sandbox`: what the agent's commands may write.
     pub(crate) mode: Option<SandboxMode>,
@@ -92,21 +100,29 @@ pub(crate) struct SandboxOverride {
     pub(crate) network: Option<bool>,
     /// `escalate`: whether a refused call may ask to run unsandboxed.
     pub(crate) escalate: Option<bool>,
+    /// `workspace`: where `workspace-write` lets its commands write.
+    pub(crate) workspace: Option<PathBuf>,
 }
 
 impl SandboxOverride {
-    /// Whether it sets nothing (the `[jobs]` settings apply as they are).
-    pub(crate) fn is_empty(&self) -> bool {
-        *self == SandboxOverride::default()
-    }
-
     /// `base` (the `[jobs]` settings) with this override's keys replaced.
+    ///
+    /// The workspace is the agent's, else `[jobs]`'s, else the host's
+    /// working directory: a model names its calls' working directories
+    /// itself, so under `workspace-write` the call's own would let it
+    /// write wherever it liked.
     pub(crate) fn over(&self, base: &JobSandbox) -> JobSandbox {
+        let workspace = self
+            .workspace
+            .clone()
+            .or_else(|| base.workspace.clone())
+            .or_else(|| std::env::current_dir().ok());
         JobSandbox {
             mode: self.mode.unwrap_or(base.mode),
             network: self.network.unwrap_or(base.network),
             escalate: self.escalate.unwrap_or(base.escalate),
             launcher: base.launcher.clone(),
+            workspace,
         }
     }
 }

@@ -342,9 +342,7 @@ impl SessionService {
             Action::Deny => return Err(Permissions::denied(&request.tool, &pattern)),
         };
         let sandbox = match caller {
-            Caller::Model(model) if !model.sandbox.is_empty() => {
-                Arc::new(model.sandbox.over(&self.job_sandbox()))
-            }
+            Caller::Model(model) => Arc::new(model.sandbox.over(&self.job_sandbox())),
             _ => self.job_sandbox(),
         };
         // Last: a call refused for anything else is refused for that.
