@@ -481,25 +481,7 @@ pub fn http(
 ) -> Response {
     let mut stream = connect(addr);
     write_request(&mut stream, addr, method, path, headers, body);
-    let mut reader = BufReader::new(stream);
-    let (status, headers) = read_head(&mut reader);
-    let chunked = headers.iter().any(|(n, v)| {
-        n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")
-    });
-    let mut raw = Vec::new();
-    if chunked {
-        while let Some(chunk) = read_chunk(&mut reader) {
-            raw.extend(chunk);
-        }
-    } else {
-        // Connection: close — the body ends with the connection.
-        let _ = reader.read_to_end(&mut raw);
-    }
-    Response {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&raw).into_owned(),
-    }
+    read_response(BufReader::new(stream))
 }
 
 /// As [`http`], over the unix socket at `socket` (a host's `api.sock`):
@@ -521,7 +503,12 @@ pub fn unix_http(
     head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
     stream.write_all(head.as_bytes()).unwrap();
     stream.write_all(body).unwrap();
-    let mut reader = BufReader::new(stream);
+    read_response(BufReader::new(stream))
+}
+
+/// The answer to a `Connection: close` request: its head, then a chunked
+/// body or one that ends with the connection.
+fn read_response(mut reader: impl BufRead) -> Response {
     let (status, headers) = read_head(&mut reader);
     let chunked = headers.iter().any(|(n, v)| {
         n.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked")

@@ -135,6 +135,10 @@ pub(crate) struct App {
     pub plugins: Vec<Value>,
     /// Pending permission questions of this session.
     pub permissions: Vec<Value>,
+    /// Questions answered or withdrawn since this session was shown: a
+    /// snapshot of `GET /api/permission` read before their answer must not
+    /// bring them back.
+    settled: HashSet<String>,
     pub input: LineEditor,
     /// Lines typed while the session was busy or the host down, oldest
     /// first: sent one at a time as soon as the session takes them.
@@ -189,6 +193,7 @@ impl App {
             tails: HashMap::new(),
             plugins: Vec::new(),
             permissions: Vec::new(),
+            settled: HashSet::new(),
             input: LineEditor::default(),
             queue: VecDeque::new(),
             streams: Vec::new(),
@@ -317,6 +322,7 @@ impl App {
         self.jobs.clear();
         self.tails.clear();
         self.permissions.clear();
+        self.settled.clear();
         self.moved.clear();
         self.streams.clear();
         self.gone = false;
@@ -474,10 +480,18 @@ impl App {
                 Vec::new()
             }
             Msg::Permissions(pending) => {
-                self.permissions = pending
-                    .into_iter()
-                    .filter(|p| self.is_current(p["session_id"].as_str().unwrap_or("")))
-                    .collect();
+                // A snapshot may have been read before a question that an
+                // event has shown since (replacing the list would hide it
+                // until the next refresh) or before an answer (it must not
+                // come back): add what is new to the list, never remove.
+                for question in pending {
+                    let id = question["id"].as_str().unwrap_or_default();
+                    let known = self.settled.contains(id)
+                        || self.permissions.iter().any(|p| p["id"] == question["id"]);
+                    if !known && self.is_current(question["session_id"].as_str().unwrap_or("")) {
+                        self.permissions.push(question);
+                    }
+                }
                 Vec::new()
             }
             Msg::Created(Ok(session)) => {
@@ -784,12 +798,16 @@ impl App {
                     }
                 }
             }
-            "permission.asked" if self.is_current(&session_of(&props)) => {
+            "permission.asked"
+                if self.is_current(&session_of(&props))
+                    && !self.permissions.iter().any(|p| p["id"] == props["id"]) =>
+            {
                 self.permissions.push(props);
             }
             "permission.replied" | "permission.withdrawn" => {
                 let id = props["id"].as_str().unwrap_or_default();
                 self.permissions.retain(|p| p["id"].as_str() != Some(id));
+                self.settled.insert(id.to_string());
             }
             k if k.starts_with("plugin.") => return vec![Action::FetchPlugins],
             _ => {}
@@ -893,6 +911,7 @@ impl App {
             if let Some(reply) = reply {
                 let id = question["id"].as_str().unwrap_or_default().to_string();
                 self.permissions.remove(0);
+                self.settled.insert(id.clone());
                 self.status = Some(format!("answered {reply}"));
                 return vec![Action::ReplyPermission {
                     id,

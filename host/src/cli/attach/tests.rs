@@ -340,6 +340,28 @@ fn ctrl_c_interrupts_a_busy_session_and_quits_an_idle_one() {
     assert_eq!(app.apply(ctrl('c')), vec![Action::Quit]);
 }
 
+/// A snapshot of the pending questions read before a question was asked
+/// (the refresh at connect races the first call) does not hide it, and one
+/// read before an answer does not bring the answered question back.
+#[test]
+fn a_stale_snapshot_of_questions_neither_hides_nor_revives_one() {
+    let mut app = attached(true);
+    let question = json!({
+        "id": "per_1", "session_id": SES, "tool": "shell", "pattern": "ls", "status": "pending"});
+    app.apply(Msg::Event(
+        json!({"type": "permission.asked", "properties": question.clone()}),
+    ));
+    app.apply(Msg::Permissions(vec![]));
+    assert_eq!(app.permissions.len(), 1, "the snapshot hid the question");
+    app.apply(Msg::Permissions(vec![question.clone()]));
+    assert_eq!(app.permissions.len(), 1, "the question shown twice");
+    app.apply(Msg::Event(
+        json!({"type": "permission.replied", "properties": question.clone()}),
+    ));
+    app.apply(Msg::Permissions(vec![question]));
+    assert!(app.permissions.is_empty(), "an answered question came back");
+}
+
 #[test]
 fn a_permission_question_is_answered_from_the_screen() {
     let mut app = attached(true);
