@@ -13,14 +13,28 @@ use axum::{
 };
 use rmcp::model::JsonRpcError;
 
-use super::{extract::BODY_LIMIT, AppState};
+use super::{extract::BODY_LIMIT, permissions, server::Peer, AppState};
 use crate::mcp::{input, McpHost};
 
 /// The `/mcp` route: rmcp's Streamable HTTP service behind [`check_message`].
 pub(super) fn route(state: &AppState) -> MethodRouter<AppState> {
     let host = McpHost::new(state.service.clone(), state.token.as_deref());
+    let token = state.token.is_some();
     any_service(crate::mcp::http_service(host, BODY_LIMIT))
         .layer(axum::middleware::from_fn(check_message))
+        .layer(axum::middleware::from_fn(
+            move |mut request: Request, next: Next| async move {
+                // Who the client is, for the answers it gives to permission
+                // questions by elicitation: checked as the API's own route
+                // checks them (no answer from inside a job).
+                if let Some(peer) = request.extensions().get::<Peer>().copied() {
+                    request
+                        .extensions_mut()
+                        .insert(permissions::answerer(peer, token));
+                }
+                next.run(request).await
+            },
+        ))
 }
 
 /// Reads a POSTed body (within the API's body limit) and answers what is

@@ -49,14 +49,7 @@ pub(crate) async fn reply_permission(
     PathId(id): PathId,
     JsonBody(body): JsonBody<PermissionReply>,
 ) -> ApiResult<Json<PermissionRequest>> {
-    let from = match peer {
-        Peer::Tcp { client, server } => Answerer::Tcp {
-            client,
-            server,
-            token: state.token.is_some(),
-        },
-        Peer::Unix { pid, .. } => Answerer::Unix { pid },
-    };
+    let from = answerer(peer, state.token.is_some());
     // Who sent it is read from `/proc`: blocking work, off the runtime.
     let service = state.service.clone();
     let answered = tokio::task::spawn_blocking(move || {
@@ -65,4 +58,18 @@ pub(crate) async fn reply_permission(
     .await
     .map_err(|e| ApiError::internal(format!("permission reply task failed: {e}")))??;
     Ok(Json(answered))
+}
+
+/// Who a connection's permission answers come from, for
+/// `Permissions::reply_from`: the API's own route and the MCP server's
+/// elicited answers (`http/mcp.rs`) take it from the same place.
+pub(super) fn answerer(peer: Peer, token: bool) -> Answerer {
+    match peer {
+        Peer::Tcp { client, server } => Answerer::Tcp {
+            client,
+            server,
+            token,
+        },
+        Peer::Unix { pid, .. } => Answerer::Unix { pid },
+    }
 }

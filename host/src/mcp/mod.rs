@@ -49,7 +49,7 @@ use rmcp::{
 use serde_json::{json, Value};
 
 pub(crate) use self::tasks::{TaskBook, TaskIds};
-use crate::{error::ServiceError, session::SessionService};
+use crate::{error::ServiceError, permission::Answerer, session::SessionService, util::LockExt};
 
 /// The header that names the Offstage session an MCP client works in
 /// (`offstage mcp --session ID` sends it; a stateless client sends it with
@@ -97,6 +97,7 @@ impl McpHost {
                 watching: Mutex::new(HashMap::new()),
                 calls: Mutex::new(HashMap::new()),
                 watcher: AtomicBool::new(false),
+                answerer: Mutex::new(None),
             }),
         }
     }
@@ -146,6 +147,10 @@ struct Link {
     calls: Mutex<HashMap<String, Option<ProgressToken>>>,
     /// Whether the watcher (`watch.rs`) runs for this client.
     watcher: AtomicBool,
+    /// Who this client is, as its latest call's connection told
+    /// (`http/mcp.rs`): its answers to elicited permission questions are
+    /// checked as any answer is (`Permissions::reply_from`).
+    answerer: Mutex<Option<Answerer>>,
 }
 
 /// One call in flight: counted while it lives.
@@ -329,6 +334,13 @@ impl ServerHandler for McpServer {
     ) -> Result<CallToolResponse, McpError> {
         let _in_flight = InFlight::take(&self.link)?;
         let session = self.session(&context).await?;
+        if let Some(answerer) = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Answerer>())
+        {
+            *self.link.answerer.lock_unpoisoned() = Some(*answerer);
+        }
         self.watch(&context);
         tools::call(self, &session, request, &context).await
     }

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{tasks::RELATED_TASK, tools, McpServer};
-use crate::{permission::Reply, util::LockExt};
+use crate::{error::ServiceError, permission::Reply, util::LockExt};
 
 /// How often the watcher looks whether its client is gone.
 const CLOSED_CHECK: Duration = Duration::from_secs(1);
@@ -138,7 +138,10 @@ async fn ask(
     let elicits = peer
         .peer_info()
         .is_some_and(|info| info.capabilities.elicitation.is_some());
-    if elicits {
+    // Its answer counts only if the client can be told apart from a job's
+    // process (`Permissions::reply_from`); otherwise it is not asked.
+    let answerer = *server.link.answerer.lock_unpoisoned();
+    if let (true, Some(answerer)) = (elicits, answerer) {
         let request = json!({
             "mode": "form",
             "message": format!("{question} (Offstage permission question {id})"),
@@ -163,16 +166,24 @@ async fn ask(
                     .and_then(|c| c.get("decision"))
                     .and_then(Value::as_str);
                 let reply = match (answer.action, decision) {
+                    (ElicitationAction::Accept, Some("once")) => Some(Reply::Once),
                     (ElicitationAction::Accept, Some("always")) => Some(Reply::Always),
                     (ElicitationAction::Accept, Some("reject")) => Some(Reply::Reject),
-                    (ElicitationAction::Accept, _) => Some(Reply::Once),
                     (ElicitationAction::Decline, _) => Some(Reply::Reject),
-                    // Dismissed: the question stays open for HTTP or attach.
+                    // Dismissed, or accepted without a decision it offered:
+                    // the question stays open for HTTP or attach.
                     _ => None,
                 };
-                if let Some(reply) = reply {
-                    // Answered elsewhere meanwhile: nothing left to do.
-                    let _ = server.host.service.permissions().reply(&id, reply);
+                let Some(reply) = reply else { return };
+                let service = server.host.service.clone();
+                // Reads `/proc` to place the client: off the runtime.
+                let answered = tokio::task::spawn_blocking(move || {
+                    service.permissions().reply_from(&id, reply, &answerer)
+                })
+                .await;
+                // Otherwise answered, or answered elsewhere meanwhile.
+                if let Ok(Err(ServiceError::PermissionDenied(why))) = answered {
+                    tracing::warn!(%why, "an MCP client's permission answer was refused");
                 }
                 return;
             }
