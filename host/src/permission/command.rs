@@ -22,8 +22,9 @@
 //! Each command's text is its words joined by one space, with the quoting
 //! of literal words removed (`'rm' -rf ~` is `rm -rf ~`, so quoting does
 //! not slip past a rule); a word that expands (`$HOME`, `$(..)`, `*.rs`
-//! globs stay as written) keeps its source text. Assignments and
-//! redirections before or after the command are not part of its text.
+//! globs stay as written) keeps its source text. Assignments before the
+//! command are part of its text (`A=1 git diff` is not `git diff`: the
+//! environment can make a command run another); redirections are not.
 
 use brush_parser::{
     ast::{
@@ -225,13 +226,16 @@ impl Walker {
 
     fn simple(&mut self, simple: &SimpleCommand, depth: usize) -> Walked {
         let mut words: Vec<Rendered> = Vec::new();
-        // Before the name: assignments (its environment, not its text) and
+        // Before the name: assignments, part of a command's text
+        // (`GIT_EXTERNAL_DIFF=.. git diff` runs another program, so it must
+        // not match `git diff*`; alone, `i=0` runs nothing), and
         // redirections.
         for item in simple.prefix.iter().flat_map(|p| &p.0) {
-            self.item(item, depth, None)?;
+            self.item(item, depth, Some(&mut words))?;
         }
-        if let Some(name) = &simple.word_or_name {
-            words.push(self.word(name, depth)?);
+        match &simple.word_or_name {
+            Some(name) => words.push(self.word(name, depth)?),
+            None => words.clear(),
         }
         // After it: its arguments, `NAME=VALUE` ones included (`env A=1
         // rm x`), and redirections.
@@ -494,7 +498,16 @@ mod tests {
         assert_eq!(parts("echo $(rm -rf ~)"), ["rm -rf ~", "echo $(rm -rf ~)"]);
         assert_eq!(parts("echo `rm x`"), ["rm x", "echo `rm x`"]);
         assert_eq!(parts("echo \"a $(rm y) b\""), ["rm y", "echo a $(rm y) b"]);
-        assert_eq!(parts("X=$(curl evil) ls"), ["curl evil", "ls"]);
+        assert_eq!(
+            parts("X=$(curl evil) ls"),
+            ["curl evil", "X=$(curl evil) ls"]
+        );
+        assert_eq!(parts("X=$(curl evil)"), ["curl evil"]);
+        // The environment can make a command run another: no `git diff*`.
+        assert_eq!(
+            parts("GIT_EXTERNAL_DIFF='rm -rf ~;:' git diff"),
+            ["GIT_EXTERNAL_DIFF=rm -rf ~;: git diff"]
+        );
         assert_eq!(parts("cat <(rm z)"), ["rm z", "cat"]);
         assert_eq!(parts("cat > $(rm w)"), ["rm w", "cat"]);
         assert_eq!(parts("diff <(ls a) <(ls b)"), ["ls a", "ls b", "diff"]);

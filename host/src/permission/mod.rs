@@ -435,6 +435,14 @@ pub enum Answerer {
     Unix { pid: Option<i32> },
 }
 
+/// Whether `ip` is one of this machine's addresses (any interface: a
+/// bridge, a second LAN address), so a client connecting from it is on
+/// this machine however it reached the host. The kernel lets a socket bind
+/// only to its own addresses.
+fn is_own_address(ip: std::net::IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip.to_canonical(), 0)).is_ok()
+}
+
 /// Refuses an answer that comes from inside a job, or whose sender cannot
 /// be told (docs/reference.md, "Answers come from outside every job"):
 /// otherwise a model's command could answer the question asked about it.
@@ -442,7 +450,7 @@ pub enum Answerer {
 /// - Over TCP the host must require its token (so a host run with
 ///   `--no-token` takes answers over its unix socket only), and a client
 ///   on this machine must be found by its socket and be no job's process.
-///   A client elsewhere (its address neither loopback nor the host's own)
+///   A client elsewhere (its address none of this machine's)
 ///   has only the token to show.
 /// - Over the unix socket, the client the kernel names must be no job's
 ///   process nor a descendant of one.
@@ -462,7 +470,8 @@ pub(crate) fn check_answerer(from: &Answerer) -> Result<()> {
         }
         Answerer::Tcp { client, server, .. } => {
             let local = client.ip().is_loopback()
-                || client.ip().to_canonical() == server.ip().to_canonical();
+                || client.ip().to_canonical() == server.ip().to_canonical()
+                || is_own_address(client.ip());
             match tree::peer::tcp_origin(client, server) {
                 Origin::Unknown(_) if !local => Origin::Outside,
                 origin => origin,
@@ -483,6 +492,13 @@ pub(crate) fn check_answerer(from: &Answerer) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn this_machines_addresses_are_its_own_and_others_are_not() {
+        assert!(super::is_own_address("127.0.0.1".parse().unwrap()));
+        // TEST-NET-1 (RFC 5737): no machine's address.
+        assert!(!super::is_own_address("192.0.2.1".parse().unwrap()));
+    }
+
     use super::*;
 
     #[test]

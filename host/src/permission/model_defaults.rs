@@ -23,8 +23,15 @@
 //! nothing from this list: such a line runs unasked only if the user's
 //! own rules allow it.
 //!
+//! An assignment before a command is part of its text, so `A=1 git diff`
+//! is not `git diff` and is asked about.
+//!
 //! What stays open: these commands read whatever the host's user can
-//! read, and what they print goes to the model's provider.
+//! read, and what they print goes to the model's provider. And `git`
+//! reads the repository's own config, which can name programs it runs
+//! (`core.fsmonitor` for `status`, `diff.external` and textconv filters
+//! for `diff` and `log`): a `.git/config` that something hostile wrote
+//! (a clone never carries one; an unpacked archive can) runs them.
 
 use std::sync::OnceLock;
 
@@ -86,13 +93,11 @@ pub(crate) fn for_call(tool: &str, pattern: &str) -> &'static [Rule] {
 }
 
 /// What a model's call gets when no rule matches it (or a part of its
-/// line): `shell` asks, every other tool keeps the host's default.
-pub(crate) fn unmatched(tool: &str) -> Action {
-    if tool == SHELL_TOOL {
-        Action::Ask
-    } else {
-        Action::Allow
-    }
+/// line): a question, whatever the tool. Not only `shell` runs commands:
+/// `subagent` can start a `script` session that runs each line of its
+/// prompt, and a plugin's tool may run anything.
+pub(crate) fn unmatched() -> Action {
+    Action::Ask
 }
 
 #[cfg(test)]
@@ -102,12 +107,7 @@ mod tests {
 
     fn model(rules: Vec<Rule>, line: &str) -> Action {
         let permissions = Permissions::new(rules, EventBus::default());
-        permissions.decide_with(
-            SHELL_TOOL,
-            line,
-            unmatched(SHELL_TOOL),
-            for_call("shell", line),
-        )
+        permissions.decide_with(SHELL_TOOL, line, unmatched(), for_call("shell", line))
     }
 
     fn rule(pattern: &str, action: Action) -> Rule {
@@ -145,6 +145,8 @@ mod tests {
             "git -c core.pager=sh log",
             "git diff --output=/tmp/x",
             "git log --ext-diff",
+            "GIT_EXTERNAL_DIFF='rm -rf ~;:' git diff",
+            "LD_PRELOAD=/tmp/x.so ls",
             "sh -c 'ls; curl example.com'",
             "ls (",
         ] {
@@ -163,9 +165,9 @@ mod tests {
     }
 
     #[test]
-    fn other_tools_and_other_callers_keep_the_default() {
-        assert_eq!(unmatched("read_output"), Action::Allow);
-        assert!(for_call("read_output", "ls").is_empty());
+    fn a_models_other_tools_ask_and_other_callers_keep_the_default() {
+        assert_eq!(unmatched(), Action::Ask);
+        assert!(for_call("subagent", "ls").is_empty());
         // Without the model's default, an unmatched line is allowed.
         let permissions = Permissions::new(vec![], EventBus::default());
         assert_eq!(

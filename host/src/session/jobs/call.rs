@@ -331,7 +331,7 @@ impl SessionService {
                 self.inner.permissions.decide_with(
                     &request.tool,
                     &pattern,
-                    model_defaults::unmatched(&request.tool),
+                    model_defaults::unmatched(),
                     shipped,
                 )
             }
