@@ -14,7 +14,9 @@ use serde_json::{json, Value};
 
 /// The key the hosts get through `api_key_env`; it must never show.
 pub(crate) const KEY: &str = "sk-test-9f8e7d6c5b4a-never-shown";
-const KEY_ENV: &str = "OFFSTAGE_TEST_MODEL_KEY";
+// Not an `OFFSTAGE_*` name: those never reach a command anyway, and the
+// key's own variable must be kept from commands for what it is.
+const KEY_ENV: &str = "TEST_MODEL_KEY_OF_OFFSTAGE";
 
 /// A host whose default agent `m` is the model at `model`, with `extra`
 /// lines in its `[agent.m]` table, on `data_dir`. Its config allows every
@@ -732,4 +734,38 @@ fn max_steps_ends_a_turn_that_keeps_calling_tools() {
         .as_str()
         .unwrap();
     assert!(answer.starts_with("Not run"), "{answer}");
+}
+
+/// The key's variable is the host's, not the model's: a command the model
+/// runs does not have it, so an `echo` cannot put the key in its output,
+/// the store and the events.
+#[test]
+fn a_models_command_does_not_get_the_key() {
+    let model = ModelServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let server = host_on(&dir.path().join("data"), &model, "");
+    let id = session(&server);
+    let command = format!("echo \"key=${KEY_ENV}.\"");
+    model.script([
+        Reply::tool_calls(&[(
+            "call_k",
+            "shell",
+            &json!({ "command": command }).to_string(),
+        )]),
+        Reply::text(&["done"]),
+    ]);
+    prompt(&server, &id, "print the key");
+    let requests = model.wait_requests(2);
+    let answer = tool_answer(requests[1].messages(), "call_k")["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        answer.contains("key=."),
+        "the command did not run: {answer}"
+    );
+    assert!(
+        !answer.contains(KEY),
+        "the key reached the command: {answer}"
+    );
 }

@@ -178,8 +178,22 @@ async fn serve(config: ServeConfig, watch_src: Option<Vec<PathBuf>>) -> Result<(
     // Model agents before the plugins: a plugin agent of the same name is
     // refused, not the configured one.
     for (name, settings) in &config.agents {
-        // An agent's own sandbox is checked like `[jobs]`'s, at start.
-        let sandbox = settings.caller.sandbox.over(&jobs_sandbox);
+        if let Some(var) = &settings.model.api_key_env {
+            crate::process::spawn::hide_from_commands(var);
+        }
+        // An agent's own sandbox is checked like `[jobs]`'s, at start, and
+        // its workspace fixed now: never the directory a model's call names.
+        let mut settings = settings.clone();
+        let own = &mut settings.caller.sandbox;
+        if own.workspace.is_none() {
+            own.workspace = match &jobs_sandbox.workspace {
+                Some(dir) => Some(dir.clone()),
+                None => Some(std::env::current_dir().map_err(|e| {
+                    format!("[agent.{name}]: no workspace: cannot read the working directory: {e}")
+                })?),
+            };
+        }
+        let sandbox = own.over(&jobs_sandbox);
         probe_sandbox(&sandbox, &config.data_dir, &format!("[agent.{name}]"))?;
         let agent = crate::session::model_agent::ModelAgent::new(name, settings.clone())
             .map_err(|e| format!("[agent.{name}]: {e}"))?;

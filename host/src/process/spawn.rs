@@ -68,6 +68,20 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Variables of the host's environment that no command gets, beside the
+/// `OFFSTAGE_*` ones: the model agents' key variables (`api_key_env`),
+/// which a model's own `echo $OPENAI_API_KEY` would otherwise print into
+/// its output, the store and the events.
+static HIDDEN: std::sync::RwLock<Vec<std::ffi::OsString>> = std::sync::RwLock::new(Vec::new());
+
+/// Keeps the variable `name` out of every command started from now on.
+pub(crate) fn hide_from_commands(name: &str) {
+    let mut hidden = HIDDEN.write().unwrap_or_else(|e| e.into_inner());
+    if !hidden.iter().any(|h| h == name) {
+        hidden.push(name.into());
+    }
+}
+
 /// Starts `launch` in a process group of its own. A command that cannot
 /// start (its working directory, its program) fails here.
 pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {
@@ -80,6 +94,9 @@ pub(crate) fn spawn(launch: Launch<'_>) -> io::Result<Child> {
         if name.as_encoded_bytes().starts_with(HOST_PREFIX.as_bytes()) {
             command.env_remove(name);
         }
+    }
+    for name in HIDDEN.read().unwrap_or_else(|e| e.into_inner()).iter() {
+        command.env_remove(name);
     }
     command
         .args(launch.args)

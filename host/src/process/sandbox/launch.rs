@@ -107,16 +107,18 @@ pub(crate) struct SandboxOverride {
 impl SandboxOverride {
     /// `base` (the `[jobs]` settings) with this override's keys replaced.
     ///
-    /// The workspace is the agent's, else `[jobs]`'s, else the host's
-    /// working directory: a model names its calls' working directories
-    /// itself, so under `workspace-write` the call's own would let it
-    /// write wherever it liked.
+    /// The workspace is the agent's (which `offstage serve` sets at start
+    /// to `[jobs]`'s, else the host's working directory), else `[jobs]`'s:
+    /// a model names its calls' working directories itself, so under
+    /// `workspace-write` the call's own would let it write wherever it
+    /// liked. With none at all the workspace is a path that cannot be
+    /// opened, and a `workspace-write` launch refuses to run the command.
     pub(crate) fn over(&self, base: &JobSandbox) -> JobSandbox {
         let workspace = self
             .workspace
             .clone()
             .or_else(|| base.workspace.clone())
-            .or_else(|| std::env::current_dir().ok());
+            .or_else(|| Some(PathBuf::from("/nonexistent/offstage-no-workspace")));
         JobSandbox {
             mode: self.mode.unwrap_or(base.mode),
             network: self.network.unwrap_or(base.network),
