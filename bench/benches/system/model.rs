@@ -183,10 +183,12 @@ pub(crate) fn model() {
             }
         }
         let ratio = stats(via.clone()).0.as_secs_f64() / stats(straight.clone()).0.as_secs_f64();
-        let (target, met) = match (deltas == LONG, first_token.is_zero()) {
-            (true, _) => ("≤ 1.2×", ratio <= 1.2),
-            (false, false) => ("≤ 1.5×", ratio <= 1.5),
-            (false, true) => ("(overhead only)", true),
+        // The first-delta target holds for both first-delta rows:
+        // with a model that answers at once it measures Offstage alone.
+        let (target, met) = if deltas == LONG {
+            ("≤ 1.2×", ratio <= 1.2)
+        } else {
+            ("≤ 1.5×", ratio <= 1.5)
         };
         report::row(name, spread(&via), spread(&straight), ratio, target, met);
     }
