@@ -9,6 +9,8 @@
 //! is said once, in one message and one `session.capped` event: without
 //! the cap, the model would get the request the test says never came.
 
+use std::path::Path;
+
 use offstage_tests::{
     model::{ModelServer, Reply},
     server::Server,
@@ -18,9 +20,14 @@ use serde_json::{json, Value};
 
 use crate::agent::{host_on, messages, prompt, session};
 
-/// Two shell calls moved to the background at once; `fast` ends well
-/// before `slow`, so each gets its own wake-up.
-fn two_background_calls() -> Reply {
+/// Two shell calls moved to the background at once; `fast` ends at once,
+/// `slow` only once the test creates `gate`, so each gets its own wake-up
+/// however slow the machine.
+fn two_background_calls(gate: &Path) -> Reply {
+    let slow = format!(
+        "while [ ! -f '{}' ]; do sleep 0.02; done; echo slow-done",
+        gate.display()
+    );
     Reply::tool_calls(&[
         (
             "call_fast",
@@ -30,7 +37,7 @@ fn two_background_calls() -> Reply {
         (
             "call_slow",
             "shell",
-            r#"{"command":"sleep 2; echo slow-done","background_after_ms":100}"#,
+            &json!({ "command": slow, "background_after_ms": 100 }).to_string(),
         ),
     ])
 }
@@ -63,8 +70,9 @@ fn max_wake_turns_stops_the_second_wake_up_once_and_a_prompt_still_runs() {
     let server = host_on(&data, &model, "max_wake_turns = 1");
     let id = session(&server);
     let mut events = server.events();
+    let gate = dir.path().join("gate");
     model.script([
-        two_background_calls(),
+        two_background_calls(&gate),
         Reply::text(&["both moved"]),
         Reply::text(&["fast one read"]),
         Reply::text(&["both read"]),
@@ -77,6 +85,7 @@ fn max_wake_turns_stops_the_second_wake_up_once_and_a_prompt_still_runs() {
             .any(|m| m["text"] == "fast one read" && m["metadata"]["turn"] == "wake")
             .then_some(())
     });
+    std::fs::write(&gate, "").unwrap();
     // The second is past the cap: no request, one message, one event.
     wait_capped(&server, &id);
     let seen = events.until("session.capped", |e| e["session_id"] == id.as_str());
@@ -137,13 +146,15 @@ fn max_tokens_per_session_stops_wake_ups_and_is_said_once() {
     );
     let id = session(&server);
     let mut events = server.events();
+    let gate = dir.path().join("gate");
     model.script([
-        two_background_calls(),
+        two_background_calls(&gate),
         Reply::text(&["both moved"]),
         Reply::text(&["again"]),
     ]);
     prompt(&server, &id, "start two jobs");
     wait_capped(&server, &id);
+    std::fs::write(&gate, "").unwrap();
     let seen = events.until("session.capped", |e| e["session_id"] == id.as_str());
     let event = &seen.last().unwrap()["properties"];
     assert_eq!(event["cap"], "max_tokens_per_session");

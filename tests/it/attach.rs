@@ -510,8 +510,15 @@ fn lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls_alone(
     let server = Server::start(&[]);
     let mut attach = Attached::start(&server, &[]);
     attach.wait_for(&[" connected ", "ses_"]);
-    attach.send(b"!sleep 2; echo one\r");
-    attach.wait_for(&["$ sleep 2; echo one", "busy"]);
+    // Held until the lines below are queued, however slow the machine.
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("g");
+    let held = format!(
+        "until [ -f {} ]; do sleep 0.05; done; echo one",
+        gate.display()
+    );
+    attach.send(format!("!{held}\r").as_bytes());
+    attach.wait_for(&["$ until [ -f", "busy"]);
     // Typed while busy: queued, shown, then sent when the call ends.
     attach.send(b"!echo two\r");
     attach.send(b"!echo three\r");
@@ -520,6 +527,7 @@ fn lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls_alone(
     attach.send(b"\x1b");
     attach.wait_for(&["> !echo three", "queued (1)"]);
     attach.send(b"\x15"); // Ctrl+U: dropped
+    std::fs::write(&gate, "").unwrap();
     let screen = attach.wait_for(&["│ one", "$ echo two", "│ two", "idle"]);
     assert!(!screen.contains("three"), "{screen}");
     assert!(!screen.contains("queued"), "{screen}");
@@ -531,7 +539,7 @@ fn lines_typed_while_busy_are_queued_and_the_input_line_edits_and_recalls_alone(
     attach.send(b"\x1b[A");
     attach.wait_for(&["> !echo two"]);
     attach.send(b"\x1b[A");
-    attach.wait_for(&["> !sleep 2; echo one"]);
+    attach.wait_for(&["> !until [ -f"]);
     attach.send(b"\x15!echo four\x01");
     attach.send(b"\x1b[C\x1b[C\x1b[C\x1b[C\x1b[C\x1b[C"); // → six times
     attach.send(b"X\x05Y\r");
