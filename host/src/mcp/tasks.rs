@@ -81,16 +81,12 @@ impl TaskIds {
 /// A fresh job id for an MCP call: `mcp_` and 128 random bits, so that
 /// nobody can name a job (or its task) they were not told of.
 pub(crate) fn new_call_id() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if read.is_err() {
+    match crate::ids::random_hex(16) {
+        Ok(hex) => format!("mcp_{hex}"),
         // No randomness from the OS: fall back to the host's id scheme,
         // still unique, only guessable (the tag still binds the token).
-        return crate::ids::new_id("mcp");
+        Err(_) => crate::ids::new_id("mcp"),
     }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("mcp_{hex}")
 }
 
 /// Times to live the clients asked for, by job id, for this run of the host.
