@@ -80,9 +80,9 @@ impl McpHost {
     /// The MCP side of a host whose token is `token` (task ids are bound to it).
     pub(crate) fn new(service: SessionService, token: Option<&str>) -> Self {
         McpHost {
+            book: TaskBook::new(service.clone()),
             service,
             ids: TaskIds::new(token),
-            book: TaskBook::default(),
         }
     }
 

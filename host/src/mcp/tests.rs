@@ -9,6 +9,8 @@ use rmcp::{
 };
 use serde_json::json;
 
+use offstage_plugin_api::types::NewSession;
+
 use super::{McpHost, BUSY, MAX_IN_FLIGHT};
 use crate::session::{ServiceConfig, SessionService};
 
@@ -118,4 +120,59 @@ async fn calls_past_the_cap_in_flight_are_refused_and_the_client_goes_on() {
         .call_tool(args(json!({"job_id": job_id, "timeout_ms": 0})))
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ttl_book_forgets_entries_of_gone_jobs_and_keeps_expired_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = SessionService::new(ServiceConfig {
+        data_dir: dir.path().join("data"),
+        permissions: Vec::new(),
+    });
+    let book = super::TaskBook::new(service.clone());
+    let doomed = service.create(NewSession::default()).await.unwrap().id;
+    let kept = service.create(NewSession::default()).await.unwrap().id;
+    let job = |session: String| {
+        let service = service.clone();
+        async move {
+            let request = offstage_plugin_api::types::ToolRequest {
+                tool: "shell".into(),
+                input: json!({"command": "true"}),
+                call_id: None,
+            };
+            service.call_tool(&session, request).await.unwrap().job_id
+        }
+    };
+    let mut doomed_jobs = Vec::new();
+    for _ in 0..8 {
+        doomed_jobs.push(job(doomed.clone()).await);
+    }
+    let expired = job(kept.clone()).await;
+    let living = job(kept.clone()).await;
+    for id in &doomed_jobs {
+        book.keep(id, 0);
+    }
+    book.keep(&expired, 0);
+    book.keep(&living, 600_000);
+    assert_eq!(book.len(), 10, "every job exists: nothing is forgotten");
+    assert_eq!(book.ttl(&expired), Err(super::tasks::Expired));
+    assert_eq!(book.ttl(&living), Ok(Some(600_000)));
+
+    // The doomed session goes, with its jobs: inserts forget their entries,
+    // a few each, while the expired task of a job that stays reads expired.
+    service.remove(&doomed).await.unwrap();
+    // (Ids of no job: forgotten as soon as they are looked at.)
+    for n in 0..8 {
+        book.keep(&format!("mcp_{n}"), 600_000);
+    }
+    assert_eq!(
+        book.len(),
+        2,
+        "only the entries of jobs that exist are left"
+    );
+    assert_eq!(book.ttl(&expired), Err(super::tasks::Expired));
+    assert_eq!(book.ttl(&living), Ok(Some(600_000)));
+    for id in &doomed_jobs {
+        assert_eq!(book.ttl(id), Ok(None), "{id} forgotten");
+    }
 }
