@@ -572,6 +572,34 @@ impl SessionService {
         Ok(shared.iter().map(|s| Session::clone(s)).collect())
     }
 
+    /// The id of the newest session titled `title`, if any, found without
+    /// copying a record (the MCP server's stateless clients work in the
+    /// session of their title: docs/mcp.md, "Sessions").
+    ///
+    /// `since` is a hint: the id the caller last found for that title.
+    /// Ids order by creation, so only the sessions from it on are looked
+    /// at, newest first, and a lookup costs the sessions made since then,
+    /// not every session. Without a hint, or when that session is gone or
+    /// renamed, every session is looked at, newest first.
+    pub(crate) fn newest_titled(&self, title: &str, since: Option<&str>) -> Option<String> {
+        use std::ops::Bound;
+        let state = self.state();
+        let titled = |(id, entry): (&String, &SessionEntry)| {
+            (entry.session.title == title).then(|| id.clone())
+        };
+        if let Some(since) = since {
+            let found = state
+                .sessions
+                .range::<str, _>((Bound::Included(since), Bound::Unbounded))
+                .rev()
+                .find_map(titled);
+            if found.is_some() {
+                return found;
+            }
+        }
+        state.sessions.iter().rev().find_map(titled)
+    }
+
     /// Creates a session. An unknown agent or parent is refused.
     pub async fn create(&self, new: NewSession) -> Result<Session> {
         let agent = new.agent.unwrap_or_else(|| self.default_agent());
