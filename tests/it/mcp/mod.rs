@@ -5,6 +5,7 @@
 //! answers elicitations as a test says.
 
 mod bad_input;
+mod controls;
 mod moves;
 mod permissions;
 mod tasks;
