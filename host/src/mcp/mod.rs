@@ -49,7 +49,12 @@ use rmcp::{
 use serde_json::{json, Value};
 
 pub(crate) use self::tasks::{TaskBook, TaskIds};
-use crate::{error::ServiceError, permission::Answerer, session::SessionService, util::LockExt};
+use crate::{
+    error::ServiceError,
+    permission::Answerer,
+    session::{SessionService, TitleMark},
+    util::LockExt,
+};
 
 /// The header that names the Offstage session an MCP client works in
 /// (`offstage mcp --session ID` sends it; a stateless client sends it with
@@ -80,10 +85,10 @@ pub(crate) struct McpHost {
     /// (2026-07-28) gets a handler of its own from rmcp: a count per
     /// handler would never reach the cap for such a client.
     in_flight: Arc<Mutex<HashMap<String, usize>>>,
-    /// Stateless clients' sessions: title → the session last found with
-    /// it, the hint that keeps a lookup from reading every session
+    /// Stateless clients' sessions: title → what the last lookup of it
+    /// found, which keeps the next from reading every session
     /// ([`SessionService::newest_titled`]).
-    titled: Arc<Mutex<HashMap<String, String>>>,
+    titled: Arc<Mutex<HashMap<String, TitleMark>>>,
     /// Held while a session is made for a stateless client, so that its
     /// first requests, arriving together, make one session, not one each.
     making: Arc<tokio::sync::Mutex<()>>,
@@ -115,8 +120,8 @@ impl McpHost {
     /// The session a stateless client titled `title` works in: the newest
     /// session of that title, made on its first request (docs/mcp.md,
     /// "Sessions"). A lookup reads the sessions made since the last one
-    /// (`titled`), not every session; after a restart, the first reads
-    /// them all once.
+    /// (`titled`), not every session; the first after a restart or a
+    /// rename reads them, newest first, until it finds one.
     async fn titled_session(&self, title: &str) -> Result<String, McpError> {
         if let Some(id) = self.newest_titled(title) {
             return Ok(id);
@@ -134,21 +139,26 @@ impl McpHost {
             })
             .await
             .map_err(rpc_error)?;
-        self.titled
-            .lock_unpoisoned()
-            .insert(title.to_string(), created.id.clone());
         Ok(created.id)
     }
 
+    /// The newest session titled `title`, from what the last lookup found.
     fn newest_titled(&self, title: &str) -> Option<String> {
-        let hint = self.titled.lock_unpoisoned().get(title).cloned();
-        let found = self.service.newest_titled(title, hint.as_deref())?;
-        if hint.as_deref() != Some(found.as_str()) {
-            self.titled
-                .lock_unpoisoned()
-                .insert(title.to_string(), found.clone());
+        let mark = self.titled.lock_unpoisoned().get(title).cloned();
+        let found = self.service.newest_titled(title, mark.as_ref());
+        let mut titled = self.titled.lock_unpoisoned();
+        match found {
+            Some(found) => {
+                let id = found.id.clone();
+                titled.insert(title.to_string(), found);
+                Some(id)
+            }
+            // No session of the title (any more): nothing to remember.
+            None => {
+                titled.remove(title);
+                None
+            }
         }
-        Some(found)
     }
 
     /// A handler for one client. `session`: the Offstage session it joins

@@ -236,21 +236,36 @@ async fn the_stateless_lookup_finds_the_newest_session_of_the_title() {
     let title = "MCP: looker 1";
     let made = host.titled_session(title).await.unwrap();
     assert_eq!(service.get(&made).await.unwrap().title, title);
+    let mut others = Vec::new();
     for n in 0..50 {
-        service.create(titled(&format!("other {n}"))).await.unwrap();
+        others.push(
+            service
+                .create(titled(&format!("other {n}")))
+                .await
+                .unwrap()
+                .id,
+        );
     }
     assert_eq!(host.titled_session(title).await.unwrap(), made);
+    assert_eq!(host.titled_session(title).await.unwrap(), made);
+    // An older session renamed to the title, later than `made`: the newest.
+    service.rename(&others[10], title).await.unwrap();
+    assert_eq!(host.titled_session(title).await.unwrap(), others[10]);
     // A newer session of the title (made by the API, say) is the newest.
     let newer = service.create(titled(title)).await.unwrap().id;
     assert_eq!(host.titled_session(title).await.unwrap(), newer);
-    // Renamed: the one before it again; removed too: a new one is made.
+    // Renamed away: the one before it again.
     service.rename(&newer, "renamed").await.unwrap();
+    assert_eq!(host.titled_session(title).await.unwrap(), others[10]);
+    // Removed: the one before it; both removed, a new one is made.
+    service.remove(&others[10]).await.unwrap();
     assert_eq!(host.titled_session(title).await.unwrap(), made);
     service.remove(&made).await.unwrap();
     let again = host.titled_session(title).await.unwrap();
-    assert!(again != made && again != newer, "{again}");
+    assert!(![&made, &newer, &others[10]].contains(&&again), "{again}");
     assert_eq!(service.get(&again).await.unwrap().title, title);
-    // After a restart (a host with no hints), the same answer.
+    assert_eq!(host.titled_session(title).await.unwrap(), again);
+    // After a restart (a host with no marks), the same answer.
     let restarted = McpHost::new(service.clone(), None);
     assert_eq!(restarted.titled_session(title).await.unwrap(), again);
 }
