@@ -202,8 +202,10 @@ pub(crate) fn http_service(
     )
 }
 
-/// The handler of one MCP client: its Offstage session, its calls in
-/// flight, the jobs it is told about. Clones share all of it.
+/// The handler of one MCP client (of one request, for a stateless one):
+/// its Offstage session, its blocking calls, the jobs it is told about.
+/// Clones share all of it. What must hold across a stateless client's
+/// requests (its calls in flight) is kept per session in [`McpHost`].
 #[derive(Clone)]
 pub(crate) struct McpServer {
     host: McpHost,
