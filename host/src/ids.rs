@@ -42,6 +42,24 @@ pub(crate) fn new_id(prefix: &str) -> String {
     id
 }
 
+/// `bytes` bytes from the kernel's random source, as lowercase hex
+/// (`2 * bytes` digits): for what must be unguessable, such as the token
+/// and the job ids of MCP calls. [`new_id`] is unique but guessable.
+///
+/// The one place the host reads randomness, so that every secret comes
+/// from the same source: `/dev/urandom`, which never blocks once the
+/// kernel is seeded and needs no dependency.
+pub(crate) fn random_hex(bytes: usize) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut buffer = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buffer)?;
+    let mut hex = String::with_capacity(bytes * 2);
+    for byte in buffer {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    Ok(hex)
+}
+
 /// Now, as an RFC 3339 string with milliseconds.
 pub(crate) fn now() -> String {
     // `2026-01-01T00:00:00.000Z`: 24 bytes, sized at once.
@@ -102,6 +120,18 @@ mod tests {
         for prefix in ["ses", "job", "msg", "per", "out"] {
             assert!(is_plain_id(&new_id(prefix)));
         }
+    }
+
+    #[test]
+    fn random_hex_is_hex_of_its_length_and_differs() {
+        let a = random_hex(16).unwrap();
+        let b = random_hex(16).unwrap();
+        assert_eq!(a.len(), 32);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(a, b);
+        assert_eq!(random_hex(0).unwrap(), "");
     }
 
     #[test]

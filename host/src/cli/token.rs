@@ -11,7 +11,7 @@
 
 use std::{
     fs::{self, OpenOptions},
-    io::{self, Read, Write},
+    io::{self, Write},
     path::{Path, PathBuf},
 };
 
@@ -91,9 +91,7 @@ pub(crate) fn read(path: &Path) -> Result<String, TokenFileError> {
 
 /// A fresh token: [`TOKEN_BYTES`] from the kernel's random source, as hex.
 fn new_token() -> io::Result<String> {
-    let mut bytes = [0u8; TOKEN_BYTES];
-    fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    crate::ids::random_hex(TOKEN_BYTES)
 }
 
 #[cfg(unix)]

@@ -30,7 +30,7 @@ use std::{
     borrow::Cow,
     collections::HashMap,
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc, Mutex,
     },
 };
@@ -49,7 +49,12 @@ use rmcp::{
 use serde_json::{json, Value};
 
 pub(crate) use self::tasks::{TaskBook, TaskIds};
-use crate::{error::ServiceError, permission::Answerer, session::SessionService, util::LockExt};
+use crate::{
+    error::ServiceError,
+    permission::Answerer,
+    session::{SessionService, TitleMark},
+    util::LockExt,
+};
 
 /// The header that names the Offstage session an MCP client works in
 /// (`offstage mcp --session ID` sends it; a stateless client sends it with
@@ -60,7 +65,8 @@ pub(crate) const SESSION_HEADER: &str = "offstage-session";
 pub(crate) const SESSION_META: &str = "dev.offstage/session";
 
 /// Calls one client may have in flight at once; the next is refused with
-/// [`BUSY`] until one answers.
+/// [`BUSY`] until one answers. Counted per Offstage session (the client's:
+/// see [`InFlight`]).
 pub(crate) const MAX_IN_FLIGHT: usize = 1000;
 
 /// The JSON-RPC code of a refusal at [`MAX_IN_FLIGHT`] or at the host's
@@ -74,15 +80,84 @@ pub(crate) struct McpHost {
     pub(crate) service: SessionService,
     ids: TaskIds,
     book: TaskBook,
+    /// Calls in flight, by Offstage session: [`MAX_IN_FLIGHT`] applies to
+    /// each. Kept here, not in a handler, because a stateless request
+    /// (2026-07-28) gets a handler of its own from rmcp: a count per
+    /// handler would never reach the cap for such a client.
+    in_flight: Arc<Mutex<HashMap<String, usize>>>,
+    /// Stateless clients' sessions: title → what the last lookup of it
+    /// found, which keeps the next from reading every session
+    /// ([`SessionService::newest_titled`]).
+    titled: Arc<Mutex<HashMap<String, TitleMark>>>,
+    /// Held while a session is made for a stateless client, so that its
+    /// first requests, arriving together, make one session, not one each.
+    making: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl McpHost {
     /// The MCP side of a host whose token is `token` (task ids are bound to it).
     pub(crate) fn new(service: SessionService, token: Option<&str>) -> Self {
         McpHost {
+            book: TaskBook::new(service.clone()),
             service,
             ids: TaskIds::new(token),
-            book: TaskBook::default(),
+            in_flight: Arc::default(),
+            titled: Arc::default(),
+            making: Arc::default(),
+        }
+    }
+
+    /// The calls session `session` has in flight over MCP now.
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self, session: &str) -> usize {
+        self.in_flight
+            .lock_unpoisoned()
+            .get(session)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The session a stateless client titled `title` works in: the newest
+    /// session of that title, made on its first request (docs/mcp.md,
+    /// "Sessions"). A lookup reads the sessions made since the last one
+    /// (`titled`), not every session; the first after a restart or a
+    /// rename reads them, newest first, until it finds one.
+    async fn titled_session(&self, title: &str) -> Result<String, McpError> {
+        if let Some(id) = self.newest_titled(title) {
+            return Ok(id);
+        }
+        let _making = self.making.lock().await;
+        // Made by another request while this one waited?
+        if let Some(id) = self.newest_titled(title) {
+            return Ok(id);
+        }
+        let created = self
+            .service
+            .create(NewSession {
+                title: Some(title.to_string()),
+                ..Default::default()
+            })
+            .await
+            .map_err(rpc_error)?;
+        Ok(created.id)
+    }
+
+    /// The newest session titled `title`, from what the last lookup found.
+    fn newest_titled(&self, title: &str) -> Option<String> {
+        let mark = self.titled.lock_unpoisoned().get(title).cloned();
+        let found = self.service.newest_titled(title, mark.as_ref());
+        let mut titled = self.titled.lock_unpoisoned();
+        match found {
+            Some(found) => {
+                let id = found.id.clone();
+                titled.insert(title.to_string(), found);
+                Some(id)
+            }
+            // No session of the title (any more): nothing to remember.
+            None => {
+                titled.remove(title);
+                None
+            }
         }
     }
 
@@ -93,7 +168,6 @@ impl McpHost {
             host: self.clone(),
             link: Arc::new(Link {
                 session: tokio::sync::Mutex::new(session),
-                in_flight: AtomicUsize::new(0),
                 watching: Mutex::new(HashMap::new()),
                 calls: Mutex::new(HashMap::new()),
                 watcher: AtomicBool::new(false),
@@ -128,8 +202,10 @@ pub(crate) fn http_service(
     )
 }
 
-/// The handler of one MCP client: its Offstage session, its calls in
-/// flight, the jobs it is told about. Clones share all of it.
+/// The handler of one MCP client (of one request, for a stateless one):
+/// its Offstage session, its blocking calls, the jobs it is told about.
+/// Clones share all of it. What must hold across a stateless client's
+/// requests (its calls in flight) is kept per session in [`McpHost`].
 #[derive(Clone)]
 pub(crate) struct McpServer {
     host: McpHost,
@@ -139,8 +215,6 @@ pub(crate) struct McpServer {
 struct Link {
     /// The client's Offstage session, once known.
     session: tokio::sync::Mutex<Option<String>>,
-    /// Calls in flight (tools/call, tasks/result), capped at [`MAX_IN_FLIGHT`].
-    in_flight: AtomicUsize,
     /// Jobs whose end this client is told of (moved calls, tasks): job id → task id.
     watching: Mutex<HashMap<String, String>>,
     /// Plain calls that block now: job id → the call's progress token.
@@ -153,33 +227,50 @@ struct Link {
     answerer: Mutex<Option<Answerer>>,
 }
 
-/// One call in flight: counted while it lives.
-struct InFlight(Arc<Link>);
+/// One call in flight (`tools/call`, `tasks/result`): counted against its
+/// client's Offstage session while it lives.
+///
+/// The session is what names a client on every revision: a client with a
+/// protocol session has one of its own, and a stateless one is known only
+/// by the session its requests name or its title picks. Clients that
+/// share a session (`--session`, or one stateless title) share the cap.
+struct InFlight {
+    counts: Arc<Mutex<HashMap<String, usize>>>,
+    session: String,
+}
 
 impl InFlight {
-    fn take(link: &Arc<Link>) -> Result<InFlight, McpError> {
-        let taken = link
-            .in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < MAX_IN_FLIGHT).then_some(n + 1)
-            });
-        match taken {
-            Ok(_) => Ok(InFlight(link.clone())),
-            Err(_) => Err(McpError::new(
+    fn take(host: &McpHost, session: &str) -> Result<InFlight, McpError> {
+        let mut counts = host.in_flight.lock_unpoisoned();
+        let count = counts.entry(session.to_string()).or_insert(0);
+        if *count >= MAX_IN_FLIGHT {
+            return Err(McpError::new(
                 BUSY,
                 format!(
-                    "this client has {MAX_IN_FLIGHT} calls in flight, the most one client may; \
-                     try again when one answers"
+                    "this client has {MAX_IN_FLIGHT} calls in flight in session {session}, the \
+                     most one client may; try again when one answers"
                 ),
                 Some(json!({"retry": true, "max_in_flight": MAX_IN_FLIGHT})),
-            )),
+            ));
         }
+        *count += 1;
+        Ok(InFlight {
+            counts: host.in_flight.clone(),
+            session: session.to_string(),
+        })
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let mut counts = self.counts.lock_unpoisoned();
+        if let Some(count) = counts.get_mut(&self.session) {
+            *count -= 1;
+            // Forgotten at zero: the table holds only sessions with calls.
+            if *count == 0 {
+                counts.remove(&self.session);
+            }
+        }
     }
 }
 
@@ -236,11 +327,9 @@ impl McpServer {
                 // session of its client's title, so that its calls do not
                 // each make a session (docs/mcp.md, "Sessions").
                 if stateless {
-                    let sessions = service.list().await.map_err(rpc_error)?;
-                    if let Some(found) = sessions.into_iter().rev().find(|s| s.title == title) {
-                        *session = Some(found.id.clone());
-                        return Ok(found.id);
-                    }
+                    let id = self.host.titled_session(&title).await?;
+                    *session = Some(id.clone());
+                    return Ok(id);
                 }
                 let created = service
                     .create(NewSession {
@@ -332,8 +421,8 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let _in_flight = InFlight::take(&self.link)?;
         let session = self.session(&context).await?;
+        let _in_flight = InFlight::take(&self.host, &session)?;
         if let Some(answerer) = context
             .extensions
             .get::<axum::http::request::Parts>()
@@ -381,7 +470,8 @@ impl ServerHandler for McpServer {
                 tools::list_tasks(self, &session).await.map(CustomResult)
             }
             "tasks/result" => {
-                let _in_flight = InFlight::take(&self.link)?;
+                let session = self.session(&context).await?;
+                let _in_flight = InFlight::take(&self.host, &session)?;
                 let task_id = request
                     .params
                     .as_ref()

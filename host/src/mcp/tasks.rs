@@ -17,10 +17,11 @@
 //!   ([`TaskBook`]): past it, the task is forgotten (`tasks/get` says it
 //!   is unknown) while the job stays in the store for the HTTP API and
 //!   attach. After a restart no time to live is known: a task lives as
-//!   long as its job's record.
+//!   long as its job's record. The book keeps an entry while its job
+//!   exists, and no longer.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, VecDeque},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -29,7 +30,7 @@ use offstage_plugin_api::types::{Job, JobStatus};
 use rmcp::model::{DetailedTask, JsonObject, Task, TaskPayload};
 use sha2::{Digest, Sha256};
 
-use crate::util::LockExt;
+use crate::{session::SessionService, util::LockExt};
 
 /// How often a client is asked to poll a running task, in milliseconds.
 pub(crate) const POLL_INTERVAL_MS: u64 = 500;
@@ -81,22 +82,44 @@ impl TaskIds {
 /// A fresh job id for an MCP call: `mcp_` and 128 random bits, so that
 /// nobody can name a job (or its task) they were not told of.
 pub(crate) fn new_call_id() -> String {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    let read = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if read.is_err() {
+    match crate::ids::random_hex(16) {
+        Ok(hex) => format!("mcp_{hex}"),
         // No randomness from the OS: fall back to the host's id scheme,
         // still unique, only guessable (the tag still binds the token).
-        return crate::ids::new_id("mcp");
+        Err(_) => crate::ids::new_id("mcp"),
     }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("mcp_{hex}")
 }
 
 /// Times to live the clients asked for, by job id, for this run of the host.
-#[derive(Clone, Default)]
+///
+/// An entry is what says a task has expired: without it, a task reads as
+/// one with no time to live, so forgetting an expired entry would bring
+/// its task back to `tasks/get` and `tasks/list`. An entry is therefore
+/// kept while its job exists, and forgotten once the job is gone (its
+/// session was removed): then every task method answers `-32602` from the
+/// job lookup, entry or not, and nothing a client sees changes.
+///
+/// Forgetting is done on insert, with bounded work: each [`keep`] adds one
+/// entry and looks at [`PRUNE_PER_KEEP`], the ones looked at longest ago,
+/// dropping those whose job is gone. Every entry is so looked at within
+/// about `len / (PRUNE_PER_KEEP - 1)` inserts, which bounds what the book
+/// holds beyond the tasks whose jobs exist to about a third of them.
+///
+/// [`keep`]: TaskBook::keep
+#[derive(Clone)]
 pub(crate) struct TaskBook {
-    ttl: Arc<Mutex<HashMap<String, Kept>>>,
+    service: SessionService,
+    book: Arc<Mutex<Book>>,
+}
+
+/// How many entries one [`TaskBook::keep`] looks at for pruning.
+const PRUNE_PER_KEEP: usize = 4;
+
+#[derive(Default)]
+struct Book {
+    ttl: HashMap<String, Kept>,
+    /// The keys of `ttl`, each once, in the order pruning looks at them.
+    queue: VecDeque<String>,
 }
 
 /// One task's time to live.
@@ -111,21 +134,47 @@ struct Kept {
 pub(crate) struct Expired;
 
 impl TaskBook {
-    /// Notes that job `job_id`'s task lives `ttl_ms` from now.
+    /// The book of the host whose jobs `service` holds.
+    pub(crate) fn new(service: SessionService) -> Self {
+        TaskBook {
+            service,
+            book: Arc::default(),
+        }
+    }
+
+    /// Notes that job `job_id`'s task lives `ttl_ms` from now, and forgets
+    /// a few entries whose job is gone.
     pub(crate) fn keep(&self, job_id: &str, ttl_ms: u64) {
-        self.ttl.lock_unpoisoned().insert(
-            job_id.to_string(),
-            Kept {
-                since: Instant::now(),
-                ttl_ms,
-            },
-        );
+        let mut book = self.book.lock_unpoisoned();
+        let kept = Kept {
+            since: Instant::now(),
+            ttl_ms,
+        };
+        if book.ttl.insert(job_id.to_string(), kept).is_none() {
+            book.queue.push_back(job_id.to_string());
+        }
+        for _ in 0..PRUNE_PER_KEEP.min(book.queue.len()) {
+            let Some(id) = book.queue.pop_front() else {
+                break;
+            };
+            if self.service.has_job(&id) {
+                book.queue.push_back(id);
+            } else {
+                book.ttl.remove(&id);
+            }
+        }
+    }
+
+    /// How many entries the book holds.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.book.lock_unpoisoned().ttl.len()
     }
 
     /// The time to live of job `job_id`'s task (`None`: unlimited), or
     /// [`Expired`] once it has passed.
     pub(crate) fn ttl(&self, job_id: &str) -> Result<Option<u64>, Expired> {
-        match self.ttl.lock_unpoisoned().get(job_id) {
+        match self.book.lock_unpoisoned().ttl.get(job_id) {
             None => Ok(None),
             Some(kept) if kept.since.elapsed() >= Duration::from_millis(kept.ttl_ms) => {
                 Err(Expired)

@@ -320,7 +320,8 @@ async fn run_tool(
     };
     // A client that goes away (its session closed, the request cancelled)
     // stops waiting here: dropping the call moves its job to the
-    // background, as for an HTTP caller that hangs up.
+    // background, as for an HTTP caller that hangs up. The request's
+    // cancellation token is the whole signal (see [`gone`]).
     let outcome = tokio::select! {
         outcome = service.call_tool(session, tool_request) => outcome,
         () = gone(context) => {
@@ -349,20 +350,31 @@ async fn run_tool(
     Ok(CallToolResponse::Complete(with_session(answer, session)))
 }
 
-/// How often a held call looks whether its client is still there.
-const GONE_CHECK: Duration = Duration::from_millis(100);
-
-/// Ends when the request is cancelled or the client's transport closed.
+/// Ends when the client is gone: its request cancelled, its protocol
+/// session closed, or (stateless) its HTTP request dropped.
+///
+/// No poll is needed, for rmcp (3.11, `service.rs`) cancels the request's
+/// token, `context.ct`, in each of these cases, and no later than the
+/// transport closes:
+///
+/// - `notifications/cancelled` for the request (up to 2025-11-25)
+///   cancels it at once;
+/// - the serve loop of a session, once it ends (the session closed or
+///   deleted, stdin at its end, the host shutting down), lets its handlers
+///   answer for up to 5 s and then cancels the token every request's is a
+///   child of, *before* it closes the transport; the peer's channel, which
+///   `Peer::is_transport_closed` reads, closes only after that. Should the
+///   serve task die instead, dropping its `RunningService` cancels the
+///   same token through its drop guard;
+/// - a stateless request (2026-07-28) is served by a service of its own
+///   whose token the Streamable HTTP server cancels when the client drops
+///   the HTTP request.
+///
+/// So `is_transport_closed` can never be true here before the token is
+/// cancelled, and the earlier 100 ms poll of it only woke every held call
+/// ten times a second.
 async fn gone(context: &RequestContext<RoleServer>) {
-    loop {
-        if context.peer.is_transport_closed() {
-            return;
-        }
-        tokio::select! {
-            () = context.ct.cancelled() => return,
-            () = tokio::time::sleep(GONE_CHECK) => {}
-        }
-    }
+    context.ct.cancelled().await
 }
 
 /// Takes a plain call out of the client's list of blocking calls.

@@ -5,6 +5,7 @@
 //! answers elicitations as a test says.
 
 mod bad_input;
+mod controls;
 mod moves;
 mod permissions;
 mod tasks;
@@ -207,11 +208,31 @@ pub(crate) async fn call_json(client: &Client, name: &str, arguments: Value) -> 
 
 /// A custom request (`tasks/list`, `tasks/result`) and its result.
 pub(crate) async fn custom(client: &Client, method: &str, params: Value) -> Result<Value, String> {
+    custom_rpc(client, method, params)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// [`custom`], with the error as rmcp gives it (for its code: [`code`]).
+pub(crate) async fn custom_rpc(
+    client: &Client,
+    method: &str,
+    params: Value,
+) -> Result<Value, rmcp::ServiceError> {
     let request = ClientRequest::CustomRequest(CustomRequest::new(method, Some(params)));
     match client.peer().send_request(request).await {
         Ok(ServerResult::CustomResult(result)) => Ok(result.0),
         Ok(other) => Ok(serde_json::to_value(other).unwrap()),
-        Err(error) => Err(error.to_string()),
+        Err(error) => Err(error),
+    }
+}
+
+/// The JSON-RPC code of a request's error answer; anything else (an
+/// answer, a closed transport) fails the test.
+pub(crate) fn code<T: std::fmt::Debug>(answer: Result<T, rmcp::ServiceError>) -> i32 {
+    match answer {
+        Err(rmcp::ServiceError::McpError(error)) => error.code.0,
+        other => panic!("not a JSON-RPC error: {other:?}"),
     }
 }
 

@@ -28,12 +28,16 @@ async fn start_task(client: &Client, command: &str, ttl: u64) -> String {
 }
 
 async fn get(client: &Client, task_id: &str) -> Result<Value, String> {
+    get_rpc(client, task_id).await.map_err(|e| e.to_string())
+}
+
+/// [`get`], with the error as rmcp gives it (for its code).
+async fn get_rpc(client: &Client, task_id: &str) -> Result<Value, rmcp::ServiceError> {
     client
         .peer()
         .get_task(GetTaskParams::new(task_id))
         .await
         .map(|task| serde_json::to_value(task).unwrap())
-        .map_err(|e| e.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,10 +109,11 @@ async fn a_task_is_cancelled_and_forgotten_after_its_ttl() {
     let short = start_task(&client, "true", 300).await;
     let started = Instant::now();
     loop {
-        match get(&client, &short).await {
+        match get_rpc(&client, &short).await {
             Ok(_) => assert!(started.elapsed() < PATIENCE, "the task outlived its ttl"),
             Err(error) => {
-                assert!(error.contains("unknown task"), "{error}");
+                assert!(error.to_string().contains("unknown task"), "{error}");
+                assert_eq!(code::<()>(Err(error)), -32602);
                 assert!(started.elapsed() >= Duration::from_millis(300));
                 break;
             }
@@ -146,12 +151,20 @@ async fn a_task_survives_a_kill_of_its_host_under_the_same_token_only() {
     let mut server = Server::start_on(&data_dir, &["--token", "another-token"]);
     server.token = Some("another-token".into());
     let client = http_client(&server, Recorder::new("stranger")).await;
+    assert_eq!(code(get_rpc(&client, &task_id).await), -32602);
     let refused = get(&client, &task_id).await.unwrap_err();
     assert!(refused.contains("unknown task"), "{refused}");
-    let forged = get(&client, &format!("{job_id}.0000000000000000"))
-        .await
-        .unwrap_err();
-    assert!(forged.contains("unknown task"), "{forged}");
+    let forged = format!("{job_id}.0000000000000000");
+    assert_eq!(code(get_rpc(&client, &forged).await), -32602);
+    assert_eq!(
+        code(custom_rpc(&client, "tasks/result", json!({"taskId": task_id})).await),
+        -32602
+    );
+    let cancel = client
+        .peer()
+        .cancel_task(CancelTaskParams::new(task_id.clone()))
+        .await;
+    assert_eq!(code(cancel), -32602);
     call_json(&client, "jobs", json!({})).await;
     client.cancel().await.unwrap();
 }

@@ -243,6 +243,12 @@ impl SessionService {
         Ok(jobs)
     }
 
+    /// Whether job `id` exists (it goes with its session): a look at the
+    /// table, without the copy and the `stat` of [`job`](Self::job).
+    pub(crate) fn has_job(&self, id: &str) -> bool {
+        self.state().jobs.contains_key(id)
+    }
+
     /// One job.
     pub async fn job(&self, id: &str) -> Result<Job> {
         let (job, output) = self
