@@ -52,7 +52,7 @@ pub(crate) use self::tasks::{TaskBook, TaskIds};
 use crate::{
     error::ServiceError,
     permission::Answerer,
-    session::{SessionService, TitleMark},
+    session::SessionService,
     util::LockExt,
 };
 
@@ -85,10 +85,6 @@ pub(crate) struct McpHost {
     /// (2026-07-28) gets a handler of its own from rmcp: a count per
     /// handler would never reach the cap for such a client.
     in_flight: Arc<Mutex<HashMap<String, usize>>>,
-    /// Stateless clients' sessions: title → what the last lookup of it
-    /// found, which keeps the next from reading every session
-    /// ([`SessionService::newest_titled`]).
-    titled: Arc<Mutex<HashMap<String, TitleMark>>>,
     /// Held while a session is made for a stateless client, so that its
     /// first requests, arriving together, make one session, not one each.
     making: Arc<tokio::sync::Mutex<()>>,
@@ -102,7 +98,6 @@ impl McpHost {
             service,
             ids: TaskIds::new(token),
             in_flight: Arc::default(),
-            titled: Arc::default(),
             making: Arc::default(),
         }
     }
@@ -119,16 +114,14 @@ impl McpHost {
 
     /// The session a stateless client titled `title` works in: the newest
     /// session of that title, made on its first request (docs/mcp.md,
-    /// "Sessions"). A lookup reads the sessions made since the last one
-    /// (`titled`), not every session; the first after a restart or a
-    /// rename reads them, newest first, until it finds one.
+    /// "Sessions").
     async fn titled_session(&self, title: &str) -> Result<String, McpError> {
-        if let Some(id) = self.newest_titled(title) {
+        if let Some(id) = self.service.newest_titled(title) {
             return Ok(id);
         }
         let _making = self.making.lock().await;
         // Made by another request while this one waited?
-        if let Some(id) = self.newest_titled(title) {
+        if let Some(id) = self.service.newest_titled(title) {
             return Ok(id);
         }
         let created = self
@@ -142,24 +135,6 @@ impl McpHost {
         Ok(created.id)
     }
 
-    /// The newest session titled `title`, from what the last lookup found.
-    fn newest_titled(&self, title: &str) -> Option<String> {
-        let mark = self.titled.lock_unpoisoned().get(title).cloned();
-        let found = self.service.newest_titled(title, mark.as_ref());
-        let mut titled = self.titled.lock_unpoisoned();
-        match found {
-            Some(found) => {
-                let id = found.id.clone();
-                titled.insert(title.to_string(), found);
-                Some(id)
-            }
-            // No session of the title (any more): nothing to remember.
-            None => {
-                titled.remove(title);
-                None
-            }
-        }
-    }
 
     /// A handler for one client. `session`: the Offstage session it joins
     /// (`--session`); otherwise the header, or a new one from its `clientInfo`.
