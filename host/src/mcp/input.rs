@@ -41,10 +41,7 @@ fn read(bytes: &[u8]) -> Result<(ClientJsonRpcMessage, bool), JsonRpcError> {
         Ok(message) => Ok((message, rewritten)),
         Err(error) => Err(JsonRpcError::new(
             id,
-            ErrorData::invalid_request(
-                format!("not a JSON-RPC 2.0 message of MCP: {error}"),
-                None,
-            ),
+            ErrorData::invalid_request(format!("not a JSON-RPC 2.0 message of MCP: {error}"), None),
         )),
     }
 }

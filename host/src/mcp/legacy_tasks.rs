@@ -51,8 +51,8 @@ use rmcp::{
     model::{
         CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest,
         CustomNotification, CustomRequest, CustomResult, DetailedTask, ErrorCode,
-        InitializeRequestParams, InitializeResult, ProtocolVersion, ServerJsonRpcMessage,
-        ServerNotification, ServerResult, Task, TASKS_EXTENSION_ID,
+        InitializeRequestParams, InitializeResult, ProtocolVersion, RequestMetaObject,
+        ServerJsonRpcMessage, ServerNotification, ServerResult, Task, TASKS_EXTENSION_ID,
     },
     service::{Peer, RequestContext},
     transport::{
@@ -66,11 +66,7 @@ use rmcp::{
 };
 use serde_json::{json, Value};
 
-use super::{
-    rpc_error,
-    tasks::TASK_REQUEST,
-    tools, InFlight, McpServer,
-};
+use super::{rpc_error, tasks::TASK_REQUEST, tools, InFlight, McpServer};
 use crate::error::ServiceError;
 
 /// The 2025-11-25 method of a task's status notification.
@@ -238,10 +234,10 @@ fn reroute(message: ClientJsonRpcMessage) -> ClientJsonRpcMessage {
             serde_json::to_value(&r.params).unwrap_or_default(),
             r.extensions,
         ),
+        // rmcp keeps a request's `_meta` in its extensions.
         ClientRequest::CallToolRequest(r)
-            if r.params
-                .meta
-                .as_ref()
+            if r.extensions
+                .get::<RequestMetaObject>()
                 .is_some_and(|meta| meta.0 .0.contains_key(TASK_REQUEST)) =>
         {
             custom(
@@ -389,7 +385,10 @@ impl SessionManager for Sessions {
         self.inner.restore_session(id).await
     }
 
-    fn event_store(&self) -> Option<std::sync::Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>> {
+    fn event_store(
+        &self,
+    ) -> Option<std::sync::Arc<dyn rmcp::transport::streamable_http_server::session::EventStore>>
+    {
         self.inner.event_store()
     }
 }
@@ -492,13 +491,15 @@ async fn call_2025(
 ) -> Result<Value, McpError> {
     let params: CallToolRequestParams = serde_json::from_value(params)
         .map_err(|e| McpError::invalid_params(format!("tools/call: {e}"), None))?;
-    let tasked = tools::list(&server.host.service).into_iter().find_map(|tool| {
-        (tool.name == params.name).then(|| {
-            tool.meta
-                .as_ref()
-                .is_some_and(|meta| meta.0.contains_key(TASKS_EXTENSION_ID))
-        })
-    });
+    let tasked = tools::list(&server.host.service)
+        .into_iter()
+        .find_map(|tool| {
+            (tool.name == params.name).then(|| {
+                tool.meta
+                    .as_ref()
+                    .is_some_and(|meta| meta.0.contains_key(TASKS_EXTENSION_ID))
+            })
+        });
     if tasked == Some(false) {
         return Err(McpError::new(
             ErrorCode::METHOD_NOT_FOUND,
@@ -535,7 +536,10 @@ async fn cancel_2025(server: &McpServer, task_id: &str) -> Result<Value, McpErro
     let job = service.job(&job_id).await.map_err(rpc_error)?;
     if job.status.is_final() {
         return Err(McpError::invalid_params(
-            format!("task {task_id:?} already ended ({:?}); nothing to cancel", job.status),
+            format!(
+                "task {task_id:?} already ended ({:?}); nothing to cancel",
+                job.status
+            ),
             None,
         ));
     }
@@ -558,20 +562,30 @@ mod tests {
                 .enable_tasks()
                 .build();
         }
-        let mut params = InitializeRequestParams::new(
-            capabilities,
-            rmcp::model::Implementation::new("c", "1"),
-        );
+        let mut params =
+            InitializeRequestParams::new(capabilities, rmcp::model::Implementation::new("c", "1"));
         params.protocol_version = version;
         params
     }
 
     #[test]
     fn the_2025_wire_is_for_2025_clients_without_the_extension() {
-        assert!(speaks_2025(&handshake(ProtocolVersion::V_2025_11_25, false)));
-        assert!(speaks_2025(&handshake(ProtocolVersion::V_2025_06_18, false)));
-        assert!(!speaks_2025(&handshake(ProtocolVersion::V_2025_11_25, true)));
-        assert!(!speaks_2025(&handshake(ProtocolVersion::V_2026_07_28, false)));
+        assert!(speaks_2025(&handshake(
+            ProtocolVersion::V_2025_11_25,
+            false
+        )));
+        assert!(speaks_2025(&handshake(
+            ProtocolVersion::V_2025_06_18,
+            false
+        )));
+        assert!(!speaks_2025(&handshake(
+            ProtocolVersion::V_2025_11_25,
+            true
+        )));
+        assert!(!speaks_2025(&handshake(
+            ProtocolVersion::V_2026_07_28,
+            false
+        )));
     }
 
     #[test]
@@ -600,7 +614,8 @@ mod tests {
         // typed, it would lose `ttl` and `pollInterval`.
         let exact = json!({"taskId": "j.t", "status": "working", "createdAt": "a",
                            "lastUpdatedAt": "b", "ttl": 60000, "pollInterval": 500});
-        let wire = json!({"jsonrpc": "2.0", "id": 4, "result": for_bridge(true, exact.clone(), None)});
+        let wire =
+            json!({"jsonrpc": "2.0", "id": 4, "result": for_bridge(true, exact.clone(), None)});
         let typed: ServerJsonRpcMessage = serde_json::from_value(wire).unwrap();
         assert_eq!(unwrap_verbatim(&typed)["result"], exact);
         let lossy: ServerJsonRpcMessage =
@@ -613,7 +628,9 @@ mod tests {
         let wire = json!({"jsonrpc": "2.0", "id": 0,
                           "result": for_bridge(true, init.clone(), Some(init.clone()))});
         let typed: ServerJsonRpcMessage = serde_json::from_value(wire).unwrap();
-        let ServerJsonRpcMessage::Response(response) = &typed else { panic!() };
+        let ServerJsonRpcMessage::Response(response) = &typed else {
+            panic!()
+        };
         assert!(matches!(response.result, ServerResult::InitializeResult(_)));
         assert_eq!(unwrap_verbatim(&typed)["result"], init);
     }

@@ -51,8 +51,8 @@ use rmcp::{
 };
 use serde_json::{json, Value};
 
-pub(crate) use self::tasks::{TaskBook, TaskIds};
 use self::legacy_tasks::Sessions;
+pub(crate) use self::tasks::{TaskBook, TaskIds};
 use crate::{error::ServiceError, permission::Answerer, session::SessionService, util::LockExt};
 
 /// The header that names the Offstage session an MCP client works in
@@ -112,10 +112,7 @@ impl McpHost {
 pub(crate) fn http_service(
     host: McpHost,
     body_limit: usize,
-) -> rmcp::transport::StreamableHttpService<
-    McpServer,
-    legacy_tasks::Sessions,
-> {
+) -> rmcp::transport::StreamableHttpService<McpServer, legacy_tasks::Sessions> {
     use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
     // The Host and Origin checks are the API's own (`http/auth.rs`, run
     // before this service); rmcp's, which know only loopback names, would
