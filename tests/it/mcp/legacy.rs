@@ -2,8 +2,8 @@
 //! revision without the 2026-07-28 tasks extension (the TypeScript and
 //! Python SDKs' experimental tasks): `capabilities.tasks`,
 //! `execution.taskSupport`, `params.task` answered by `{task: Task}`,
-//! `tasks/get`/`list`/`cancel`/`result`, `ttl`, and
-//! `notifications/tasks/status` — over Streamable HTTP and through the
+//! `tasks/get`/`list`/`cancel`/`result`, `ttl`, an id of another token,
+//! and `notifications/tasks/status` — over Streamable HTTP and through the
 //! stdio bridge.
 //!
 //! The exact field names are read off the wire itself: rmcp's client
@@ -234,8 +234,8 @@ async fn create(wire: &mut Wire, command: &str, ttl: u64) -> Value {
     created["task"].clone()
 }
 
-/// The whole 2025-11-25 flow over one wire.
-async fn flow(wire: &mut Wire, server: &Server) {
+/// `initialize` at 2025-11-25, as that revision's SDKs send it; the result.
+async fn initialize(wire: &mut Wire) -> Value {
     let init = wire
         .result(
             "initialize",
@@ -259,6 +259,12 @@ async fn flow(wire: &mut Wire, server: &Server) {
     );
     wire.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         .await;
+    init
+}
+
+/// The whole 2025-11-25 flow over one wire; the id of a task that ended.
+async fn flow(wire: &mut Wire, server: &Server) -> String {
+    initialize(wire).await;
 
     // Each tool says whether it runs as a task.
     let tools = wire.result("tools/list", json!({})).await;
@@ -381,13 +387,32 @@ async fn flow(wire: &mut Wire, server: &Server) {
     }
     let short_job = short_id.split('.').next().unwrap();
     server.expect("GET", &format!("/api/job/{short_job}"), None, 200);
+    task_id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_on_the_2025_wire_over_http() {
-    let server = Server::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let server = Server::start_on(&data_dir, &[]);
     let mut wire = Wire::http(&server);
-    flow(&mut wire, &server).await;
+    let task_id = flow(&mut wire, &server).await;
+    drop(server);
+
+    // The same host restarted under another token: the id it handed out
+    // is of another token now, and refused; the host serves on.
+    let mut server = Server::start_on(&data_dir, &["--token", "another-token"]);
+    server.token = Some("another-token".into());
+    let mut wire = Wire::http(&server);
+    initialize(&mut wire).await;
+    for method in ["tasks/get", "tasks/result", "tasks/cancel"] {
+        assert_eq!(
+            wire.error_code(method, json!({"taskId": task_id})).await,
+            -32602,
+            "{method}"
+        );
+    }
+    wire.result("tasks/list", json!({})).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
