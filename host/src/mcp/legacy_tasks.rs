@@ -82,10 +82,12 @@ pub(crate) const BRIDGE_HEADER: &str = "offstage-bridge";
 /// 2025-11-25 answer that looks like a 2026-07-28 one (a working task
 /// parses as `GetTaskResult`, an `initialize` answer as
 /// `InitializeResult`) would lose the fields rmcp does not know (`ttl`,
-/// `pollInterval`, `capabilities.tasks`, `execution`). `_meta` is kept by
-/// every result type, so the exact answer rides there and the bridge
-/// ([`unwrap_verbatim`]) writes it out unchanged.
-pub(crate) const VERBATIM: &str = "dev.offstage/verbatim";
+/// `pollInterval`, `capabilities.tasks`, `execution`). `_meta` survives
+/// the typing — an object of `_meta` alone arrives as rmcp's custom
+/// result, an `InitializeResult` keeps its `_meta` (both tested below) —
+/// so the exact answer rides there and the bridge ([`unwrap_verbatim`])
+/// writes it out unchanged.
+const VERBATIM: &str = "dev.offstage/verbatim";
 
 /// Whether a request came through the stdio bridge.
 fn bridged(extensions: &rmcp::model::Extensions) -> bool {
@@ -128,7 +130,7 @@ pub(crate) fn unwrap_verbatim(message: &ServerJsonRpcMessage) -> Value {
 /// Whether a client with this handshake gets the 2025-11-25 task wire:
 /// it negotiated 2025-11-25 or older and did not declare the 2026-07-28
 /// tasks extension.
-pub(crate) fn speaks_2025(handshake: &InitializeRequestParams) -> bool {
+fn speaks_2025(handshake: &InitializeRequestParams) -> bool {
     // ISO dates: lexical order is the order of the revisions.
     handshake.protocol_version.as_str() <= ProtocolVersion::V_2025_11_25.as_str()
         && !handshake.capabilities.supports_tasks()
@@ -142,7 +144,7 @@ pub(super) fn peer_speaks_2025(peer: &Peer<RoleServer>) -> bool {
 
 /// The server's `capabilities.tasks` of 2025-11-25: `tasks/list`,
 /// `tasks/cancel`, and task-augmented `tools/call`.
-pub(crate) fn capability() -> Value {
+fn capability() -> Value {
     json!({"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}})
 }
 
