@@ -297,7 +297,15 @@ async fn flow(wire: &mut Wire, server: &Server) -> String {
     assert_eq!(refused, -32601);
 
     // Create: {task: Task}, with the ttl asked for.
-    let task = create(wire, "echo first; sleep 1; echo second", 60_000).await;
+    // The job runs until the test lets it end (a file), so it is surely
+    // working while it is looked at, and surely ends after its answer.
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let held = format!(
+        "until [ -e '{}' ]; do sleep 0.02; done; echo first; echo second",
+        go.display()
+    );
+    let task = create(wire, &held, 60_000).await;
     assert_eq!(keys(&task), task_fields(), "{task}");
     assert_eq!(task["status"], "working");
     assert_eq!(task["ttl"], 60_000);
@@ -325,7 +333,8 @@ async fn flow(wire: &mut Wire, server: &Server) -> String {
     assert_eq!(mine["ttl"], 60_000, "{mine}");
     assert!(mine.get("ttlMs").is_none(), "{mine}");
 
-    // Result: blocks until the end; the call's result, linked to the task.
+    // Result: waits for the end; the call's result, linked to the task.
+    std::fs::write(&go, "").unwrap();
     let result = wire
         .result("tasks/result", json!({"taskId": task_id}))
         .await;
@@ -446,11 +455,18 @@ async fn rmcps_client_at_2025_creates_a_task_and_hears_its_status() {
     let recorder = Recorder::legacy("legacy-rmcp");
     let notes = recorder.notes.clone();
     let client = http_client(&server, recorder).await;
+    // The job ends when the test lets it (a file), after the task's answer.
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let command = format!(
+        "until [ -e '{}' ]; do sleep 0.02; done; echo done",
+        go.display()
+    );
     // rmcp's request type has no `params.task`: sent as the method it is.
     let created = custom(
         &client,
         "tools/call",
-        json!({"name": "shell", "arguments": {"command": "echo done"}, "task": {"ttl": 60_000}}),
+        json!({"name": "shell", "arguments": {"command": command}, "task": {"ttl": 60_000}}),
     )
     .await
     .unwrap();
@@ -459,6 +475,7 @@ async fn rmcps_client_at_2025_creates_a_task_and_hears_its_status() {
         .unwrap_or_else(|| panic!("{{task}}: {created}"))
         .to_string();
     assert_eq!(created["task"]["ttl"], 60_000, "{created}");
+    std::fs::write(&go, "").unwrap();
     let status = note_until(&notes, "notifications/tasks/status", |n| {
         n["custom"]["method"] == "notifications/tasks/status"
             && n["custom"]["params"]["taskId"] == task_id.as_str()
