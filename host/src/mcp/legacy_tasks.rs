@@ -47,6 +47,7 @@
 use std::{collections::HashSet, sync::RwLock};
 
 use futures_util::Stream;
+use offstage_plugin_api::types::JobStatus;
 use rmcp::{
     model::{
         CallToolRequestParams, CallToolResponse, ClientJsonRpcMessage, ClientRequest,
@@ -67,7 +68,6 @@ use rmcp::{
 use serde_json::{json, Value};
 
 use super::{rpc_error, tasks::TASK_REQUEST, tools, InFlight, McpServer};
-use crate::error::ServiceError;
 
 /// The 2025-11-25 method of a task's status notification.
 const STATUS_METHOD: &str = "notifications/tasks/status";
@@ -533,21 +533,23 @@ async fn call_2025(
 /// `tasks/cancel` of 2025-11-25: the task, `cancelled`; a task that
 /// already ended is refused with `-32602`, as the revision asks.
 async fn cancel_2025(server: &McpServer, task_id: &str) -> Result<Value, McpError> {
+    let ended = |status: JobStatus| {
+        let word = serde_json::to_value(status).unwrap_or_default();
+        McpError::invalid_params(
+            format!("task {task_id:?} already ended ({word}); nothing to cancel"),
+            None,
+        )
+    };
     let job_id = tools::task_job(server, task_id)?;
     let service = &server.host.service;
     let job = service.job(&job_id).await.map_err(rpc_error)?;
     if job.status.is_final() {
-        return Err(McpError::invalid_params(
-            format!(
-                "task {task_id:?} already ended ({:?}); nothing to cancel",
-                job.status
-            ),
-            None,
-        ));
+        return Err(ended(job.status));
     }
-    match service.cancel_job(&job_id).await {
-        Ok(_) | Err(ServiceError::Conflict(_)) => {}
-        Err(error) => return Err(rpc_error(error)),
+    let job = service.cancel_job(&job_id).await.map_err(rpc_error)?;
+    // It may have ended on its own meanwhile: then it was not cancelled.
+    if job.status != JobStatus::Cancelled {
+        return Err(ended(job.status));
     }
     let task = tools::task(server, task_id).await?;
     Ok(task_2025(&task.task))
