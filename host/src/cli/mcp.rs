@@ -11,7 +11,11 @@
 //! protocol with the host; what it receives is written back, one line per
 //! message. A line that is no message, or is over the cap, is answered
 //! here with its JSON-RPC error (`mcp/input.rs`), where rmcp's stdio
-//! transport would drop it without a word.
+//! transport would drop it without a word. rmcp's client transport types
+//! what it receives, which would lose the 2025-11-25 task fields it does
+//! not know: the host sends those answers whole in `_meta` to a request
+//! that carries the bridge's header, and they are written out as sent
+//! (`mcp/legacy_tasks.rs`, `unwrap_verbatim`).
 
 use std::{
     collections::HashMap,
@@ -31,7 +35,11 @@ use rmcp::{
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::ClientArgs;
-use crate::mcp::{input, SESSION_HEADER};
+use crate::mcp::{
+    input,
+    legacy_tasks::{unwrap_verbatim, BRIDGE_HEADER},
+    SESSION_HEADER,
+};
 
 /// How long a host started here has to answer its health check.
 const START_WAIT: Duration = Duration::from_secs(20);
@@ -101,13 +109,18 @@ async fn bridge(args: McpArgs) -> Result<(), String> {
     if let Some(token) = token {
         config = config.auth_header(token);
     }
+    // The host wraps the answers rmcp's client transport would re-type
+    // lossily (2025-11-25 tasks) for a request that says it comes from
+    // here; they are unwrapped as they are written out (`unwrap_verbatim`).
+    let mut headers = HashMap::from([(
+        HeaderName::from_static(BRIDGE_HEADER),
+        HeaderValue::from_static("1"),
+    )]);
     if let Some(session) = &args.session {
         let value = HeaderValue::from_str(session).map_err(|_| "--session: not a valid id")?;
-        config = config.custom_headers(HashMap::from([(
-            HeaderName::from_static(SESSION_HEADER),
-            value,
-        )]));
+        headers.insert(HeaderName::from_static(SESSION_HEADER), value);
     }
+    config = config.custom_headers(headers);
     let mut remote: StreamableHttpClientTransport<_> =
         StreamableHttpClientTransport::from_config(config);
     // Lines in (read on a task of their own, so that no half-read line is
@@ -148,7 +161,7 @@ async fn bridge(args: McpArgs) -> Result<(), String> {
                 Some(Ok(Line::End)) | None => break,
             },
             message = Transport::<RoleClient>::receive(&mut remote) => match message {
-                Some(message) => write_line(&mut stdout, &message).await?,
+                Some(message) => write_line(&mut stdout, &unwrap_verbatim(&message)).await?,
                 None => return Err(format!("the host at {server} closed the MCP session")),
             },
         }

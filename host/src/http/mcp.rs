@@ -38,12 +38,13 @@ pub(super) fn route(state: &AppState) -> MethodRouter<AppState> {
 }
 
 /// Reads a POSTed body (within the API's body limit) and answers what is
-/// not one MCP message with its JSON-RPC error; passes the rest on.
+/// not one MCP message with its JSON-RPC error; passes the rest on, with
+/// a 2025-11-25 `params.task` moved where rmcp keeps it (`mcp/input.rs`).
 async fn check_message(request: Request, next: Next) -> Response {
     if request.method() != Method::POST {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let announced_too_large =
         http_body::Body::size_hint(&body).lower() > u64::try_from(BODY_LIMIT).unwrap_or(u64::MAX);
     if announced_too_large {
@@ -56,11 +57,17 @@ async fn check_message(request: Request, next: Next) -> Response {
         }
         Err(rejection) => return rejection.into_response(),
     };
-    if let Err(error) = input::parse(&bytes) {
-        return refuse(StatusCode::BAD_REQUEST, error);
-    }
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    let body = match input::check(&bytes) {
+        Err(error) => return refuse(StatusCode::BAD_REQUEST, error),
+        Ok(Some(rewritten)) => {
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(rewritten.len()));
+            Body::from(rewritten)
+        }
+        Ok(None) => Body::from(bytes),
+    };
+    next.run(Request::from_parts(parts, body)).await
 }
 
 fn refuse(status: StatusCode, error: JsonRpcError) -> Response {

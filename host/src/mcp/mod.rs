@@ -14,12 +14,15 @@
 //!   the answers of a call, including the "moved" answer;
 //! - `tasks.rs`: task ids bound to the token, jobs as tasks, time to live;
 //! - `watch.rs`: what a client is told while it is connected: the end of a
-//!   moved call or a task, and permission questions of its calls.
+//!   moved call or a task, and permission questions of its calls;
+//! - `legacy_tasks.rs`: tasks on the 2025-11-25 wire, for the clients that
+//!   speak that revision (rmcp implements the 2026-07-28 extension only).
 //!
 //! Mounted at `/mcp` by `http/` ([`http_service`]); `offstage mcp`
 //! (`cli/mcp.rs`) bridges stdio to it.
 
 pub(crate) mod input;
+pub(crate) mod legacy_tasks;
 mod tasks;
 #[cfg(test)]
 mod tests;
@@ -48,6 +51,7 @@ use rmcp::{
 };
 use serde_json::{json, Value};
 
+use self::legacy_tasks::Sessions;
 pub(crate) use self::tasks::{TaskBook, TaskIds};
 use crate::{
     error::ServiceError,
@@ -157,13 +161,8 @@ impl McpHost {
 pub(crate) fn http_service(
     host: McpHost,
     body_limit: usize,
-) -> rmcp::transport::StreamableHttpService<
-    McpServer,
-    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
-> {
-    use rmcp::transport::streamable_http_server::{
-        session::local::LocalSessionManager, StreamableHttpServerConfig,
-    };
+) -> rmcp::transport::StreamableHttpService<McpServer, legacy_tasks::Sessions> {
+    use rmcp::transport::streamable_http_server::StreamableHttpServerConfig;
     // The Host and Origin checks are the API's own (`http/auth.rs`, run
     // before this service); rmcp's, which know only loopback names, would
     // refuse a host served under another name with a token.
@@ -172,7 +171,9 @@ pub(crate) fn http_service(
         .with_max_request_body_bytes(body_limit);
     rmcp::transport::StreamableHttpService::new(
         move || Ok(host.client(None)),
-        Arc::new(LocalSessionManager::default()),
+        // rmcp's session manager, which also gives 2025-11-25 clients
+        // their tasks (`legacy_tasks.rs`).
+        Arc::new(Sessions::default()),
         config,
     )
 }
@@ -439,6 +440,9 @@ impl ServerHandler for McpServer {
         request: CustomRequest,
         context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
+        if legacy_tasks::peer_speaks_2025(&context.peer) {
+            return legacy_tasks::answer(self, request, context).await;
+        }
         match request.method.as_str() {
             "tasks/list" => {
                 let session = self.session(&context).await?;

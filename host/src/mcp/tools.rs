@@ -290,7 +290,8 @@ async fn run_tool(
         .cloned();
     let client_has_tasks = context
         .client_capabilities()
-        .is_some_and(|caps| caps.supports_tasks());
+        .is_some_and(|caps| caps.supports_tasks())
+        || super::legacy_tasks::peer_speaks_2025(&context.peer);
     if let (Some(task), true) = (wants_task, client_has_tasks) {
         let ttl = match task.get("ttl") {
             _ if !task.is_object() => None,

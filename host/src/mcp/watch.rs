@@ -18,7 +18,7 @@ use rmcp::{
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{tasks::RELATED_TASK, tools, McpServer};
+use super::{legacy_tasks, tasks::RELATED_TASK, tools, McpServer};
 use crate::{error::ServiceError, permission::Reply, util::LockExt};
 
 /// How often the watcher looks whether its client is gone.
@@ -88,11 +88,8 @@ async fn ended(
     job: &Value,
 ) {
     if let Ok(task) = tools::task(server, task_id).await {
-        if let Ok(task) = serde_json::to_value(task) {
-            let status = json!({"method": "notifications/tasks", "params": task});
-            if let Ok(notification) = serde_json::from_value::<ServerNotification>(status) {
-                let _ = peer.send_notification(notification).await;
-            }
+        if let Some(notification) = legacy_tasks::status_notification(peer, task) {
+            let _ = peer.send_notification(notification).await;
         }
     }
     let status: JobStatus = serde_json::from_value(job.get("status").cloned().unwrap_or_default())

@@ -6,6 +6,7 @@
 
 mod bad_input;
 mod controls;
+mod legacy;
 mod moves;
 mod permissions;
 mod tasks;
@@ -33,7 +34,7 @@ use rmcp::{
 use serde_json::{json, Value};
 
 /// What a client was told, in order: `{"log": ..}`, `{"task": ..}`,
-/// `{"progress": ..}`, `{"elicited": ..}`.
+/// `{"progress": ..}`, `{"elicited": ..}`, `{"custom": {method, params}}`.
 pub(crate) type Notes = Arc<Mutex<Vec<Value>>>;
 
 /// A client that records notifications and answers elicitations with
@@ -46,6 +47,9 @@ pub(crate) struct Recorder {
     /// Speak rmcp's default revision (2026-07-28, stateless) instead of
     /// 2025-11-25 with its protocol session.
     stateless: bool,
+    /// Declare the 2026-07-28 tasks extension (rmcp's own tasks); without
+    /// it, a 2025-11-25 client gets the 2025-11-25 tasks wire.
+    extension: bool,
 }
 
 impl Recorder {
@@ -55,6 +59,16 @@ impl Recorder {
             decision: None,
             name,
             stateless: false,
+            extension: true,
+        }
+    }
+
+    /// A 2025-11-25 client as the SDKs of that revision are: no 2026-07-28
+    /// tasks extension.
+    pub(crate) fn legacy(name: &'static str) -> Self {
+        Recorder {
+            extension: false,
+            ..Recorder::new(name)
         }
     }
 
@@ -82,13 +96,14 @@ impl Recorder {
 #[allow(deprecated)]
 impl ClientHandler for Recorder {
     fn get_info(&self) -> ClientConfig {
-        let capabilities = if self.decision.is_some() {
-            ClientCapabilities::builder()
+        let capabilities = match (self.decision.is_some(), self.extension) {
+            (true, true) => ClientCapabilities::builder()
                 .enable_elicitation()
                 .enable_tasks()
-                .build()
-        } else {
-            ClientCapabilities::builder().enable_tasks().build()
+                .build(),
+            (false, true) => ClientCapabilities::builder().enable_tasks().build(),
+            (true, false) => ClientCapabilities::builder().enable_elicitation().build(),
+            (false, false) => ClientCapabilities::default(),
         };
         let mut config = ClientConfig::new(capabilities, Implementation::new(self.name, "1.0"));
         // The revision with a protocol session, which can push after it
@@ -113,6 +128,16 @@ impl ClientHandler for Recorder {
         _context: NotificationContext<RoleClient>,
     ) {
         self.note(json!({ "task": params }));
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: rmcp::model::CustomNotification,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.note(
+            json!({ "custom": {"method": notification.method, "params": notification.params} }),
+        );
     }
 
     async fn on_progress(
