@@ -435,7 +435,8 @@ pub(super) async fn answer(
             json!({ "tasks": tasks })
         }
         "tasks/result" => {
-            let _in_flight = InFlight::take(&server.link)?;
+            let session = server.session(&context).await?;
+            let _in_flight = InFlight::take(&server.host, &session)?;
             let task_id = task_id(method, &params)?;
             let mut result = tools::task_result(server, &task_id, &context).await?;
             // 2025-11-25 results carry no `resultType`.
