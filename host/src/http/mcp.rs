@@ -14,25 +14,38 @@ use axum::{
 use rmcp::model::JsonRpcError;
 
 use super::{extract::BODY_LIMIT, permissions, server::Peer, AppState};
-use crate::mcp::{input, McpHost};
+use crate::mcp::{input, McpHost, PROTOCOL_SESSION_HEADER};
 
 /// The `/mcp` route: rmcp's Streamable HTTP service behind [`check_message`].
 pub(super) fn route(state: &AppState) -> MethodRouter<AppState> {
     let host = McpHost::new(state.service.clone(), state.token.as_deref());
     let token = state.token.is_some();
+    let streams = host.clone();
     any_service(crate::mcp::http_service(host, BODY_LIMIT))
         .layer(axum::middleware::from_fn(check_message))
         .layer(axum::middleware::from_fn(
-            move |mut request: Request, next: Next| async move {
-                // Who the client is, for the answers it gives to permission
-                // questions by elicitation: checked as the API's own route
-                // checks them (no answer from inside a job).
-                if let Some(peer) = request.extensions().get::<Peer>().copied() {
-                    request
-                        .extensions_mut()
-                        .insert(permissions::answerer(peer, token));
+            move |mut request: Request, next: Next| {
+                let streams = streams.clone();
+                async move {
+                    // Who the client is, for the answers it gives to
+                    // permission questions by elicitation: checked as the
+                    // API's own route checks them (no answer from inside a
+                    // job).
+                    if let Some(peer) = request.extensions().get::<Peer>().copied() {
+                        let answerer = permissions::answerer(peer, token);
+                        request.extensions_mut().insert(answerer);
+                        // A standing stream: the questions of the jobs the
+                        // client follows go out on it (`McpHost::stream_opened`).
+                        let protocol_session = request
+                            .headers()
+                            .get(PROTOCOL_SESSION_HEADER)
+                            .and_then(|v| v.to_str().ok());
+                        if let (&Method::GET, Some(id)) = (request.method(), protocol_session) {
+                            streams.stream_opened(id, answerer);
+                        }
+                    }
+                    next.run(request).await
                 }
-                next.run(request).await
             },
         ))
 }

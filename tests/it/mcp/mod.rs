@@ -7,6 +7,7 @@
 mod bad_input;
 mod moves;
 mod permissions;
+mod questions;
 mod tasks;
 mod transports;
 
@@ -32,7 +33,8 @@ use rmcp::{
 use serde_json::{json, Value};
 
 /// What a client was told, in order: `{"log": ..}`, `{"task": ..}`,
-/// `{"progress": ..}`, `{"elicited": ..}`.
+/// `{"progress": ..}`, `{"elicited": ..}`; a log message and an
+/// elicitation carry their `_meta` as `"meta"`.
 pub(crate) type Notes = Arc<Mutex<Vec<Value>>>;
 
 /// A client that records notifications and answers elicitations with
@@ -101,9 +103,17 @@ impl ClientHandler for Recorder {
     async fn on_logging_message(
         &self,
         params: rmcp::model::LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
+        context: NotificationContext<RoleClient>,
     ) {
-        self.note(json!({ "log": params }));
+        // rmcp moves a message's `_meta` into its context: into
+        // `extensions`, for a notification (rmcp 3.11 swaps the extensions
+        // out before it takes the meta from them).
+        let meta = context
+            .extensions
+            .get::<rmcp::model::NotificationMetaObject>()
+            .filter(|_| context.meta.0 .0.is_empty())
+            .unwrap_or(&context.meta);
+        self.note(json!({ "log": params, "meta": meta }));
     }
 
     async fn on_task_status(
@@ -125,9 +135,9 @@ impl ClientHandler for Recorder {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        self.note(json!({ "elicited": request }));
+        self.note(json!({ "elicited": request, "meta": context.meta }));
         let mut result: ElicitResult = serde_json::from_value(json!({
             "action": "accept",
             "content": { "decision": self.decision.unwrap_or("once") },
