@@ -557,7 +557,8 @@ pub(super) async fn list_tasks(server: &McpServer, session: &str) -> Result<Valu
         .filter(|job| server.host.book.ttl(&job.id).is_ok())
         .map(|job| {
             let ttl = server.host.book.ttl(&job.id).ok().flatten();
-            serde_json::to_value(tasks::task_of(&server.host.ids, job, ttl)).unwrap_or_default()
+            let task = tasks::task_of(&server.host.ids, job, ttl);
+            serde_json::to_value(with_question(&server.host.service, task, job)).unwrap_or_default()
         })
         .collect();
     Ok(json!({ "tasks": tasks }))

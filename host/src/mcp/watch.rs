@@ -75,11 +75,8 @@ async fn handle(server: &McpServer, peer: &Peer<RoleServer>, event: Event) {
             // A blocking call of this client, or a job it follows; a call
             // moved meanwhile is both for a moment: its task wins.
             let job_id = asked.job_id.as_str();
-            let target = match server.link.watching.lock_unpoisoned().get(job_id) {
-                Some(task_id) => Some(Target::Task(task_id.clone())),
-                None => None,
-            }
-            .or_else(|| {
+            let followed = server.link.watching.lock_unpoisoned().get(job_id).cloned();
+            let target = followed.map(Target::Task).or_else(|| {
                 let calls = server.link.calls.lock_unpoisoned();
                 calls.get(job_id).cloned().map(Target::Call)
             });
