@@ -31,20 +31,24 @@ pub(super) fn route(state: &AppState) -> MethodRouter<AppState> {
                     // permission questions by elicitation: checked as the
                     // API's own route checks them (no answer from inside a
                     // job).
-                    if let Some(peer) = request.extensions().get::<Peer>().copied() {
-                        let answerer = permissions::answerer(peer, token);
-                        request.extensions_mut().insert(answerer);
-                        // A standing stream: the questions of the jobs the
-                        // client follows go out on it (`McpHost::stream_opened`).
-                        let protocol_session = request
-                            .headers()
-                            .get(PROTOCOL_SESSION_HEADER)
-                            .and_then(|v| v.to_str().ok());
-                        if let (&Method::GET, Some(id)) = (request.method(), protocol_session) {
-                            streams.stream_opened(id, answerer);
-                        }
+                    let Some(peer) = request.extensions().get::<Peer>().copied() else {
+                        return next.run(request).await;
+                    };
+                    let answerer = permissions::answerer(peer, token);
+                    request.extensions_mut().insert(answerer);
+                    // A standing stream, once rmcp opened it for a session
+                    // it knows: the questions of the jobs the client
+                    // follows go out on it (`McpHost::stream_opened`).
+                    let stream = (request.method() == Method::GET)
+                        .then(|| request.headers().get(PROTOCOL_SESSION_HEADER))
+                        .flatten()
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let response = next.run(request).await;
+                    if let (Some(id), true) = (stream, response.status().is_success()) {
+                        streams.stream_opened(&id, answerer);
                     }
-                    next.run(request).await
+                    response
                 }
             },
         ))

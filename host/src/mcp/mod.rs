@@ -89,6 +89,10 @@ pub(crate) struct McpHost {
 #[derive(Clone, Default)]
 struct Streams(Arc<Mutex<HashMap<String, Answerer>>>);
 
+/// Standing streams [`Streams`] keeps at most; past it one is forgotten
+/// (its questions are then checked against its client's latest call).
+const MAX_STREAMS: usize = 4096;
+
 impl McpHost {
     /// The MCP side of a host whose token is `token` (task ids are bound to it).
     pub(crate) fn new(service: SessionService, token: Option<&str>) -> Self {
@@ -103,10 +107,16 @@ impl McpHost {
     /// Notes that `answerer` opened the standing stream of protocol
     /// session `protocol_session` (see [`Streams`]).
     pub(crate) fn stream_opened(&self, protocol_session: &str, answerer: Answerer) {
-        self.streams
-            .0
-            .lock_unpoisoned()
-            .insert(protocol_session.to_string(), answerer);
+        let mut streams = self.streams.0.lock_unpoisoned();
+        // A client that never called a tool is never forgotten by its
+        // watcher (it never named its protocol session): bounded here.
+        if streams.len() >= MAX_STREAMS && !streams.contains_key(protocol_session) {
+            let evicted = streams.keys().next().cloned();
+            if let Some(evicted) = evicted {
+                streams.remove(&evicted);
+            }
+        }
+        streams.insert(protocol_session.to_string(), answerer);
     }
 
     /// A handler for one client. `session`: the Offstage session it joins
