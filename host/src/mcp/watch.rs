@@ -252,7 +252,10 @@ async fn ask(server: McpServer, peer: Peer<RoleServer>, asked: PermissionRequest
             }
         }
     }
-    let waiting = waiting_text(&asked);
+    let mut waiting = waiting_text(&asked);
+    if let Target::Task(task_id) = &target {
+        waiting = format!("{waiting} It is job {}'s, of task {task_id}.", asked.job_id);
+    }
     if let Target::Call(Some(token)) = &target {
         let progress = json!({
             "method": "notifications/progress",

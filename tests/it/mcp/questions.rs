@@ -137,6 +137,11 @@ async fn a_task_waiting_on_a_question_is_working_and_says_so_until_http_answers(
     })
     .await;
     assert_eq!(log["log"]["level"], "warning", "{log}");
+    let message = log["log"]["data"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("touch /dev/null") && message.contains(&task_id),
+        "{log}"
+    );
     assert_eq!(log["log"]["data"]["taskId"], task_id.as_str(), "{log}");
     assert_eq!(log["meta"][RELATED]["taskId"], task_id.as_str(), "{log}");
 
@@ -251,7 +256,10 @@ async fn a_moved_call_whose_later_step_asks_logs_it_and_http_answers() {
     assert_eq!(log["log"]["data"]["taskId"], task_id.as_str(), "{log}");
     assert_eq!(log["meta"][RELATED]["taskId"], task_id.as_str(), "{log}");
     let message = log["log"]["data"]["message"].as_str().unwrap();
-    assert!(message.contains(&format!("/api/permission/{id}")), "{log}");
+    assert!(
+        message.contains(&format!("/api/permission/{id}")) && message.contains(&task_id),
+        "{log}"
+    );
     // Still running, waiting for the answer.
     assert_eq!(get(&client, &task_id).await["status"], "working");
 
