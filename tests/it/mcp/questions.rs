@@ -130,6 +130,15 @@ async fn a_task_waiting_on_a_question_is_working_and_says_so_until_http_answers(
     let got = get(&client, &task_id).await;
     assert_eq!(got["status"], "working", "{got}");
     assert_eq!(got["statusMessage"], task["statusMessage"], "{got}");
+    let listed = custom(&client, "tasks/list", json!({})).await.unwrap();
+    let listed = listed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["taskId"] == task_id.as_str())
+        .cloned()
+        .unwrap_or_else(|| panic!("the task is listed: {listed}"));
+    assert_eq!(listed["statusMessage"], task["statusMessage"], "{listed}");
 
     // No elicitation: a log message linked to the task names the question.
     let log = note_until(&notes, "the question's log message", |n| {
