@@ -14,25 +14,42 @@ use axum::{
 use rmcp::model::JsonRpcError;
 
 use super::{extract::BODY_LIMIT, permissions, server::Peer, AppState};
-use crate::mcp::{input, McpHost};
+use crate::mcp::{input, McpHost, PROTOCOL_SESSION_HEADER};
 
 /// The `/mcp` route: rmcp's Streamable HTTP service behind [`check_message`].
 pub(super) fn route(state: &AppState) -> MethodRouter<AppState> {
     let host = McpHost::new(state.service.clone(), state.token.as_deref());
     let token = state.token.is_some();
+    let streams = host.clone();
     any_service(crate::mcp::http_service(host, BODY_LIMIT))
         .layer(axum::middleware::from_fn(check_message))
         .layer(axum::middleware::from_fn(
-            move |mut request: Request, next: Next| async move {
-                // Who the client is, for the answers it gives to permission
-                // questions by elicitation: checked as the API's own route
-                // checks them (no answer from inside a job).
-                if let Some(peer) = request.extensions().get::<Peer>().copied() {
-                    request
-                        .extensions_mut()
-                        .insert(permissions::answerer(peer, token));
+            move |mut request: Request, next: Next| {
+                let streams = streams.clone();
+                async move {
+                    // Who the client is, for the answers it gives to
+                    // permission questions by elicitation: checked as the
+                    // API's own route checks them (no answer from inside a
+                    // job).
+                    let Some(peer) = request.extensions().get::<Peer>().copied() else {
+                        return next.run(request).await;
+                    };
+                    let answerer = permissions::answerer(peer, token);
+                    request.extensions_mut().insert(answerer);
+                    // A standing stream, once rmcp opened it for a session
+                    // it knows: the questions of the jobs the client
+                    // follows go out on it (`McpHost::stream_opened`).
+                    let stream = (request.method() == Method::GET)
+                        .then(|| request.headers().get(PROTOCOL_SESSION_HEADER))
+                        .flatten()
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let response = next.run(request).await;
+                    if let (Some(id), true) = (stream, response.status().is_success()) {
+                        streams.stream_opened(&id, answerer);
+                    }
+                    response
                 }
-                next.run(request).await
             },
         ))
 }

@@ -65,6 +65,9 @@ use crate::{
 /// every request).
 pub(crate) const SESSION_HEADER: &str = "offstage-session";
 
+/// The header of Streamable HTTP naming a protocol session.
+pub(crate) const PROTOCOL_SESSION_HEADER: &str = "mcp-session-id";
+
 /// The `_meta` key of every answer naming the client's Offstage session.
 pub(crate) const SESSION_META: &str = "dev.offstage/session";
 
@@ -92,7 +95,22 @@ pub(crate) struct McpHost {
     /// Held while a session is made for a stateless client, so that its
     /// first requests, arriving together, make one session, not one each.
     making: Arc<tokio::sync::Mutex<()>>,
+    /// Who holds each protocol session's standing stream.
+    streams: Streams,
 }
+
+/// Who holds each protocol session's standing stream (the `GET /mcp`
+/// that server-to-client messages without a request of their own ride
+/// on), by `Mcp-Session-Id`, as its connection told (`http/mcp.rs`): the
+/// questions of the jobs a client follows go out there, so their answers
+/// are checked against that connection, which is open while the client
+/// listens. Forgotten when the client's watcher ends.
+#[derive(Clone, Default)]
+struct Streams(Arc<Mutex<HashMap<String, Answerer>>>);
+
+/// Standing streams [`Streams`] keeps at most; past it one is forgotten
+/// (its questions are then checked against its client's latest call).
+const MAX_STREAMS: usize = 4096;
 
 impl McpHost {
     /// The MCP side of a host whose token is `token` (task ids are bound to it).
@@ -103,6 +121,7 @@ impl McpHost {
             ids: TaskIds::new(token),
             in_flight: Arc::default(),
             making: Arc::default(),
+            streams: Streams::default(),
         }
     }
 
@@ -139,6 +158,20 @@ impl McpHost {
         Ok(created.id)
     }
 
+    /// Notes that `answerer` opened the standing stream of protocol
+    /// session `protocol_session` (see [`Streams`]).
+    pub(crate) fn stream_opened(&self, protocol_session: &str, answerer: Answerer) {
+        let mut streams = self.streams.0.lock_unpoisoned();
+        // A client that never called a tool is never forgotten by its
+        // watcher (it never named its protocol session): bounded here.
+        if streams.len() >= MAX_STREAMS && !streams.contains_key(protocol_session) {
+            let evicted = streams.keys().next().cloned();
+            if let Some(evicted) = evicted {
+                streams.remove(&evicted);
+            }
+        }
+        streams.insert(protocol_session.to_string(), answerer);
+    }
 
     /// A handler for one client. `session`: the Offstage session it joins
     /// (`--session`); otherwise the header, or a new one from its `clientInfo`.
@@ -151,6 +184,7 @@ impl McpHost {
                 calls: Mutex::new(HashMap::new()),
                 watcher: AtomicBool::new(false),
                 answerer: Mutex::new(None),
+                protocol_session: Mutex::new(None),
             }),
         }
     }
@@ -201,6 +235,9 @@ struct Link {
     /// (`http/mcp.rs`): its answers to elicited permission questions are
     /// checked as any answer is (`Permissions::reply_from`).
     answerer: Mutex<Option<Answerer>>,
+    /// The client's `Mcp-Session-Id` over Streamable HTTP, once a call
+    /// showed it: names its standing stream ([`Streams`]).
+    protocol_session: Mutex<Option<String>>,
 }
 
 /// One call in flight (`tools/call`, `tasks/result`): counted against its
@@ -333,7 +370,27 @@ impl McpServer {
         if self.link.watcher.swap(true, Ordering::AcqRel) {
             return;
         }
-        tokio::spawn(watch::run(self.clone(), context.peer.clone()));
+        // Subscribed here, before the call that started it goes on: an
+        // event of that call's job is not missed.
+        let events = self.host.service.events().subscribe();
+        tokio::spawn(watch::run(self.clone(), context.peer.clone(), events));
+    }
+
+    /// Who answers the questions of the jobs this client follows: the
+    /// holder of its standing stream, where they go out; else the
+    /// connection of its latest call.
+    fn follower_answerer(&self) -> Option<Answerer> {
+        let protocol_session = self.link.protocol_session.lock_unpoisoned().clone();
+        protocol_session
+            .and_then(|id| self.host.streams.0.lock_unpoisoned().get(&id).copied())
+            .or(*self.link.answerer.lock_unpoisoned())
+    }
+
+    /// Forgets this client's standing stream (its watcher ended).
+    fn forget_stream(&self) {
+        if let Some(id) = self.link.protocol_session.lock_unpoisoned().as_ref() {
+            self.host.streams.0.lock_unpoisoned().remove(id);
+        }
     }
 }
 
@@ -399,12 +456,17 @@ impl ServerHandler for McpServer {
     ) -> Result<CallToolResponse, McpError> {
         let session = self.session(&context).await?;
         let _in_flight = InFlight::take(&self.host, &session)?;
-        if let Some(answerer) = context
-            .extensions
-            .get::<axum::http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Answerer>())
-        {
-            *self.link.answerer.lock_unpoisoned() = Some(*answerer);
+        if let Some(parts) = context.extensions.get::<axum::http::request::Parts>() {
+            if let Some(answerer) = parts.extensions.get::<Answerer>() {
+                *self.link.answerer.lock_unpoisoned() = Some(*answerer);
+            }
+            if let Some(id) = parts
+                .headers
+                .get(PROTOCOL_SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+            {
+                *self.link.protocol_session.lock_unpoisoned() = Some(id.to_string());
+            }
         }
         self.watch(&context);
         tools::call(self, &session, request, &context).await

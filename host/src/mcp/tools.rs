@@ -15,7 +15,7 @@ use offstage_plugin_api::types::{
 use rmcp::{
     model::{
         CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock as Content,
-        CreateTaskResult, DetailedTask, JsonObject, MetaObject, Tool,
+        CreateTaskResult, DetailedTask, JsonObject, MetaObject, Task, Tool,
     },
     service::RequestContext,
     ErrorData as McpError, RoleServer,
@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use super::{
     rpc_error,
     tasks::{self, new_call_id, RELATED_TASK, TASK_REQUEST},
-    McpServer, SESSION_META,
+    watch, McpServer, SESSION_META,
 };
 use crate::{error::ServiceError, session::SessionService, util::LockExt};
 
@@ -450,69 +450,56 @@ pub(super) fn moved(result: &ToolResult, task_id: &str) -> CallToolResult {
     answer
 }
 
-/// Starts a call as a task: the job starts, is moved to the background at
-/// once (so it blocks nobody and leaves a notice when it ends), and the
-/// answer is the task.
+/// Starts a call as a task through the session service's own way of
+/// starting a call in the background ([`SessionService::start_tool`]): it
+/// answers once the job exists, so a refusal before that (an unknown tool,
+/// bad input, a `deny` rule, the job cap) is this request's error, and the
+/// answer is the task. A question a rule asks is open by then; the task is
+/// `working` and its status message names it (docs/mcp.md, "Permissions").
 async fn start_task(
     server: &McpServer,
     session: &str,
     request: ToolRequest,
     ttl_ms: Option<u64>,
 ) -> Result<CreateTaskResult, McpError> {
-    let service = server.host.service.clone();
+    let service = &server.host.service;
     let job_id = request.call_id.clone().unwrap_or_default();
-    let mut events = service.events().subscribe();
-    let call = {
-        let service = service.clone();
-        let session = session.to_string();
-        tokio::spawn(async move { service.call_tool(&session, request).await })
-    };
-    // The job exists once `job.started` names it; a call refused before
-    // that (unknown tool, bad input, denied) answers first.
-    let mut call = call;
-    let started = loop {
-        tokio::select! {
-            ended = &mut call => {
-                match ended {
-                    Ok(Ok(_)) => break true,
-                    Ok(Err(ServiceError::PermissionDenied(message))) => {
-                        return Err(McpError::invalid_request(message, None))
-                    }
-                    Ok(Err(error)) => return Err(rpc_error(error)),
-                    Err(error) => return Err(McpError::internal_error(error.to_string(), None)),
-                }
-            }
-            event = events.recv() => match event {
-                Ok(event) if event.kind == "job.started"
-                    && event.properties.get("id").and_then(Value::as_str) == Some(&job_id) => break false,
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    return Err(McpError::internal_error("the host is shutting down", None))
-                }
-            },
-        }
-    };
-    if !started {
-        // Still running: the spawned call answers `backgrounded` and the job runs on.
-        let _ = service
-            .background(BackgroundRequest::job(session, &job_id))
-            .await;
-    }
-    if let Some(ttl) = ttl_ms {
-        server.host.book.keep(&job_id, ttl);
-    }
     let task_id = server.host.ids.task_id(&job_id);
+    // Watched before it starts: a question its job asks at once is put
+    // to the client (`watch.rs`).
     server
         .link
         .watching
         .lock_unpoisoned()
         .insert(job_id.clone(), task_id);
-    let job = service.job(&job_id).await.map_err(rpc_error)?;
-    Ok(CreateTaskResult::new(tasks::task_of(
-        &server.host.ids,
-        &job,
-        ttl_ms,
-    )))
+    let started = match service.start_tool(session, request).await {
+        Ok(started) => started,
+        Err(error) => {
+            server.link.watching.lock_unpoisoned().remove(&job_id);
+            return Err(match error {
+                ServiceError::PermissionDenied(message) => McpError::invalid_request(message, None),
+                other => rpc_error(other),
+            });
+        }
+    };
+    if let Some(ttl) = ttl_ms {
+        server.host.book.keep(&started.job_id, ttl);
+    }
+    let job = service.job(&started.job_id).await.map_err(rpc_error)?;
+    let task = tasks::task_of(&server.host.ids, &job, ttl_ms);
+    Ok(CreateTaskResult::new(with_question(service, task, &job)))
+}
+
+/// A running task whose job waits on a permission question: its status
+/// message names the question and where it can be answered.
+fn with_question(service: &SessionService, task: Task, job: &Job) -> Task {
+    if job.status != JobStatus::Running {
+        return task;
+    }
+    match watch::open_question(service, &job.id) {
+        Some(asked) => task.with_status_message(watch::waiting_text(&asked)),
+        None => task,
+    }
 }
 
 /// The job of a task id: `-32602` for an id of another token, one never
@@ -539,8 +526,9 @@ pub(super) async fn task(server: &McpServer, task_id: &str) -> Result<DetailedTa
         JobStatus::Running | JobStatus::Cancelled => None,
         _ => Some(result_of(service, &job).await),
     };
+    let base = tasks::task_of(&server.host.ids, &job, ttl);
     Ok(tasks::detailed(
-        tasks::task_of(&server.host.ids, &job, ttl),
+        with_question(service, base, &job),
         &job,
         result,
     ))
@@ -582,7 +570,8 @@ pub(super) async fn list_tasks(server: &McpServer, session: &str) -> Result<Valu
         .filter(|job| server.host.book.ttl(&job.id).is_ok())
         .map(|job| {
             let ttl = server.host.book.ttl(&job.id).ok().flatten();
-            serde_json::to_value(tasks::task_of(&server.host.ids, job, ttl)).unwrap_or_default()
+            let task = tasks::task_of(&server.host.ids, job, ttl);
+            serde_json::to_value(with_question(&server.host.service, task, job)).unwrap_or_default()
         })
         .collect();
     Ok(json!({ "tasks": tasks }))

@@ -1,6 +1,8 @@
 //! What a connected client is told without asking (docs/mcp.md,
 //! "Notices"): the end of each job it was handed as a task or a moved
-//! call, and the permission questions its blocking calls raise.
+//! call, and the permission questions its jobs raise — those of its
+//! blocking calls, and those of the jobs it follows (a task, a moved call
+//! whose later step asks), linked to their task.
 //!
 //! One task per client reads the host's event bus, as `GET /api/event`
 //! does, and stops when the client's transport closes. A client that
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use offstage_plugin_api::types::{Event, JobStatus};
 use rmcp::{
-    model::{ElicitRequestParams, ElicitationAction, ServerNotification},
+    model::{ElicitRequestParams, ElicitationAction, ProgressToken, ServerNotification},
     service::Peer,
     RoleServer,
 };
@@ -19,14 +21,19 @@ use serde_json::{json, Value};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{legacy_tasks, tasks::RELATED_TASK, tools, McpServer};
-use crate::{error::ServiceError, permission::Reply, util::LockExt};
+use crate::{
+    error::ServiceError,
+    event::Subscriber,
+    permission::{PermissionRequest, Reply},
+    session::SessionService,
+    util::LockExt,
+};
 
 /// How often the watcher looks whether its client is gone.
 const CLOSED_CHECK: Duration = Duration::from_secs(1);
 
 /// Runs until the client's transport closes or the host shuts down.
-pub(super) async fn run(server: McpServer, peer: Peer<RoleServer>) {
-    let mut events = server.host.service.events().subscribe();
+pub(super) async fn run(server: McpServer, peer: Peer<RoleServer>, mut events: Subscriber) {
     let mut tick = tokio::time::interval(CLOSED_CHECK);
     loop {
         tokio::select! {
@@ -37,6 +44,7 @@ pub(super) async fn run(server: McpServer, peer: Peer<RoleServer>) {
             },
             _ = tick.tick() => {
                 if peer.is_transport_closed() {
+                    server.forget_stream();
                     return;
                 }
             }
@@ -61,17 +69,19 @@ async fn handle(server: &McpServer, peer: &Peer<RoleServer>, event: Event) {
             }
         }
         "permission.asked" => {
-            let (Some(job_id), Some(id)) = (field("job_id"), field("id")) else {
+            let Ok(asked) = serde_json::from_value::<PermissionRequest>(event.properties) else {
                 return;
             };
-            let progress = server.link.calls.lock_unpoisoned().get(&job_id).cloned();
-            if let Some(progress) = progress {
-                let question = format!(
-                    "Allow {} to run {}?",
-                    field("tool").unwrap_or_default(),
-                    field("pattern").unwrap_or_default()
-                );
-                tokio::spawn(ask(server.clone(), peer.clone(), id, question, progress));
+            // A blocking call of this client, or a job it follows; a call
+            // moved meanwhile is both for a moment: its task wins.
+            let job_id = asked.job_id.as_str();
+            let followed = server.link.watching.lock_unpoisoned().get(job_id).cloned();
+            let target = followed.map(Target::Task).or_else(|| {
+                let calls = server.link.calls.lock_unpoisoned();
+                calls.get(job_id).cloned().map(Target::Call)
+            });
+            if let Some(target) = target {
+                tokio::spawn(ask(server.clone(), peer.clone(), asked, target));
             }
         }
         _ => {}
@@ -121,27 +131,76 @@ async fn ended(
     }
 }
 
-/// Puts a permission question of one of the client's calls to it: by
+/// Whose a question is, as this client knows the job.
+enum Target {
+    /// A blocking call of the client, with its progress token.
+    Call(Option<ProgressToken>),
+    /// A job the client follows (a task, a moved call): its task id.
+    Task(String),
+}
+
+/// The question a permission request asks, in words.
+fn question_text(asked: &PermissionRequest) -> String {
+    format!("Allow {} to run {}?", asked.tool, asked.pattern)
+}
+
+/// What a question that waits for an answer from elsewhere says: a
+/// non-eliciting client's progress and log message, and the status
+/// message of a task whose job waits on it.
+pub(super) fn waiting_text(asked: &PermissionRequest) -> String {
+    format!(
+        "{} Waiting for an answer from the HTTP API (POST /api/permission/{}) or offstage \
+         attach.",
+        question_text(asked),
+        asked.id
+    )
+}
+
+/// The open permission question job `job_id` waits on, if any.
+pub(super) fn open_question(service: &SessionService, job_id: &str) -> Option<PermissionRequest> {
+    service
+        .permissions()
+        .pending()
+        .into_iter()
+        .find(|asked| asked.job_id == job_id)
+}
+
+/// Puts a permission question of one of the client's jobs to it: by
 /// elicitation where it supports that; otherwise the question waits for
-/// an answer from the HTTP API or attach, and the call's progress (and a
-/// log message) says so.
-async fn ask(
-    server: McpServer,
-    peer: Peer<RoleServer>,
-    id: String,
-    question: String,
-    progress: Option<rmcp::model::ProgressToken>,
-) {
+/// an answer from the HTTP API or attach, and a log message (and a
+/// blocking call's progress) says so. A question of a job the client
+/// follows carries `_meta["io.modelcontextprotocol/related-task"]`, the
+/// spec's link from a message to its task.
+async fn ask(server: McpServer, peer: Peer<RoleServer>, asked: PermissionRequest, target: Target) {
+    let related = match &target {
+        Target::Task(task_id) => Some(json!({ RELATED_TASK: { "taskId": task_id } })),
+        Target::Call(_) => None,
+    };
     let elicits = peer
         .peer_info()
         .is_some_and(|info| info.capabilities.elicitation.is_some());
     // Its answer counts only if the client can be told apart from a job's
-    // process (`Permissions::reply_from`); otherwise it is not asked.
-    let answerer = *server.link.answerer.lock_unpoisoned();
+    // process (`Permissions::reply_from`); otherwise it is not asked. A
+    // blocking call's question rides on that call's own request, so the
+    // call's connection answers; any other goes out on the client's
+    // standing stream, so that stream's connection does (`McpHost`'s
+    // `Streams`).
+    let answerer = match &target {
+        Target::Call(_) => *server.link.answerer.lock_unpoisoned(),
+        Target::Task(_) => server.follower_answerer(),
+    };
     if let (true, Some(answerer)) = (elicits, answerer) {
-        let request = json!({
+        let of_task = match &target {
+            Target::Task(task_id) => format!(", of task {task_id}"),
+            Target::Call(_) => String::new(),
+        };
+        let mut request = json!({
             "mode": "form",
-            "message": format!("{question} (Offstage permission question {id})"),
+            "message": format!(
+                "{} (Offstage permission question {}{of_task})",
+                question_text(&asked),
+                asked.id
+            ),
             "requestedSchema": {
                 "type": "object",
                 "properties": {
@@ -155,6 +214,9 @@ async fn ask(
                 "required": ["decision"],
             },
         });
+        if let Some(related) = &related {
+            request["_meta"] = related.clone();
+        }
         if let Ok(params) = serde_json::from_value::<ElicitRequestParams>(request) {
             if let Ok(answer) = peer.create_elicitation(params).await {
                 let decision = answer
@@ -173,6 +235,7 @@ async fn ask(
                 };
                 let Some(reply) = reply else { return };
                 let service = server.host.service.clone();
+                let id = asked.id.clone();
                 // Reads `/proc` to place the client: off the runtime.
                 let answered = tokio::task::spawn_blocking(move || {
                     service.permissions().reply_from(&id, reply, &answerer)
@@ -186,11 +249,11 @@ async fn ask(
             }
         }
     }
-    let waiting = format!(
-        "{question} Waiting for an answer from the HTTP API (POST /api/permission/{id}) or \
-         offstage attach."
-    );
-    if let Some(token) = progress {
+    let mut waiting = waiting_text(&asked);
+    if let Target::Task(task_id) = &target {
+        waiting = format!("{waiting} It is job {}'s, of task {task_id}.", asked.job_id);
+    }
+    if let Target::Call(Some(token)) = &target {
         let progress = json!({
             "method": "notifications/progress",
             "params": {"progressToken": token, "progress": 0, "message": waiting},
@@ -199,11 +262,16 @@ async fn ask(
             let _ = peer.send_notification(notification).await;
         }
     }
-    let log = json!({
-        "method": "notifications/message",
-        "params": {"level": "warning", "logger": "offstage",
-                   "data": {"message": waiting, "permissionId": id}},
-    });
+    let mut data = json!({"message": waiting, "permissionId": asked.id, "jobId": asked.job_id});
+    let mut params = json!({"level": "warning", "logger": "offstage"});
+    if let Target::Task(task_id) = &target {
+        data["taskId"] = json!(task_id);
+    }
+    params["data"] = data;
+    if let Some(related) = related {
+        params["_meta"] = related;
+    }
+    let log = json!({"method": "notifications/message", "params": params});
     if let Ok(notification) = serde_json::from_value::<ServerNotification>(log) {
         let _ = peer.send_notification(notification).await;
     }

@@ -384,3 +384,77 @@ async fn a_call_past_the_job_cap_is_refused_busy_and_is_no_job() {
     .expect("a place freed up");
     assert_eq!(taken.unwrap().status, ToolStatus::Completed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_tool_answers_once_the_job_exists_and_refuses_as_call_tool_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = SessionService::new(ServiceConfig {
+        data_dir: dir.path().join("data"),
+        permissions: vec![crate::permission::Rule {
+            tool: "shell".into(),
+            pattern: "rm *".into(),
+            action: crate::permission::Action::Deny,
+        }],
+    });
+    let session = session(&service).await;
+    let flag = dir.path().join("go");
+    // In the background from its start, though the tool's own policy
+    // would block: answered while the job runs, its record says so.
+    let mut request = ToolRequest::new("shell", wait_for_flag(&flag));
+    request.call_id = Some("started".into());
+    let started = service.start_tool(&session, request).await.unwrap();
+    assert_eq!(started.status, ToolStatus::Backgrounded);
+    assert_eq!(started.job_id, "started");
+    let job = service.job("started").await.unwrap();
+    assert_eq!(job.status, JobStatus::Running);
+    assert!(job.backgrounded, "{job:?}");
+    assert_eq!(
+        service.get(&session).await.unwrap().status,
+        SessionStatus::Idle,
+        "nobody is blocked"
+    );
+    // Its end is told as any moved job's.
+    std::fs::write(&flag, "").unwrap();
+    let notice = eventually("the job's notice", || {
+        notices_of(&service, &session, "started").into_iter().next()
+    })
+    .await;
+    assert!(notice.text.contains("finished"), "{}", notice.text);
+
+    // Refused before any job exists, as call_tool refuses.
+    let refusals = [
+        (ToolRequest::new("no_such_tool", json!({})), "not found"),
+        (ToolRequest::new("shell", json!({ "command": 5 })), "input"),
+        (
+            ToolRequest::new("shell", json!({ "command": "rm -rf x" })),
+            "denied",
+        ),
+    ];
+    for (mut request, kind) in refusals {
+        request.call_id = Some("refused".into());
+        let error = service.start_tool(&session, request).await.unwrap_err();
+        let matched = match kind {
+            "not found" => matches!(error, crate::error::ServiceError::NotFound(_)),
+            "input" => matches!(error, crate::error::ServiceError::InvalidInput(_)),
+            _ => matches!(error, crate::error::ServiceError::PermissionDenied(_)),
+        };
+        assert!(matched, "{kind}: {error:?}");
+        assert!(service.job("refused").await.is_err(), "{kind}: no job");
+    }
+    service.set_max_running(1);
+    let mut input = wait_for_flag(&dir.path().join("never"));
+    input["background"] = json!(true);
+    let held = service
+        .call_tool(&session, ToolRequest::new("shell", input))
+        .await
+        .unwrap();
+    let mut request = ToolRequest::new("shell", json!({ "command": "true" }));
+    request.call_id = Some("refused".into());
+    let busy = service.start_tool(&session, request).await.unwrap_err();
+    assert!(
+        matches!(busy, crate::error::ServiceError::Busy(_)),
+        "{busy:?}"
+    );
+    assert!(service.job("refused").await.is_err(), "busy: no job");
+    service.cancel_job(&held.job_id).await.unwrap();
+}

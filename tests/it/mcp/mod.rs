@@ -9,6 +9,7 @@ mod controls;
 mod legacy;
 mod moves;
 mod permissions;
+mod questions;
 mod tasks;
 mod transports;
 
@@ -34,7 +35,8 @@ use rmcp::{
 use serde_json::{json, Value};
 
 /// What a client was told, in order: `{"log": ..}`, `{"task": ..}`,
-/// `{"progress": ..}`, `{"elicited": ..}`, `{"custom": {method, params}}`.
+/// `{"progress": ..}`, `{"elicited": ..}`, `{"custom": {method, params}}`;
+/// a log message and an elicitation carry their `_meta` as `"meta"`.
 pub(crate) type Notes = Arc<Mutex<Vec<Value>>>;
 
 /// A client that records notifications and answers elicitations with
@@ -117,9 +119,17 @@ impl ClientHandler for Recorder {
     async fn on_logging_message(
         &self,
         params: rmcp::model::LoggingMessageNotificationParam,
-        _context: NotificationContext<RoleClient>,
+        context: NotificationContext<RoleClient>,
     ) {
-        self.note(json!({ "log": params }));
+        // rmcp moves a message's `_meta` into its context: into
+        // `extensions`, for a notification (rmcp 3.11 swaps the extensions
+        // out before it takes the meta from them).
+        let meta = context
+            .extensions
+            .get::<rmcp::model::NotificationMetaObject>()
+            .filter(|_| context.meta.0 .0.is_empty())
+            .unwrap_or(&context.meta);
+        self.note(json!({ "log": params, "meta": meta }));
     }
 
     async fn on_task_status(
@@ -151,9 +161,9 @@ impl ClientHandler for Recorder {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
-        self.note(json!({ "elicited": request }));
+        self.note(json!({ "elicited": request, "meta": context.meta }));
         let mut result: ElicitResult = serde_json::from_value(json!({
             "action": "accept",
             "content": { "decision": self.decision.unwrap_or("once") },

@@ -67,6 +67,16 @@ pub(crate) struct ModelCaller {
     pub(crate) sandbox: SandboxOverride,
 }
 
+/// Where a call's job starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// As the tool's [`ForegroundPolicy`] says (`shell`'s `background`).
+    AsThePolicySays,
+    /// In the background, whatever the policy says: the caller is
+    /// answered once the job exists.
+    Background,
+}
+
 /// A call that passed every check: what [`SessionService::start_job`]
 /// needs.
 struct CheckedCall {
@@ -234,6 +244,20 @@ impl SessionService {
             .await
     }
 
+    /// Runs a tool in a session in the background from its start: answers
+    /// `backgrounded` as soon as its job exists (its record committed),
+    /// whatever the tool's own policy says, and the job's end adds the
+    /// usual notice. Everything that refuses a call before it exists
+    /// refuses this one the same way (the session, the tool, its input,
+    /// the job id, a `deny` rule, `[jobs] max_running`); a rule that says
+    /// `ask` asks from the job, which is `running` meanwhile. How an MCP
+    /// task starts (`mcp/tools.rs`): the same path as `shell`'s
+    /// `background: true`, for any tool.
+    pub async fn start_tool(&self, session_id: &str, request: ToolRequest) -> Result<ToolResult> {
+        self.call(session_id, request, &Caller::Client, Start::Background)
+            .await
+    }
+
     /// As [`call_tool`](Self::call_tool), for `caller`: the host's own
     /// model agent says it is one here, where no request can.
     pub(crate) async fn call_tool_as(
@@ -242,7 +266,22 @@ impl SessionService {
         request: ToolRequest,
         caller: &Caller,
     ) -> Result<ToolResult> {
-        let checked = self.check_call(session_id, request, caller).await?;
+        self.call(session_id, request, caller, Start::AsThePolicySays)
+            .await
+    }
+
+    /// The four steps of the module docs, for every way a call starts.
+    async fn call(
+        &self,
+        session_id: &str,
+        request: ToolRequest,
+        caller: &Caller,
+        start: Start,
+    ) -> Result<ToolResult> {
+        let mut checked = self.check_call(session_id, request, caller).await?;
+        if start == Start::Background {
+            checked.policy.background = true;
+        }
         // Armed from before the job starts: a caller dropped at any await
         // from here on (even one whose job started but who was not polled
         // again yet) moves its job to the background.
@@ -492,6 +531,19 @@ impl SessionService {
                 let _ = started_tx.send(Err(error));
                 return;
             }
+            // Asked before the caller hears that the job started, so that a
+            // caller answered at once (a job started in the background, an
+            // MCP task) finds its question open.
+            let asker = service.clone();
+            let question = ask.map(|pattern| {
+                let question = asker.inner.permissions.ask(
+                    &call.session_id,
+                    &call.job_id,
+                    &call.tool,
+                    &pattern,
+                );
+                (question, pattern)
+            });
             // The commit's hook counted the caller as blocking the session;
             // this guard uncounts it when the caller is done — or at once,
             // dropped with the unsent message, if the caller is gone.
@@ -508,7 +560,7 @@ impl SessionService {
                 });
             }
             service
-                .run_job(task_runtime, ctx, call, ask, tool, wrappers)
+                .run_job(task_runtime, ctx, call, question, tool, wrappers)
                 .await;
             // Its process reaped and its output closed: the place is free.
             drop(slot);

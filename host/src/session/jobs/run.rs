@@ -16,7 +16,7 @@ use crate::process::output::OutputSink;
 use crate::{
     error::Result,
     ids::{new_id, now},
-    permission::{Permissions, Reply},
+    permission::{Permissions, Question, Reply},
     session::{new_message, SessionService},
     store::{self, StoreError},
     tool::{chain, JobContext, Tool, ToolOutcome, ToolWrapper},
@@ -24,21 +24,25 @@ use crate::{
 };
 
 impl SessionService {
-    /// The job's task: asks its permission question if it has one, runs
-    /// the chain to its end (or until cancelled) and records the end.
+    /// The job's task: waits for the answer to its permission question if
+    /// it has one (asked, with its pattern), runs the chain to its end (or
+    /// until cancelled) and records the end.
     pub(super) async fn run_job(
         self,
         runtime: Arc<JobRuntime>,
         ctx: JobContext,
         call: ToolCall,
-        ask: Option<String>,
+        ask: Option<(Question<'_>, String)>,
         tool: Arc<dyn Tool>,
         wrappers: Vec<Arc<dyn ToolWrapper>>,
     ) {
         let output = runtime.output.clone();
         let job_id = call.job_id.clone();
-        if let Some(pattern) = ask {
-            if let Err(outcome) = self.ask_permission(&runtime, &call, &pattern).await {
+        if let Some((question, pattern)) = ask {
+            if let Err(outcome) = self
+                .ask_permission(&runtime, &call, question, &pattern)
+                .await
+            {
                 output.finish();
                 self.finish_job(&job_id, &runtime, outcome).await;
                 return;
@@ -82,8 +86,9 @@ impl SessionService {
         self.finish_job(&job_id, &runtime, outcome).await;
     }
 
-    /// Asks the permission question of a call a rule says `ask` about and
-    /// waits for the reply or the job's cancel, whichever comes first. A
+    /// Waits for the reply to the permission question of a call a rule
+    /// says `ask` about (asked by `call.rs` before the caller heard the job
+    /// started), or for the job's cancel, whichever comes first. A
     /// move to the background changes nothing here: the question stays,
     /// and the job runs when it is answered. `Err` is how the job ends
     /// without running: rejected (an error; a waiting caller is refused)
@@ -92,12 +97,9 @@ impl SessionService {
         &self,
         runtime: &JobRuntime,
         call: &ToolCall,
+        mut question: Question<'_>,
         pattern: &str,
     ) -> Result<(), ToolOutcome> {
-        let mut question =
-            self.inner
-                .permissions
-                .ask(&call.session_id, &call.job_id, &call.tool, pattern);
         let mut cancel = runtime.cancel.subscribe();
         let reply = tokio::select! {
             reply = question.answer() => reply,
