@@ -53,12 +53,7 @@ use serde_json::{json, Value};
 
 use self::legacy_tasks::Sessions;
 pub(crate) use self::tasks::{TaskBook, TaskIds};
-use crate::{
-    error::ServiceError,
-    permission::Answerer,
-    session::SessionService,
-    util::LockExt,
-};
+use crate::{error::ServiceError, permission::Answerer, session::SessionService, util::LockExt};
 
 /// The header that names the Offstage session an MCP client works in
 /// (`offstage mcp --session ID` sends it; a stateless client sends it with

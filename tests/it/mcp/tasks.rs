@@ -106,8 +106,9 @@ async fn a_task_is_cancelled_and_forgotten_after_its_ttl() {
     let cancelled = get(&client, &task_id).await.unwrap();
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
 
-    let short = start_task(&client, "true", 300).await;
+    // Taken before the task is made: its time to live runs from then.
     let started = Instant::now();
+    let short = start_task(&client, "true", 300).await;
     loop {
         match get_rpc(&client, &short).await {
             Ok(_) => assert!(started.elapsed() < PATIENCE, "the task outlived its ttl"),
