@@ -67,7 +67,7 @@ use rmcp::{
 };
 use serde_json::{json, Value};
 
-use super::{rpc_error, tasks::TASK_REQUEST, tools, InFlight, McpServer};
+use super::{rpc_error, tasks::TASK_REQUEST, tools, InFlight, McpServer, Streams};
 
 /// The 2025-11-25 method of a task's status notification.
 const STATUS_METHOD: &str = "notifications/tasks/status";
@@ -202,14 +202,23 @@ pub(super) fn status_notification(
 
 /// The session manager of `/mcp`: rmcp's own, plus the handshake and
 /// request routing of 2025-11-25 sessions described in the module docs.
-#[derive(Default)]
 pub(crate) struct Sessions {
     inner: LocalSessionManager,
     /// Sessions whose client speaks 2025-11-25 tasks.
     legacy: RwLock<HashSet<SessionId>>,
+    /// The standing streams, forgotten here as their sessions close.
+    streams: Streams,
 }
 
 impl Sessions {
+    pub(crate) fn new(streams: Streams) -> Self {
+        Sessions {
+            inner: LocalSessionManager::default(),
+            legacy: RwLock::default(),
+            streams,
+        }
+    }
+
     fn is_legacy(&self, id: &SessionId) -> bool {
         self.legacy
             .read()
@@ -323,6 +332,7 @@ impl SessionManager for Sessions {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
+        self.streams.closed(id);
         self.inner.close_session(id).await
     }
 
@@ -494,16 +504,7 @@ async fn call_2025(
 ) -> Result<Value, McpError> {
     let params: CallToolRequestParams = serde_json::from_value(params)
         .map_err(|e| McpError::invalid_params(format!("tools/call: {e}"), None))?;
-    let tasked = tools::list(&server.host.service)
-        .into_iter()
-        .find_map(|tool| {
-            (tool.name == params.name).then(|| {
-                tool.meta
-                    .as_ref()
-                    .is_some_and(|meta| meta.0.contains_key(TASKS_EXTENSION_ID))
-            })
-        });
-    if tasked == Some(false) {
+    if tools::is_control(&params.name) {
         return Err(McpError::new(
             ErrorCode::METHOD_NOT_FOUND,
             format!(
@@ -516,14 +517,6 @@ async fn call_2025(
     }
     match ServerHandler::call_tool(server, params, context).await? {
         CallToolResponse::Task(created) => Ok(json!({ "task": task_2025(&created.task) })),
-        // Not a task after all (a control): its plain answer.
-        CallToolResponse::Complete(result) => {
-            let mut value = serde_json::to_value(result).unwrap_or_default();
-            if let Some(object) = value.as_object_mut() {
-                object.remove("resultType");
-            }
-            Ok(value)
-        }
         other => Err(McpError::internal_error(
             format!("unexpected answer to a task-augmented call: {other:?}"),
             None,

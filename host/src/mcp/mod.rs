@@ -99,13 +99,28 @@ pub(crate) struct McpHost {
 /// on), by `Mcp-Session-Id`, as its connection told (`http/mcp.rs`): the
 /// questions of the jobs a client follows go out there, so their answers
 /// are checked against that connection, which is open while the client
-/// listens. Forgotten when the client's watcher ends.
+/// listens. Forgotten when rmcp closes the protocol session
+/// (`legacy_tasks::Sessions`), which it does for every session that ends,
+/// idle ones included.
 #[derive(Clone, Default)]
-struct Streams(Arc<Mutex<HashMap<String, Answerer>>>);
+pub(crate) struct Streams(Arc<Mutex<HashMap<String, Answerer>>>);
 
-/// Standing streams [`Streams`] keeps at most; past it one is forgotten
-/// (its questions are then checked against its client's latest call).
-const MAX_STREAMS: usize = 4096;
+impl Streams {
+    fn opened(&self, protocol_session: &str, answerer: Answerer) {
+        self.0
+            .lock_unpoisoned()
+            .insert(protocol_session.to_string(), answerer);
+    }
+
+    fn holder(&self, protocol_session: &str) -> Option<Answerer> {
+        self.0.lock_unpoisoned().get(protocol_session).copied()
+    }
+
+    /// Forgets the stream of a protocol session that ended.
+    pub(crate) fn closed(&self, protocol_session: &str) {
+        self.0.lock_unpoisoned().remove(protocol_session);
+    }
+}
 
 impl McpHost {
     /// The MCP side of a host whose token is `token` (task ids are bound to it).
@@ -156,16 +171,7 @@ impl McpHost {
     /// Notes that `answerer` opened the standing stream of protocol
     /// session `protocol_session` (see [`Streams`]).
     pub(crate) fn stream_opened(&self, protocol_session: &str, answerer: Answerer) {
-        let mut streams = self.streams.0.lock_unpoisoned();
-        // A client that never called a tool is never forgotten by its
-        // watcher (it never named its protocol session): bounded here.
-        if streams.len() >= MAX_STREAMS && !streams.contains_key(protocol_session) {
-            let evicted = streams.keys().next().cloned();
-            if let Some(evicted) = evicted {
-                streams.remove(&evicted);
-            }
-        }
-        streams.insert(protocol_session.to_string(), answerer);
+        self.streams.opened(protocol_session, answerer);
     }
 
     /// A handler for one client. `session`: the Offstage session it joins
@@ -198,11 +204,12 @@ pub(crate) fn http_service(
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(Vec::<String>::new())
         .with_max_request_body_bytes(body_limit);
+    let sessions = Sessions::new(host.streams.clone());
     rmcp::transport::StreamableHttpService::new(
         move || Ok(host.client(None)),
         // rmcp's session manager, which also gives 2025-11-25 clients
         // their tasks (`legacy_tasks.rs`).
-        Arc::new(Sessions::default()),
+        Arc::new(sessions),
         config,
     )
 }
@@ -377,15 +384,8 @@ impl McpServer {
     fn follower_answerer(&self) -> Option<Answerer> {
         let protocol_session = self.link.protocol_session.lock_unpoisoned().clone();
         protocol_session
-            .and_then(|id| self.host.streams.0.lock_unpoisoned().get(&id).copied())
+            .and_then(|id| self.host.streams.holder(&id))
             .or(*self.link.answerer.lock_unpoisoned())
-    }
-
-    /// Forgets this client's standing stream (its watcher ended).
-    fn forget_stream(&self) {
-        if let Some(id) = self.link.protocol_session.lock_unpoisoned().as_ref() {
-            self.host.streams.0.lock_unpoisoned().remove(id);
-        }
     }
 }
 

@@ -83,6 +83,14 @@ pub(super) fn list(service: &SessionService) -> Vec<Tool> {
     tools
 }
 
+/// The names of the job controls, which [`call`] answers itself.
+const CONTROLS: [&str; 5] = ["background", "jobs", "job_output", "cancel_job", "wait_job"];
+
+/// Whether `name` is a job control (it starts no job, so never runs as a task).
+pub(super) fn is_control(name: &str) -> bool {
+    CONTROLS.contains(&name)
+}
+
 /// The job controls, with their schemas.
 fn controls() -> Vec<Tool> {
     let job_id = json!({"type": "string", "description": "The job's id (a moved call's `jobId`)."});

@@ -44,7 +44,6 @@ pub(super) async fn run(server: McpServer, peer: Peer<RoleServer>, mut events: S
             },
             _ = tick.tick() => {
                 if peer.is_transport_closed() {
-                    server.forget_stream();
                     return;
                 }
             }
@@ -158,11 +157,7 @@ pub(super) fn waiting_text(asked: &PermissionRequest) -> String {
 
 /// The open permission question job `job_id` waits on, if any.
 pub(super) fn open_question(service: &SessionService, job_id: &str) -> Option<PermissionRequest> {
-    service
-        .permissions()
-        .pending()
-        .into_iter()
-        .find(|asked| asked.job_id == job_id)
+    service.permissions().pending_of(job_id)
 }
 
 /// Puts a permission question of one of the client's jobs to it: by

@@ -355,6 +355,16 @@ impl Permissions {
         pending.values().map(|p| p.request.clone()).collect()
     }
 
+    /// The open question of job `job_id`, if it has one: a look under the
+    /// lock that copies only that question.
+    pub fn pending_of(&self, job_id: &str) -> Option<PermissionRequest> {
+        let pending = self.pending.lock_unpoisoned();
+        pending
+            .values()
+            .find(|p| p.request.job_id == job_id)
+            .map(|p| p.request.clone())
+    }
+
     /// Withdraws the questions of `session_id` (a removed session), in
     /// case its jobs have not withdrawn them already: nobody can answer
     /// them any more.

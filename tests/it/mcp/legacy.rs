@@ -379,11 +379,12 @@ async fn flow(wire: &mut Wire, server: &Server) -> String {
         );
     }
 
-    // Ttl: forgotten once it passed, the job kept.
+    // Ttl: forgotten once it passed, the job kept. Timed from before the
+    // call that makes the task: its time to live runs from then.
+    let started = Instant::now();
     let short = create(wire, "true", 300).await;
     assert_eq!(short["ttl"], 300);
     let short_id = short["taskId"].as_str().unwrap().to_string();
-    let started = Instant::now();
     loop {
         let answer = wire.request("tasks/get", json!({"taskId": short_id})).await;
         if answer.get("error").is_some() {
