@@ -50,27 +50,21 @@ async fn calls_past_the_cap_in_flight_are_refused_and_the_client_goes_on() {
 
     // A job that runs until cancelled, for MAX_IN_FLIGHT calls to wait on.
     let session = service.list().await.unwrap()[0].id.clone();
-    let started = client
-        .peer()
-        .call_tool(
-            CallToolRequestParams::new("shell").with_arguments(
-                serde_json::from_value(json!({"command": "sleep 60", "background_after_ms": 0}))
-                    .unwrap(),
-            ),
-        )
-        .await
-        .unwrap();
-    let job_id = started.structured_content.unwrap()["jobId"]
+    let job_id = a_job_to_wait_on(&client).await;
+    fill_the_cap_and_probe(&host, &client, &session, &job_id).await;
+}
+
+/// Starts `sleep 60` in the background through `client`; answers its job id.
+async fn a_job_to_wait_on<S: rmcp::service::Service<rmcp::RoleClient>>(
+    client: &rmcp::service::RunningService<rmcp::RoleClient, S>,
+) -> String {
+    let mut params = args(json!({"command": "sleep 60", "background_after_ms": 0}));
+    params.name = "shell".into();
+    let started = client.peer().call_tool(params).await.unwrap();
+    started.structured_content.unwrap()["jobId"]
         .as_str()
         .unwrap()
-        .to_string();
-    let mut waiting = Vec::new();
-    for _ in 0..MAX_IN_FLIGHT {
-        let peer = client.peer().clone();
-        let params = args(json!({"job_id": job_id, "timeout_ms": 60_000}));
-        waiting.push(tokio::spawn(async move { peer.call_tool(params).await }));
-    }
-    fill_the_cap_and_probe(&host, &client, &session, &job_id, waiting).await;
+        .to_string()
 }
 
 /// With [`MAX_IN_FLIGHT`] calls of `client` in flight (`waiting`), waiting
@@ -82,9 +76,14 @@ async fn fill_the_cap_and_probe<S: rmcp::service::Service<rmcp::RoleClient>>(
     client: &rmcp::service::RunningService<rmcp::RoleClient, S>,
     session: &str,
     job_id: &str,
-    waiting: Vec<tokio::task::JoinHandle<Result<rmcp::model::CallToolResult, rmcp::ServiceError>>>,
 ) {
     let service = &host.service;
+    let mut waiting = Vec::new();
+    for _ in 0..MAX_IN_FLIGHT {
+        let peer = client.peer().clone();
+        let params = args(json!({"job_id": job_id, "timeout_ms": 60_000}));
+        waiting.push(tokio::spawn(async move { peer.call_tool(params).await }));
+    }
     // Every one of them in flight...
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while host.in_flight(session) < MAX_IN_FLIGHT {
@@ -195,29 +194,10 @@ async fn a_stateless_client_is_capped_too_and_its_first_requests_make_one_sessio
     assert_eq!(sessions[0].title, "MCP: stateless-capped 1");
     let session = sessions[0].id.clone();
 
-    let started = client
-        .peer()
-        .call_tool(
-            CallToolRequestParams::new("shell").with_arguments(
-                serde_json::from_value(json!({"command": "sleep 60", "background_after_ms": 0}))
-                    .unwrap(),
-            ),
-        )
-        .await
-        .unwrap();
-    let job_id = started.structured_content.unwrap()["jobId"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let job_id = a_job_to_wait_on(&client).await;
     // Each request is an HTTP request of its own, served by a handler of
     // its own: the count is the session's.
-    let mut waiting = Vec::new();
-    for _ in 0..MAX_IN_FLIGHT {
-        let peer = client.peer().clone();
-        let params = args(json!({"job_id": job_id, "timeout_ms": 60_000}));
-        waiting.push(tokio::spawn(async move { peer.call_tool(params).await }));
-    }
-    fill_the_cap_and_probe(&host, &client, &session, &job_id, waiting).await;
+    fill_the_cap_and_probe(&host, &client, &session, &job_id).await;
     assert_eq!(service.list().await.unwrap().len(), 1);
 }
 

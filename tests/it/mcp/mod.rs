@@ -415,3 +415,15 @@ pub(crate) async fn moved_answer(
     assert_eq!(result["_meta"]["dev.offstage/moved"]["jobId"], job_id);
     result
 }
+
+/// A host that asks before `shell` runs `touch *`.
+pub(crate) fn asking_host() -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = offstage_tests::server::write_file(
+        dir.path(),
+        "offstage.toml",
+        "[[permission]]\ntool = \"shell\"\npattern = \"touch *\"\naction = \"ask\"\n",
+    );
+    let server = Server::start(&["--config", config.to_str().unwrap()]);
+    (server, dir)
+}

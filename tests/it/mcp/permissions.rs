@@ -2,21 +2,9 @@
 //! elicitation where the client supports it; otherwise it waits for an
 //! answer from the HTTP API (or attach), and the call's progress says so.
 
-use offstage_tests::server::{write_file, Server};
 use serde_json::json;
 
 use super::*;
-
-fn asking_host() -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_file(
-        dir.path(),
-        "offstage.toml",
-        "[[permission]]\ntool = \"shell\"\npattern = \"touch *\"\naction = \"ask\"\n",
-    );
-    let server = Server::start(&["--config", config.to_str().unwrap()]);
-    (server, dir)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_question_goes_to_an_eliciting_client() {

@@ -16,18 +16,6 @@ use super::*;
 
 const RELATED: &str = "io.modelcontextprotocol/related-task";
 
-/// A host that asks before `shell` runs `touch *`.
-fn asking_host() -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_file(
-        dir.path(),
-        "offstage.toml",
-        "[[permission]]\ntool = \"shell\"\npattern = \"touch *\"\naction = \"ask\"\n",
-    );
-    let server = Server::start(&["--config", config.to_str().unwrap()]);
-    (server, dir)
-}
-
 /// `tools/call` of `shell` with `input` as a task; answers the task as
 /// JSON.
 async fn start_task(client: &Client, input: Value) -> Result<Value, rmcp::ServiceError> {
