@@ -441,6 +441,17 @@ async fn start_tool_answers_once_the_job_exists_and_refuses_as_call_tool_does() 
         assert!(matched, "{kind}: {error:?}");
         assert!(service.job("refused").await.is_err(), "{kind}: no job");
     }
+    // The first job's place is given back once its task is done, which
+    // may come after its notice.
+    eventually("the first job's place given back", || {
+        (service
+            .inner
+            .running_calls
+            .load(std::sync::atomic::Ordering::Acquire)
+            == 0)
+            .then_some(())
+    })
+    .await;
     service.set_max_running(1);
     let mut input = wait_for_flag(&dir.path().join("never"));
     input["background"] = json!(true);
