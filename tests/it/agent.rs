@@ -88,12 +88,27 @@ pub(crate) fn tool_answer<'a>(messages: &'a [Value], call_id: &str) -> &'a Value
         .unwrap_or_else(|| panic!("no answer to {call_id} in {messages:#?}"))
 }
 
-#[test]
-fn one_tool_call_then_two_parallel_calls_with_deltas_usage_and_the_key_never_shown() {
+/// A host whose default agent is a model served by a fresh scripted
+/// server ([`host_on`] with `extra`), and a session on it. The temporary
+/// directory holds the data dir (`DIR/data`) and lives as long as it is kept.
+pub(crate) fn agent_host(extra: &str) -> (ModelServer, tempfile::TempDir, Server, String) {
     let model = ModelServer::start();
     let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
+    let server = host_on(&dir.path().join("data"), &model, extra);
     let id = session(&server);
+    (model, dir, server, id)
+}
+
+/// The text of the tool answer to `call_id` in `messages`.
+pub(crate) fn tool_text<'a>(messages: &'a [Value], call_id: &str) -> &'a str {
+    tool_answer(messages, call_id)["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the answer to {call_id} has no text"))
+}
+
+#[test]
+fn one_tool_call_then_two_parallel_calls_with_deltas_usage_and_the_key_never_shown() {
+    let (model, dir, server, id) = agent_host("");
     let mut events = server.events();
 
     model.script([
@@ -204,14 +219,8 @@ fn one_tool_call_then_two_parallel_calls_with_deltas_usage_and_the_key_never_sho
     assert_eq!(added.last().unwrap()["text"], "both ran");
     let requests = model.wait_requests(4);
     let fourth = requests[3].messages();
-    assert!(tool_answer(fourth, "call_w")["content"]
-        .as_str()
-        .unwrap()
-        .contains("exit code 0\nsaw-it"));
-    assert!(tool_answer(fourth, "call_t")["content"]
-        .as_str()
-        .unwrap()
-        .contains("made"));
+    assert!(tool_text(fourth, "call_w").contains("exit code 0\nsaw-it"));
+    assert!(tool_text(fourth, "call_t").contains("made"));
     // The history of the first turn is sent again, in order.
     assert_eq!(fourth[1]["content"], "run echo one");
 
@@ -263,10 +272,7 @@ fn one_tool_call_then_two_parallel_calls_with_deltas_usage_and_the_key_never_sho
 
 #[test]
 fn a_call_moved_mid_turn_answers_at_once_and_its_notice_waits_for_the_turn_then_wakes_it() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
-    let id = session(&server);
+    let (model, dir, server, id) = agent_host("");
     let gate = dir.path().join("gate");
     let gate = gate.to_str().unwrap();
     let command =
@@ -304,10 +310,7 @@ fn a_call_moved_mid_turn_answers_at_once_and_its_notice_waits_for_the_turn_then_
         );
         // The moved call's result reaches the model at once.
         let requests = model.wait_requests(2);
-        let moved = tool_answer(requests[1].messages(), "call_bg")["content"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let moved = tool_text(requests[1].messages(), "call_bg").to_string();
         assert!(
             moved.starts_with("Moved to the background as job "),
             "{moved}"
@@ -349,10 +352,7 @@ fn a_call_moved_mid_turn_answers_at_once_and_its_notice_waits_for_the_turn_then_
 
 #[test]
 fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("");
     model.script([
         Reply::tool_calls(&[(
             "call_y",
@@ -365,10 +365,7 @@ fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
     let added = prompt(&server, &id, "go");
     assert_eq!(added.last().unwrap()["text"], "it moved");
     let requests = model.wait_requests(3);
-    let moved = tool_answer(requests[1].messages(), "call_y")["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let moved = tool_text(requests[1].messages(), "call_y").to_string();
     assert!(
         moved.starts_with("Moved to the background as job "),
         "{moved}"
@@ -381,7 +378,7 @@ fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
     );
     // The wake-up turn's request is built from the store: the moved
     // call's answer is the one recorded then, not an "interrupted".
-    let stored = tool_answer(wake, "call_y")["content"].as_str().unwrap();
+    let stored = tool_text(wake, "call_y");
     assert!(
         stored.starts_with("Moved to the background as job "),
         "{stored}"
@@ -391,10 +388,7 @@ fn background_after_ms_moves_a_call_by_itself_and_the_notice_wakes_the_model() {
 
 #[test]
 fn interrupt_mid_stream_keeps_the_text_and_answers_open_calls() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("");
     let mut events = server.events();
     model.script([Reply::text(&["Hello", " wor", "ld"]).stopping_after(2, Step::Hang)]);
     thread::scope(|scope| {
@@ -440,10 +434,7 @@ fn interrupt_mid_stream_keeps_the_text_and_answers_open_calls() {
     assert_eq!(added.last().unwrap()["text"], "fine");
     let requests = model.wait_requests(3);
     let last = requests[2].messages();
-    assert!(tool_answer(last, "call_s")["content"]
-        .as_str()
-        .unwrap()
-        .starts_with("Interrupted"));
+    assert!(tool_text(last, "call_s").starts_with("Interrupted"));
     assert!(last
         .iter()
         .any(|m| m["role"] == "assistant" && m["content"] == "Hello wor"));
@@ -451,10 +442,7 @@ fn interrupt_mid_stream_keeps_the_text_and_answers_open_calls() {
 
 #[test]
 fn a_429_is_retried_and_a_401_is_one_clear_message_naming_the_variable() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("");
     model.script([
         Reply::rate_limited(0),
         Reply::status(503, "overloaded"),
@@ -492,10 +480,7 @@ fn a_429_is_retried_and_a_401_is_one_clear_message_naming_the_variable() {
 
 #[test]
 fn malformed_arguments_and_invented_tools_are_answered_to_the_model() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("");
     model.script([
         Reply::tool_calls(&[
             ("call_bad", "shell", r#"{"command": "echo hi""#),
@@ -511,25 +496,19 @@ fn malformed_arguments_and_invented_tools_are_answered_to_the_model() {
     );
     let requests = model.wait_requests(3);
     let second = requests[1].messages();
-    let bad = tool_answer(second, "call_bad")["content"].as_str().unwrap();
+    let bad = tool_text(second, "call_bad");
     assert!(bad.contains("not valid JSON"), "{bad}");
-    let none = tool_answer(second, "call_none")["content"]
-        .as_str()
-        .unwrap();
+    let none = tool_text(second, "call_none");
     assert!(
         none.contains("no tool `browse`") && none.contains("shell"),
         "{none}"
     );
-    let typed = tool_answer(second, "call_type")["content"]
-        .as_str()
-        .unwrap();
+    let typed = tool_text(second, "call_type");
     assert!(
         typed.contains("`command` must be of type string"),
         "{typed}"
     );
-    let good = tool_answer(requests[2].messages(), "call_good")["content"]
-        .as_str()
-        .unwrap();
+    let good = tool_text(requests[2].messages(), "call_good");
     assert!(good.contains("fixed"), "{good}");
 }
 
@@ -560,9 +539,9 @@ fn context_overflow_elides_old_tool_output_and_a_context_error_retries_smaller()
         "only the tools allowed"
     );
     let third = requests[2].messages();
-    let oldest = tool_answer(third, "call_1")["content"].as_str().unwrap();
+    let oldest = tool_text(third, "call_1");
     assert!(oldest.starts_with("[output elided"), "{oldest}");
-    let newest = tool_answer(third, "call_2")["content"].as_str().unwrap();
+    let newest = tool_text(third, "call_2");
     assert!(
         newest.contains(&"x".repeat(4000)),
         "the newest output stays"
@@ -630,10 +609,7 @@ fn a_host_killed_mid_turn_loses_nothing_and_the_restart_wakes_the_model() {
     );
     let requests = model.wait_requests(2);
     let wake = requests[1].messages();
-    assert!(tool_answer(wake, "call_k")["content"]
-        .as_str()
-        .unwrap()
-        .starts_with("Interrupted"));
+    assert!(tool_text(wake, "call_k").starts_with("Interrupted"));
     let notice = wake.last().unwrap()["content"].as_str().unwrap();
     assert!(
         notice.starts_with("[notice]") && notice.contains("host_restarted"),
@@ -712,10 +688,7 @@ fn agent_check_reports_each_line_and_a_missing_variable_stops_the_start() {
 
 #[test]
 fn max_steps_ends_a_turn_that_keeps_calling_tools() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "max_steps = 2");
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("max_steps = 2");
     model.script([
         Reply::tool_calls(&[("s1", "shell", r#"{"command":"echo 1"}"#)]),
         Reply::tool_calls(&[("s2", "shell", r#"{"command":"echo 2"}"#)]),
@@ -730,9 +703,7 @@ fn max_steps_ends_a_turn_that_keeps_calling_tools() {
     model.script([Reply::text(&["ok"])]);
     prompt(&server, &id, "next");
     let requests = model.wait_requests(3);
-    let answer = tool_answer(requests[2].messages(), "s2")["content"]
-        .as_str()
-        .unwrap();
+    let answer = tool_text(requests[2].messages(), "s2");
     assert!(answer.starts_with("Not run"), "{answer}");
 }
 
@@ -741,10 +712,7 @@ fn max_steps_ends_a_turn_that_keeps_calling_tools() {
 /// the store and the events.
 #[test]
 fn a_models_command_does_not_get_the_key() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(&dir.path().join("data"), &model, "");
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("");
     let command = format!("echo \"key=${KEY_ENV}.\"");
     model.script([
         Reply::tool_calls(&[(
@@ -756,10 +724,7 @@ fn a_models_command_does_not_get_the_key() {
     ]);
     prompt(&server, &id, "print the key");
     let requests = model.wait_requests(2);
-    let answer = tool_answer(requests[1].messages(), "call_k")["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let answer = tool_text(requests[1].messages(), "call_k").to_string();
     assert!(
         answer.contains("key=."),
         "the command did not run: {answer}"
