@@ -7,7 +7,11 @@
 //! The harness runs its own runtime and blocks, so these are plain
 //! `#[test]`s.
 
-use std::{panic::AssertUnwindSafe, process::Command};
+use std::{
+    panic::AssertUnwindSafe,
+    process::Command,
+    sync::{Mutex, MutexGuard},
+};
 
 use offstage_plugin_test::{
     event::{JobBackgrounded, JobFinished},
@@ -16,8 +20,21 @@ use offstage_plugin_test::{
 use offstage_tests::{fixtures, plugin_library};
 use serde_json::json;
 
+/// Held by each test here that loads the template: the harness captures
+/// a plugin's log lines by its name, process-wide (plugin-test's
+/// `logs.rs`), so two of them at once would each see the other's lines and
+/// the isolated test could pass on lines its child never sent.
+static ONE_TEMPLATE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn one_template_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_TEMPLATE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Every part of the harness on the template, loaded as `builder` says.
 fn drive_the_template(builder: offstage_plugin_test::Builder, isolation: Isolation) {
+    let _alone = one_template_at_a_time();
     let host = builder
         .options(json!({ "slow_ms": 50 }))
         .grant(["tool.add", "tool.wrap", "events"])
@@ -40,17 +57,23 @@ fn drive_the_template(builder: offstage_plugin_test::Builder, isolation: Isolati
 
     // A call started, moved to the background while it runs, and its end:
     // the caller's answer, the job, the notice and the wake that follow.
-    let call = host.start(
-        &session,
-        "shell",
-        json!({ "command": "sleep 0.5; echo late" }),
+    // Held on a file, so that it is still running when it is moved.
+    let gate = tempfile::tempdir().unwrap();
+    let go = gate.path().join("go");
+    let command = format!(
+        "while [ ! -e '{}' ]; do sleep 0.01; done; echo late",
+        go.display()
     );
+    let call = host.start(&session, "shell", json!({ "command": command }));
     let job_id = call.job_id().to_string();
     call.wait_running();
     let moved = host.background(&session, &job_id);
     assert_eq!(moved.len(), 1, "{moved:?}");
     let answered = call.wait();
     assert_eq!(answered.status, ToolStatus::Backgrounded, "{answered:?}");
+    // The plugin's wrapper saw it outlive `slow_ms`; then it may end.
+    host.wait_log("slow shell call");
+    std::fs::write(&go, "").unwrap();
     let job = host.wait_job(&job_id);
     assert_eq!((job.status, job.exit_code), (JobStatus::Completed, Some(0)));
     let notices = host.wait_notices(&session, 1);
@@ -64,7 +87,6 @@ fn drive_the_template(builder: offstage_plugin_test::Builder, isolation: Isolati
     assert_eq!(finished.exit_code, Some(0));
     assert_eq!(host.events_of::<JobBackgrounded>().len(), 1);
     assert_eq!(host.events("job.backgrounded").len(), 1);
-    host.wait_log("slow shell call");
     host.wait_log("job finished");
 
     // A reload: the next generation, handed what the last one counted.
@@ -93,6 +115,7 @@ fn the_harness_drives_the_template_isolated() {
 /// the host never publishes, which lists the types it does.
 #[test]
 fn a_plugin_that_does_not_load_says_why() {
+    let _alone = one_template_at_a_time();
     let withheld = TestHost::builder()
         .grant(["tool.add", "events"])
         .try_load(fixtures::template_library())
@@ -153,6 +176,7 @@ fn plugin_check_refuses_a_subscription_to_an_unknown_type() {
 /// plugin's status, the last events and the plugin's log.
 #[test]
 fn a_failed_wait_shows_what_the_host_saw() {
+    let _alone = one_template_at_a_time();
     let host = TestHost::builder()
         .patience(std::time::Duration::from_millis(200))
         .load(fixtures::template_library());
