@@ -197,6 +197,7 @@ pub struct SessionDeleted {
 
 /// `session.status`: a session's turn started or ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SessionStatusChanged {
     /// The session.
     pub session_id: String,

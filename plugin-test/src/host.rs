@@ -730,7 +730,7 @@ impl Call<'_> {
         &self.job_id
     }
 
-    /// Waits until the job exists and runs (the host has started it).
+    /// Waits until the job exists (the host has started it).
     #[track_caller]
     pub fn wait_running(&self) -> Job {
         self.host.wait(&format!("job {} to run", self.job_id), || {

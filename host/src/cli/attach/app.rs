@@ -20,7 +20,7 @@ use super::{
 };
 
 /// Most bytes of live output kept per running job.
-const TAIL_BYTES: usize = 4096;
+pub(crate) const TAIL_BYTES: usize = 4096;
 /// How the status lines about the queue begin.
 const QUEUED: &str = "queued";
 /// How long a prompt whose answer was lost waits before it is sent again
@@ -673,9 +673,21 @@ impl App {
         self.now = now;
         self.ticks += 1;
         let mut actions = Vec::new();
-        let running: Vec<String> = self.running().map(|j| j.id.clone()).collect();
-        for id in running {
-            let tail = self.tails.entry(id.clone()).or_default();
+        // A new tail starts near the end of what the job wrote so far: only
+        // the last TAIL_BYTES are shown, so reading a long output from its
+        // start would show its old lines as live for a while.
+        let running: Vec<(String, u64)> = self
+            .running()
+            .map(|j| {
+                let end = j.output_bytes.unwrap_or(0);
+                (j.id.clone(), end.saturating_sub(TAIL_BYTES as u64))
+            })
+            .collect();
+        for (id, start) in running {
+            let tail = self.tails.entry(id.clone()).or_insert_with(|| Tail {
+                offset: start,
+                ..Tail::default()
+            });
             if !tail.loading {
                 tail.loading = true;
                 actions.push(Action::FetchOutput {

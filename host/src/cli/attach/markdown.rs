@@ -193,7 +193,7 @@ impl Builder {
 
     fn start(&mut self, tag: Tag<'_>) {
         match tag {
-            Tag::Paragraph | Tag::HtmlBlock | Tag::TableRow | Tag::TableHead => {
+            Tag::Paragraph | Tag::HtmlBlock => {
                 self.flush(false);
             }
             Tag::Heading { level, .. } => {
@@ -254,7 +254,6 @@ impl Builder {
                 list.width = marker.width();
                 self.marker = Some(marker);
             }
-            Tag::TableCell => self.text(" │ ", self.styles.mark()),
             Tag::Emphasis => self.push_inline(|s| s.add_modifier(Modifier::ITALIC)),
             Tag::Strong => self.push_inline(|s| s.add_modifier(Modifier::BOLD)),
             Tag::Strikethrough => self.push_inline(|s| s.add_modifier(Modifier::CROSSED_OUT)),
@@ -271,7 +270,6 @@ impl Builder {
                 self.flush(false);
                 self.gap = true;
             }
-            TagEnd::TableRow | TagEnd::TableHead => self.flush(false),
             TagEnd::Heading(_) => {
                 self.inline.pop();
                 self.flush(false);
@@ -297,7 +295,6 @@ impl Builder {
                 // A tight list's items follow each other without a gap.
                 self.gap = false;
             }
-            TagEnd::TableCell => {}
             TagEnd::Emphasis
             | TagEnd::Strong
             | TagEnd::Strikethrough

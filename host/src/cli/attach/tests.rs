@@ -7,7 +7,7 @@ use ratatui::{backend::TestBackend, style::Color, Terminal};
 use serde_json::{json, Value};
 
 use super::{
-    app::{App, Connection},
+    app::{App, Connection, TAIL_BYTES},
     events::{Action, CallError, Msg, OutputChunk},
     ui,
 };
@@ -1190,4 +1190,22 @@ fn escape_sequences_in_output_are_shown_not_obeyed() {
             "a control character reached the screen: {cell:?}"
         );
     }
+}
+
+#[test]
+fn a_running_jobs_live_output_starts_near_the_end_of_what_it_wrote() {
+    let mut app = attached(true);
+    let mut long = job_json("job_9", "running", false);
+    long["output_bytes"] = json!(50_000_000u64);
+    app.apply(Msg::Event(
+        json!({"type": "job.started", "properties": long}),
+    ));
+    assert_eq!(
+        app.apply(tick()),
+        vec![Action::FetchOutput {
+            job_id: "job_9".into(),
+            offset: 50_000_000 - TAIL_BYTES as u64,
+            pager: false
+        }]
+    );
 }
