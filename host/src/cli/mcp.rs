@@ -44,11 +44,14 @@ use crate::mcp::{
 /// How long a host started here has to answer its health check.
 const START_WAIT: Duration = Duration::from_secs(20);
 
+/// How long a host is looked for after the one started here exited.
+const EXITED_GRACE: Duration = Duration::from_secs(3);
+
 /// How long closing the session with the host may take.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// The longest line read from stdin: the API's body limit.
-const MAX_LINE: usize = 1024 * 1024;
+const MAX_LINE: usize = crate::http::extract::BODY_LIMIT;
 
 /// Flags of `offstage mcp`.
 #[derive(Debug, clap::Args)]
@@ -290,24 +293,34 @@ fn ensure_host(
         .spawn()
         .map_err(|e| format!("cannot start offstage serve: {e}"))?;
     let started = Instant::now();
+    let mut exited = None;
     while started.elapsed() < START_WAIT {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "the host started for {server} exited ({status}); see {}",
-                log_path.display()
-            ));
-        }
         if healthy(server) {
             // Reaped by nobody: it is the user's host now, not our child.
             drop(child);
             return Ok(());
         }
+        // Exited: most often another `offstage mcp`, started at the same
+        // moment, started the host first (the data dir is locked, the
+        // port taken); that host answers soon. Only if none answers
+        // within EXITED_GRACE is this the error.
+        match exited {
+            None => exited = child.try_wait().ok().flatten().map(|s| (s, Instant::now())),
+            Some((_, at)) if at.elapsed() > EXITED_GRACE => break,
+            Some(_) => {}
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!(
-        "the host started for {server} did not answer within {START_WAIT:?}; see {}",
-        log_path.display()
-    ))
+    Err(match exited {
+        Some((status, _)) => format!(
+            "the host started for {server} exited ({status}) and none answers; see {}",
+            log_path.display()
+        ),
+        None => format!(
+            "the host started for {server} did not answer within {START_WAIT:?}; see {}",
+            log_path.display()
+        ),
+    })
 }
 
 /// Whether `GET /api/health` answers 200.

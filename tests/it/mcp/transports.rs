@@ -92,18 +92,32 @@ async fn offstage_mcp_starts_a_host_when_none_answers() {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let url = format!("http://127.0.0.1:{port}");
-    let mut child = tokio::process::Command::new(offstage_binary())
-        .args(["mcp", "--server", &url, "--data-dir"])
-        .arg(&data_dir)
-        .env_remove("OFFSTAGE_TOKEN")
-        .env_remove("OFFSTAGE_SERVER")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let start_bridge = || {
+        tokio::process::Command::new(offstage_binary())
+            .args(["mcp", "--server", &url, "--data-dir"])
+            .arg(&data_dir)
+            .env_remove("OFFSTAGE_TOKEN")
+            .env_remove("OFFSTAGE_SERVER")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    // Two at the same moment, as a client that starts its servers
+    // together does: both start a host, one host wins, both bridges use it.
+    let mut child = start_bridge();
+    let mut twin = start_bridge();
     let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = Recorder::new("starter").serve(transport).await.unwrap();
+    let twin_transport = (twin.stdout.take().unwrap(), twin.stdin.take().unwrap());
+    let (client, twin_client) = tokio::join!(
+        Recorder::new("starter").serve(transport),
+        Recorder::new("twin").serve(twin_transport)
+    );
+    let (client, twin_client) = (client.unwrap(), twin_client.unwrap());
+    call_json(&twin_client, "jobs", json!({})).await;
+    twin_client.cancel().await.unwrap();
+    drop(twin);
     let result = call_json(
         &client,
         "shell",
