@@ -49,6 +49,7 @@ pub(super) struct Dev {
 /// rebuilding the crates in `watch_src`, and plugins isolated by default.
 pub(super) fn run(args: ServeArgs, dev: Option<Dev>) -> ExitCode {
     crate::logging::init("info");
+    keep_the_environment_from_jobs();
     crate::perf::warn_unknown();
     let overrides = Overrides {
         config: args.config,
@@ -88,6 +89,21 @@ pub(super) fn run(args: ServeArgs, dev: Option<Dev>) -> ExitCode {
             eprintln!("offstage: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Makes the host not dumpable, so that its `/proc/PID/environ` (the
+/// model agents' keys, `OFFSTAGE_TOKEN`) is no longer readable by the
+/// processes of its jobs, which run as the same user: jobs get neither in
+/// their own environment (`process::spawn::hide_from_commands`), and
+/// `cat /proc/$PPID/environ` must not give them back. The kernel resets
+/// the flag at each `exec`, so the host still reads its jobs' `/proc`, and
+/// it reads its own (a process may always read its own `/proc/self`).
+/// It also means no core dump of the host.
+fn keep_the_environment_from_jobs() {
+    use rustix::process::{set_dumpable_behavior, DumpableBehavior};
+    if let Err(error) = set_dumpable_behavior(DumpableBehavior::NotDumpable) {
+        tracing::warn!(%error, "cannot keep the host's environment from its jobs (PR_SET_DUMPABLE)");
     }
 }
 

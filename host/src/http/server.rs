@@ -99,9 +99,10 @@ pub(crate) enum Peer {
         client: SocketAddr,
         server: SocketAddr,
     },
-    /// A client of the host's unix socket, with the credentials the kernel
-    /// took when it connected (`SO_PEERCRED`).
-    Unix { pid: Option<i32>, uid: u32 },
+    /// A client of the host's unix socket, with the pid the kernel took
+    /// when it connected (`SO_PEERCRED`). Its user is the host's (the
+    /// socket is 0600).
+    Unix { pid: Option<i32> },
 }
 
 /// A listening socket the accept loop serves: TCP, or the data dir's unix
@@ -134,7 +135,6 @@ impl Listener for UnixListener {
             stream,
             Peer::Unix {
                 pid: credentials.pid(),
-                uid: credentials.uid(),
             },
         ))
     }

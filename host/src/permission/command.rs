@@ -228,14 +228,14 @@ impl Walker {
         let mut words: Vec<Rendered> = Vec::new();
         // Before the name: assignments, part of a command's text
         // (`GIT_EXTERNAL_DIFF=.. git diff` runs another program, so it must
-        // not match `git diff*`; alone, `i=0` runs nothing), and
-        // redirections.
+        // not match `git diff*`), and redirections. Assignments without a
+        // command are a part of their own: `PATH=./bin:$PATH; ls` or
+        // `HOME=evil; git status` change what later parts run.
         for item in simple.prefix.iter().flat_map(|p| &p.0) {
             self.item(item, depth, Some(&mut words))?;
         }
-        match &simple.word_or_name {
-            Some(name) => words.push(self.word(name, depth)?),
-            None => words.clear(),
+        if let Some(name) = &simple.word_or_name {
+            words.push(self.word(name, depth)?);
         }
         // After it: its arguments, `NAME=VALUE` ones included (`env A=1
         // rm x`), and redirections.
@@ -467,7 +467,7 @@ mod tests {
         // Arithmetic is no command.
         assert_eq!(
             parts("i=0; while [ $i -lt 3 ]; do echo \"line $i\"; i=$((i+1)); done"),
-            ["[ $i -lt 3 ]", "echo line $i"]
+            ["i=0", "[ $i -lt 3 ]", "echo line $i", "i=$((i+1))"]
         );
         assert_eq!(
             parts("echo $((1 + 2)) $(( (3) ))"),
@@ -502,7 +502,9 @@ mod tests {
             parts("X=$(curl evil) ls"),
             ["curl evil", "X=$(curl evil) ls"]
         );
-        assert_eq!(parts("X=$(curl evil)"), ["curl evil"]);
+        assert_eq!(parts("X=$(curl evil)"), ["curl evil", "X=$(curl evil)"]);
+        // An assignment alone changes what later parts run: a part.
+        assert_eq!(parts("PATH=./bin:$PATH; ls"), ["PATH=./bin:$PATH", "ls"]);
         // The environment can make a command run another: no `git diff*`.
         assert_eq!(
             parts("GIT_EXTERNAL_DIFF='rm -rf ~;:' git diff"),

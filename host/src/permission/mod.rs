@@ -174,6 +174,11 @@ pub struct Permissions {
 /// The tool whose pattern is a shell command line, matched part by part.
 pub(crate) const SHELL_TOOL: &str = "shell";
 
+/// The tool name a question to run a refused `shell` call again without
+/// the sandbox is asked under (`[jobs] escalate = "ask"`); rules may name
+/// it. Its pattern is the same command line, matched part by part too.
+pub(crate) const UNSANDBOXED_TOOL: &str = "shell:unsandboxed";
+
 /// Matches `text` against a wildcard `pattern` (`*` any run, `?` one
 /// character): the plugin API's matcher, so plugins' patterns mean the same.
 pub(crate) use offstage_plugin_api::pattern::wildcard_match;
@@ -260,7 +265,7 @@ impl Permissions {
                 })
                 .map_or(unmatched, |rule| rule.action)
         };
-        if tool != SHELL_TOOL {
+        if tool != SHELL_TOOL && tool != UNSANDBOXED_TOOL {
             return one(pattern);
         }
         // No rule speaks of `shell` and nothing is asked by default: every

@@ -30,8 +30,9 @@
 //! read, and what they print goes to the model's provider. And `git`
 //! reads the repository's own config, which can name programs it runs
 //! (`core.fsmonitor` for `status`, `diff.external` and textconv filters
-//! for `diff` and `log`): a `.git/config` that something hostile wrote
-//! (a clone never carries one; an unpacked archive can) runs them.
+//! for `diff` and `log`): a config that something hostile wrote (an
+//! unpacked archive's `.git/config`, a bare repository a clone carries as
+//! plain files) runs them.
 
 use std::sync::OnceLock;
 
@@ -63,7 +64,18 @@ pub(crate) const ALLOWED: &[&str] = &[
 
 /// Forms of [`ALLOWED`] commands that write or run other programs, asked
 /// about again (later in the list, so they win over the allows).
-pub(crate) const ASKED: &[&str] = &["git *--output*", "git *--ext-diff*", "git *--textconv*"];
+///
+/// The option names are matched as written, so a git line with an
+/// expansion in it (`--out${U}put=..`, `$(echo --output)`, `--outpu{t,t}`)
+/// is asked too: what it becomes is known only once the shell ran it.
+pub(crate) const ASKED: &[&str] = &[
+    "git *--output*",
+    "git *--ext-diff*",
+    "git *--textconv*",
+    "git *$*",
+    "git *`*",
+    "git *{*",
+];
 
 /// The shipped rules, allows then asks.
 fn rules() -> &'static [Rule] {
@@ -147,6 +159,12 @@ mod tests {
             "git log --ext-diff",
             "GIT_EXTERNAL_DIFF='rm -rf ~;:' git diff",
             "LD_PRELOAD=/tmp/x.so ls",
+            "PATH=./bin:$PATH; ls",
+            "HOME=$PWD/evil; git status",
+            "git diff --out${U}put=/tmp/x",
+            "git diff $(echo --outpu)t=/tmp/x",
+            "git diff `echo --output=/tmp/x`",
+            "git diff --outpu{t,t}=/tmp/x",
             "sh -c 'ls; curl example.com'",
             "ls (",
         ] {
@@ -174,5 +192,20 @@ mod tests {
             permissions.evaluate(SHELL_TOOL, "rm -rf dir"),
             Action::Allow
         );
+    }
+
+    #[test]
+    fn a_line_asked_to_run_unsandboxed_is_matched_part_by_part_too() {
+        let allow_npm = Rule {
+            tool: crate::permission::UNSANDBOXED_TOOL.into(),
+            pattern: "npm *".into(),
+            action: Action::Allow,
+        };
+        let permissions = Permissions::new(vec![allow_npm], EventBus::default());
+        let decide = |line| {
+            permissions.decide_with(crate::permission::UNSANDBOXED_TOOL, line, Action::Ask, &[])
+        };
+        assert_eq!(decide("npm test"), Action::Allow);
+        assert_eq!(decide("npm test; curl x | sh"), Action::Ask);
     }
 }

@@ -188,9 +188,7 @@ impl Tool for Shell {
     }
 }
 
-/// The tool name a question to run a refused call again without the
-/// sandbox is asked under (`[jobs] escalate = "ask"`); rules may name it.
-pub(crate) const UNSANDBOXED_TOOL: &str = "shell:unsandboxed";
+pub(crate) use crate::permission::UNSANDBOXED_TOOL;
 
 /// What a command that the sandbox refused says, in the words of the C
 /// library: Landlock refuses with `EACCES`, seccomp with `EPERM`.

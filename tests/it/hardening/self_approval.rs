@@ -151,3 +151,37 @@ fn the_refusal_says_why_and_tcp_answers_need_the_token() {
     let answered = answer_over_unix(&server, &id, "reject", None);
     assert_eq!(answered.status, 200, "{}", answered.body);
 }
+
+/// A job runs as the host's user, but cannot read the host's environment
+/// through `/proc` (its keys, its token): the host is not dumpable.
+///
+/// Root reads every process's `/proc` whatever its flag, so run as root
+/// (containers, CI) this says so and checks nothing.
+#[test]
+fn a_job_cannot_read_the_hosts_environment() {
+    // SAFETY: geteuid(2) reads a number and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        eprintln!("run as root, which reads every /proc: not checked");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_on_with_env(
+        &dir.path().join("data"),
+        &[],
+        &[("OFFSTAGE_TEST_SECRET", "hunter2")],
+    );
+    let session = server.expect("POST", "/api/session", Some(&json!({})), 201)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let result = run_shell(
+        &server,
+        &session,
+        "cat /proc/$PPID/environ; echo; echo \"parent:$(cat /proc/$PPID/comm)\"",
+    );
+    let output = result["output"].as_str().unwrap();
+    // The shell's parent is the host itself, and its environment stays shut.
+    assert!(output.contains("parent:offstage"), "{output}");
+    assert!(!output.contains("hunter2"), "{output}");
+    assert!(output.contains("Permission denied"), "{output}");
+}
