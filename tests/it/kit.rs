@@ -54,6 +54,16 @@ fn drive_the_template(builder: offstage_plugin_test::Builder, isolation: Isolati
         (result.status, result.output.as_str()),
         (ToolStatus::Completed, "hi")
     );
+    // Input that breaks the tool's schema is refused by the host before
+    // the tool sees it (the template's tool does not check `text`).
+    let refused = host
+        .try_call(&session, "my_tool", json!({ "text": 5 }))
+        .expect_err("refused by the schema");
+    assert!(
+        matches!(&refused, offstage_plugin_test::ServiceError::InvalidInput(m)
+            if m.contains("`text` must be of type string")),
+        "{refused:?}"
+    );
 
     // A call started, moved to the background while it runs, and its end:
     // the caller's answer, the job, the notice and the wake that follow.

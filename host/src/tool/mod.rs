@@ -9,6 +9,7 @@
 //! when a wrapper that started it is lost.
 
 pub(crate) mod chain;
+pub(crate) mod schema;
 pub(crate) mod shell;
 
 use crate::util::RwLockExt;

@@ -38,7 +38,7 @@ use crate::{
     },
     session::{JobEntry, SessionService},
     store::{self, StoreError, Ticket},
-    tool::{ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
+    tool::{schema, ForegroundPolicy, JobContext, OnTimeout, Tool, ToolWrapper},
     util::LockExt,
 };
 
@@ -333,6 +333,12 @@ impl SessionService {
     ) -> Result<CheckedCall> {
         self.shared_session(session_id)?;
         let (tool, wrappers) = self.inner.tools.chain_for_call(&request.tool)?;
+        // The tool's schema, for every caller alike (`tool/schema.rs`).
+        if let Some(schema) = tool.input_schema() {
+            schema::check(&request.input, &schema).map_err(|problem| {
+                ServiceError::InvalidInput(format!("{} input: {problem}", request.tool))
+            })?;
+        }
         let policy = tool.policy(&request.input)?;
         // A caller's id is checked here, in the service, so HTTP and
         // plugins share the rule; it never names a file (`file_id`).

@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use futures_util::future::join_all;
 use offstage_plugin_api::types::{AgentTurn, Message, Role, ToolRequest, ToolResult};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{
     agent::Agent,
@@ -95,24 +95,18 @@ impl ModelAgent {
     }
 
     /// The tools the model is offered, with their schemas.
-    fn tool_defs(&self, service: &SessionService) -> Vec<(ToolDef, Option<Value>)> {
+    fn tool_defs(&self, service: &SessionService) -> Vec<ToolDef> {
         service
             .tools()
             .list()
             .into_iter()
             .filter(|tool| self.allows(&tool.name))
-            .map(|tool| {
-                let schema = tool.input_schema.clone();
-                (
-                    ToolDef {
-                        parameters: schema
-                            .clone()
-                            .unwrap_or_else(|| json!({ "type": "object" })),
-                        name: tool.name,
-                        description: tool.description,
-                    },
-                    schema,
-                )
+            .map(|tool| ToolDef {
+                parameters: tool
+                    .input_schema
+                    .unwrap_or_else(|| json!({ "type": "object" })),
+                name: tool.name,
+                description: tool.description,
             })
             .collect()
     }
@@ -147,16 +141,8 @@ impl ModelAgent {
         let mut step = 0;
         loop {
             let tools = self.tool_defs(&service);
-            let schemas: Vec<(String, Option<Value>)> = tools
-                .iter()
-                .map(|(def, schema)| (def.name.clone(), schema.clone()))
-                .collect();
-            let request = history::build(
-                self.settings.system.as_deref(),
-                &history,
-                tools.into_iter().map(|(def, _)| def).collect(),
-                budget,
-            );
+            let offered: Vec<String> = tools.iter().map(|def| def.name.clone()).collect();
+            let request = history::build(self.settings.system.as_deref(), &history, tools, budget);
             let reply_id = new_id("msg");
             let partial = Arc::new(Mutex::new(String::new()));
             in_flight.partial = Some((reply_id.clone(), partial.clone()));
@@ -264,11 +250,15 @@ impl ModelAgent {
                 });
             }
             let answers = join_all(calls.iter().map(|(call, job)| {
-                let schema = schemas
-                    .iter()
-                    .find(|(name, _)| *name == call.name)
-                    .map(|(_, schema)| schema.clone());
-                self.call(&service, &session_id, call, job, schema, &in_flight.calls)
+                let is_offered = offered.contains(&call.name);
+                self.call(
+                    &service,
+                    &session_id,
+                    call,
+                    job,
+                    is_offered,
+                    &in_flight.calls,
+                )
             }))
             .await;
             for answer in answers {
@@ -285,15 +275,15 @@ impl ModelAgent {
         session_id: &str,
         call: &ToolCall,
         job_id: &str,
-        schema: Option<Option<Value>>,
+        is_offered: bool,
         open: &Mutex<Vec<(ToolCall, String)>>,
     ) -> Result<Message> {
         let answered = || open.lock_unpoisoned().retain(|(c, _)| c.id != call.id);
-        let Some(schema) = schema else {
+        if !is_offered {
             let names: Vec<String> = self
                 .tool_defs(service)
                 .into_iter()
-                .map(|(def, _)| def.name)
+                .map(|def| def.name)
                 .collect();
             let text = format!(
                 "There is no tool `{}`. The tools are: {}.",
@@ -304,8 +294,8 @@ impl ModelAgent {
                 own_tool_message(service, session_id, call, job_id, &text, "unknown_tool").await;
             answered();
             return message;
-        };
-        let input = match args::check(&call.arguments, schema.as_ref()) {
+        }
+        let input = match args::parse(&call.arguments) {
             Ok(input) => input,
             Err(problem) => {
                 let text = format!("The call was not made: {problem}.");
@@ -335,6 +325,20 @@ impl ModelAgent {
         match result {
             // The job system recorded the tool message; this is its copy.
             Ok(result) => Ok(result_message(session_id, &call.name, &result)),
+            // Input the tool's schema (or the tool) refuses: not made, and
+            // said so as for arguments that are not JSON.
+            Err(crate::error::ServiceError::InvalidInput(problem)) => {
+                let text = format!("The call was not made: {problem}.");
+                own_tool_message(
+                    service,
+                    session_id,
+                    call,
+                    job_id,
+                    &text,
+                    "invalid_arguments",
+                )
+                .await
+            }
             Err(error) => {
                 let text = format!("The call was refused: {error}");
                 own_tool_message(service, session_id, call, job_id, &text, error.code()).await
