@@ -458,6 +458,18 @@ fn a_429_is_retried_and_a_401_is_one_clear_message_naming_the_variable() {
     assert_eq!(reply["metadata"]["error"], "model_unauthorized");
     assert_eq!(model.requests().len(), 4, "a 401 is not retried");
 
+    // A server (or proxy) that echoes the key in its refusal: the key is
+    // not in the message that is stored, shown and sent to the model later.
+    model.script([Reply::status(401, &format!("bad key Bearer {KEY}"))]);
+    let reply = prompt(&server, &id, "and again").last().unwrap().clone();
+    let text = reply["text"].as_str().unwrap();
+    assert!(!text.contains(KEY), "{text}");
+    assert!(text.contains("<redacted>"), "{text}");
+    model.script([Reply::text(&["fine"])]);
+    prompt(&server, &id, "once more");
+    let later = model.wait_requests(6).pop().unwrap();
+    assert!(!later.body.to_string().contains(KEY), "{}", later.body);
+
     // A stream cut mid-answer: the text so far is kept, one message says
     // what happened.
     model.script([Reply::text(&["half ", "an ", "answer"]).stopping_after(2, Step::Cut)]);

@@ -118,7 +118,12 @@ impl OpenAi {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<u64>().ok())
                         .map(Duration::from_secs);
-                    let detail = error_detail(response).await;
+                    let detail = error_detail(
+                        response,
+                        self.settings.request_timeout,
+                        self.settings.api_key.as_ref().map_or("", |k| k.expose()),
+                    )
+                    .await;
                     if status == 401 || status == 403 {
                         return Err(ModelError::Unauthorized {
                             server: server(),
@@ -157,7 +162,18 @@ impl OpenAi {
         on_delta: DeltaSink<'_>,
     ) -> Result<Completion, ModelError> {
         let response = self.send(&self.body(request)).await?;
-        let mut events = response.bytes_stream().eventsource();
+        // Bounded: a server that sends without end (or one event without
+        // its blank line) cuts the answer rather than the host's memory.
+        let mut read = 0usize;
+        let body = response.bytes_stream().map(move |piece| {
+            let piece = piece.map_err(BodyError::Read)?;
+            read += piece.len();
+            if read > MAX_ANSWER_BYTES {
+                return Err(BodyError::TooLarge);
+            }
+            Ok(piece)
+        });
+        let mut events = body.eventsource();
         let mut gather = Gather::default();
         loop {
             let next = tokio::time::timeout(self.settings.request_timeout, events.next()).await;
@@ -241,13 +257,47 @@ fn message_json(message: &ChatMessage) -> Value {
     }
 }
 
+/// The most an answer's body may hold: far past any real answer.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// The most of a refusal's body that is read.
+const MAX_REFUSAL_BYTES: usize = 64 * 1024;
+
+/// Why an answer's body stopped.
+#[derive(Debug, thiserror::Error)]
+enum BodyError {
+    #[error("{0}")]
+    Read(reqwest::Error),
+    #[error("the answer passed {MAX_ANSWER_BYTES} bytes")]
+    TooLarge,
+}
+
 /// A server's refusal, as a short line: `error.message` when the body is
-/// the API's error object, else the body's start.
-async fn error_detail(response: reqwest::Response) -> String {
-    let text = response.text().await.unwrap_or_default();
-    match serde_json::from_str::<Value>(&text) {
+/// the API's error object, else the body's start. At most
+/// [`MAX_REFUSAL_BYTES`] are read, within `wait`; the key never appears in
+/// it, even from a server (or proxy) that echoes the request's headers,
+/// for the line is stored and shown.
+async fn error_detail(mut response: reqwest::Response, wait: Duration, key: &str) -> String {
+    let mut body = Vec::new();
+    let read = async {
+        while let Ok(Some(piece)) = response.chunk().await {
+            body.extend_from_slice(&piece);
+            if body.len() >= MAX_REFUSAL_BYTES {
+                body.truncate(MAX_REFUSAL_BYTES);
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait, read).await;
+    let text = String::from_utf8_lossy(&body);
+    let line = match serde_json::from_str::<Value>(&text) {
         Ok(value) if value.get("error").is_some() => error_message(&value["error"]),
         _ => shorten(text.trim(), 300),
+    };
+    if key.is_empty() {
+        line
+    } else {
+        line.replace(key, "<redacted>")
     }
 }
 
@@ -386,15 +436,27 @@ impl Gather {
             if let Some(reason) = choice.finish_reason {
                 self.finish_reason = Some(reason);
             }
-            for delta in [choice.delta, choice.message].into_iter().flatten() {
-                if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
-                    on_delta(&text);
-                    self.text.push_str(&text);
-                }
-                for call in delta.tool_calls.unwrap_or_default() {
-                    self.add_call(call);
+            // A whole `message` (servers that do not stream) counts only
+            // when no delta came: one that ends its stream with both must
+            // not have its text and arguments taken twice.
+            if let Some(delta) = choice.delta {
+                self.add_delta(delta, on_delta);
+            }
+            if let Some(message) = choice.message {
+                if self.text.is_empty() && self.calls.is_empty() {
+                    self.add_delta(message, on_delta);
                 }
             }
+        }
+    }
+
+    fn add_delta(&mut self, delta: Delta, on_delta: DeltaSink<'_>) {
+        if let Some(text) = delta.content.filter(|t| !t.is_empty()) {
+            on_delta(&text);
+            self.text.push_str(&text);
+        }
+        for call in delta.tool_calls.unwrap_or_default() {
+            self.add_call(call);
         }
     }
 
@@ -446,13 +508,16 @@ impl Gather {
                 "the stream ended before the answer did (no finish_reason, no [DONE])".into(),
             ));
         }
+        // Each call's id names its answer: none empty, none twice.
+        let mut seen = std::collections::HashSet::new();
         let tool_calls = self
             .calls
             .into_iter()
             .map(|(index, mut call)| {
-                if call.id.is_empty() {
+                if call.id.is_empty() || seen.contains(&call.id) {
                     call.id = format!("call_{index}");
                 }
+                seen.insert(call.id.clone());
                 call
             })
             .collect();
@@ -509,6 +574,29 @@ mod tests {
         assert_eq!(done.tool_calls[0].arguments, r#"{"command":"ls"}"#);
         assert_eq!(done.tool_calls[1].id, "x");
         assert_eq!(done.usage, None);
+    }
+
+    #[test]
+    fn a_chunk_with_both_delta_and_message_is_taken_once() {
+        let done = gather(&[
+            r#"{"choices":[{"delta":{"content":"he","tool_calls":[{"index":0,"id":"a","function":{"name":"shell","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"content":"llo"},"message":{"content":"hello","tool_calls":[{"index":0,"id":"a","function":{"name":"shell","arguments":"{}"}}]},"finish_reason":"stop"}]}"#,
+        ]);
+        assert_eq!(done.text, "hello");
+        assert_eq!(done.tool_calls[0].arguments, "{}");
+        // A server that does not stream: the whole message counts.
+        let whole =
+            gather(&[r#"{"choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}"#]);
+        assert_eq!(whole.text, "hi");
+    }
+
+    #[test]
+    fn a_tool_call_id_used_twice_is_made_unique() {
+        let done = gather(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"same","function":{"name":"shell","arguments":"{}"}},{"index":1,"id":"same","function":{"name":"shell","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
+        ]);
+        assert_eq!(done.tool_calls[0].id, "same");
+        assert_eq!(done.tool_calls[1].id, "call_1");
     }
 
     #[test]
