@@ -66,19 +66,18 @@ pub(super) fn build(
     request
 }
 
+/// The estimated size of one message in tokens.
+fn message_size(m: &ChatMessage) -> usize {
+    4 + estimate_tokens(&m.content)
+        + m.tool_calls
+            .iter()
+            .map(|c| estimate_tokens(&c.name) + estimate_tokens(&c.arguments))
+            .sum::<usize>()
+}
+
 /// The estimated size of `request` in tokens.
 pub(super) fn estimate(request: &ChatRequest) -> usize {
-    let messages: usize = request
-        .messages
-        .iter()
-        .map(|m| {
-            4 + estimate_tokens(&m.content)
-                + m.tool_calls
-                    .iter()
-                    .map(|c| estimate_tokens(&c.name) + estimate_tokens(&c.arguments))
-                    .sum::<usize>()
-        })
-        .sum();
+    let messages: usize = request.messages.iter().map(message_size).sum();
     let tools: usize = request
         .tools
         .iter()
@@ -303,17 +302,21 @@ fn elide(request: &mut ChatRequest, budget: usize) {
         }
         index
     };
-    let mut dropped = 0;
-    while size > budget && start < newest(&request.messages) {
-        request.messages.remove(start);
-        dropped += 1;
+    // Counted first, then dropped in one go: the sizes of what goes are
+    // subtracted, so a long history costs one pass, not one per message.
+    let keep_from = newest(&request.messages);
+    let mut end = start;
+    while size > budget && end < keep_from {
+        size -= message_size(&request.messages[end]);
+        end += 1;
         // Answers whose call just went, go too.
-        while start < newest(&request.messages) && request.messages[start].role == ChatRole::Tool {
-            request.messages.remove(start);
-            dropped += 1;
+        while end < keep_from && request.messages[end].role == ChatRole::Tool {
+            size -= message_size(&request.messages[end]);
+            end += 1;
         }
-        size = estimate(request);
     }
+    let dropped = end - start;
+    request.messages.drain(start..end);
     if dropped > 0 {
         request.messages.insert(
             start,
