@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::{sync::oneshot, task::AbortHandle};
 
 use super::{
-    usage::{self, Reached},
+    usage::{self, Caps, Reached},
     SessionService, State,
 };
 use crate::{error::Result, error::ServiceError};
@@ -237,7 +237,13 @@ impl SessionService {
             // apply. Past one, the notices stay in the inbox for the next
             // prompt's turn, and the session says why once.
             let agent_name = entry.session.agent.clone();
-            if let Some(agent) = self.inner.agents.get(&agent_name) {
+            // An agent without caps (most): nothing to count.
+            let capped = self
+                .inner
+                .agents
+                .get(&agent_name)
+                .filter(|agent| agent.caps() != Caps::default());
+            if let Some(agent) = capped {
                 let messages: Vec<&Message> = entry.messages.iter().map(|m| &**m).collect();
                 if let Some(reached) = agent.caps().reached(&messages, SystemTime::now()) {
                     if !entry.cap_said && !usage::said_since_prompt(messages.into_iter()) {
