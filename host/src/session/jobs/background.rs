@@ -425,12 +425,7 @@ pub(super) fn caller_message(job: &Job, result: &ToolResult, created_at: String)
         &job.session_id,
         Role::Tool,
         &result.output,
-        json!({
-            "job_id": result.job_id,
-            "tool": job.kind,
-            "status": result.status,
-            "exit_code": result.exit_code,
-        }),
+        super::tool_answer_metadata(&result.job_id, &job.kind, result.status, result.exit_code),
         created_at,
     )
 }

@@ -396,6 +396,23 @@ fn marker_prefix_of(dir: &std::path::Path) -> String {
     format!("{hash:016x}.")
 }
 
+/// The metadata of the tool message that answers a call: which job, of
+/// which tool, how it ended. One shape for the job system's own records
+/// and the model agent's copy of them.
+pub(crate) fn tool_answer_metadata(
+    job_id: &str,
+    tool: &str,
+    status: offstage_plugin_api::types::ToolStatus,
+    exit_code: Option<i32>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": job_id,
+        "tool": tool,
+        "status": status,
+        "exit_code": exit_code,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicBool;

@@ -211,12 +211,7 @@ impl SessionService {
                 &job.session_id,
                 Role::Tool,
                 tail,
-                json!({
-                    "job_id": job.id,
-                    "tool": job.kind,
-                    "status": status,
-                    "exit_code": job.exit_code,
-                }),
+                super::tool_answer_metadata(&job.id, &job.kind, status, job.exit_code),
             )
         });
         let record = job.clone();

@@ -411,12 +411,12 @@ fn result_message(session_id: &str, tool: &str, result: &ToolResult) -> Message 
         session_id,
         Role::Tool,
         &result.output,
-        json!({
-            "job_id": result.job_id,
-            "tool": tool,
-            "status": result.status,
-            "exit_code": result.exit_code,
-        }),
+        crate::session::jobs::tool_answer_metadata(
+            &result.job_id,
+            tool,
+            result.status,
+            result.exit_code,
+        ),
     )
 }
 
