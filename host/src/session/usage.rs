@@ -49,34 +49,39 @@ impl SessionUsage {
     pub(crate) fn of<'a>(messages: impl IntoIterator<Item = &'a Message>) -> Self {
         let mut usage = SessionUsage::default();
         for message in messages {
-            let meta = &message.metadata;
-            match message.role {
-                Role::Assistant => {
-                    let counted = match meta.get("usage").filter(|u| u.is_object()) {
-                        Some(reported) => Some(reported),
-                        None => meta
-                            .get("estimated_usage")
-                            .filter(|u| u.is_object())
-                            .inspect(|_| usage.estimated = true),
-                    };
-                    if let Some(counted) = counted {
-                        usage.input_tokens += tokens(counted, "prompt_tokens");
-                        usage.output_tokens += tokens(counted, "completion_tokens");
-                    }
-                    match meta.get("turn").and_then(Value::as_str) {
-                        Some("wake") => {
-                            usage.turns += 1;
-                            usage.wake_turns += 1;
-                        }
-                        Some(_) => usage.turns += 1,
-                        None => {}
-                    }
-                }
-                Role::Tool if meta.get("backgrounded").is_none() => usage.tool_calls += 1,
-                _ => {}
-            }
+            usage.add(message);
         }
         usage
+    }
+
+    /// Counts one more message of the history in.
+    pub(crate) fn add(&mut self, message: &Message) {
+        let meta = &message.metadata;
+        match message.role {
+            Role::Assistant => {
+                let counted = match meta.get("usage").filter(|u| u.is_object()) {
+                    Some(reported) => Some(reported),
+                    None => meta
+                        .get("estimated_usage")
+                        .filter(|u| u.is_object())
+                        .inspect(|_| self.estimated = true),
+                };
+                if let Some(counted) = counted {
+                    self.input_tokens += tokens(counted, "prompt_tokens");
+                    self.output_tokens += tokens(counted, "completion_tokens");
+                }
+                match meta.get("turn").and_then(Value::as_str) {
+                    Some("wake") => {
+                        self.turns += 1;
+                        self.wake_turns += 1;
+                    }
+                    Some(_) => self.turns += 1,
+                    None => {}
+                }
+            }
+            Role::Tool if meta.get("backgrounded").is_none() => self.tool_calls += 1,
+            _ => {}
+        }
     }
 
     /// Input plus output: what `max_tokens_per_session` caps.

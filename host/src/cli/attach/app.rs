@@ -336,8 +336,8 @@ impl App {
         // The whole message replaces what streamed of it.
         self.streams.retain(|s| s.message_id != message.id);
         if !self.messages.iter().any(|m| m.id == message.id) {
+            self.usage.add(&message);
             self.messages.push(message);
-            self.usage = SessionUsage::of(&self.messages);
             self.scroll = 0;
         }
     }
