@@ -2,19 +2,21 @@
 //! what a job runs cannot answer the questions asked about it
 //! (docs/reference.md, "Answers come from outside every job").
 //!
-//! Only the jobs' own processes are looked at, as a fresh sighting finds
-//! them (`sighting.rs`): a check costs what the running jobs have, not
-//! what the machine runs.
+//! The jobs' own processes are looked at first, as a fresh sighting finds
+//! them (`sighting.rs`).
 //!
 //! - A unix socket's client is named by the kernel (`SO_PEERCRED`): it is
 //!   inside a job when it, or one of its ancestors, is one of the jobs'
-//!   processes, or it carries a job marker (`OFFSTAGE_JOB`).
+//!   processes, when it descends from the host (a job's process that left
+//!   its tree is reparented to the host, a subreaper), or when it carries
+//!   a job marker (`OFFSTAGE_JOB`).
 //! - A loopback TCP client is found through its socket: the entry of
 //!   `/proc/net/tcp` (or `tcp6`) whose local end is the client's address
-//!   and whose remote end is the host's names the socket's inode, and a
-//!   job's process holding a descriptor of that inode (`/proc/PID/fd`) is
-//!   the client. A socket that cannot be found (its client already closed
-//!   it) cannot be cleared, so it counts as unknown.
+//!   and whose remote end is the host's names the socket's inode, and the
+//!   process holding a descriptor of that inode (`/proc/PID/fd`) is the
+//!   client, placed as a unix client is. A socket that cannot be found
+//!   (its client already closed it) cannot be cleared, so it counts as
+//!   unknown.
 
 use std::{collections::HashSet, net::SocketAddr};
 
@@ -56,12 +58,17 @@ pub(crate) fn process_origin(pid: i32) -> Origin {
         return Origin::Job(pid);
     }
     let jobs = job_processes();
+    let host = std::process::id() as i32;
     let mut current = pid;
     for _ in 0..MAX_ANCESTORS {
         if jobs.contains(&current) {
             return Origin::Job(pid);
         }
         match read_stat(current) {
+            // Below the host: a job's process that left its tree (the host
+            // is a subreaper, so every orphan of a job becomes its child),
+            // or a plugin's. Never an answerer from outside.
+            Some(stat) if stat.ppid == host => return Origin::Job(pid),
             Some(stat) if stat.ppid > 1 => current = stat.ppid,
             Some(_) => return Origin::Outside,
             None if current == pid => {
@@ -84,17 +91,31 @@ pub(crate) fn tcp_origin(client: SocketAddr, server: SocketAddr) -> Origin {
         ));
     };
     let wanted = format!("socket:[{inode}]");
-    for pid in job_processes() {
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == &*wanted) {
-                return Origin::Job(pid);
-            }
-        }
+    let holds = |pid: i32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.flatten().any(|fd| {
+                std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == &*wanted)
+            })
+        })
+    };
+    // The jobs' own processes first (cheap); then whoever holds it, which
+    // is inside a job if it descends from the host (`process_origin`): a
+    // process that left its job's tree still does. Answers are rare, so
+    // reading every process's descriptors here costs little.
+    if let Some(pid) = job_processes().into_iter().find(|&pid| holds(pid)) {
+        return Origin::Job(pid);
     }
-    Origin::Outside
+    let holder = std::fs::read_dir("/proc").ok().and_then(|entries| {
+        entries
+            .flatten()
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+            .find(|&pid| holds(pid))
+    });
+    match holder.map(|pid| (pid, process_origin(pid))) {
+        Some((pid, Origin::Job(_))) => Origin::Job(pid),
+        Some((_, Origin::Unknown(why))) => Origin::Unknown(why),
+        _ => Origin::Outside,
+    }
 }
 
 /// The inode of the socket whose local end is `client` and remote end
@@ -204,5 +225,29 @@ mod tests {
     #[test]
     fn this_process_is_outside_every_job() {
         assert_eq!(process_origin(std::process::id() as i32), Origin::Outside);
+    }
+
+    /// A process below the host that no job's sighting holds (one that
+    /// left its job's tree, reparented to the host) is a job's, over the
+    /// unix socket and over TCP alike. This test process is the host.
+    #[test]
+    fn a_process_below_the_host_is_never_outside() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = listener.local_addr().unwrap();
+        let stream = TcpStream::connect(server).unwrap();
+        let client = stream.local_addr().unwrap();
+        // The child holds the client's socket (as its stdin); this
+        // process's copy is closed once it is started.
+        let fd = std::os::fd::OwnedFd::from(stream);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(std::process::Stdio::from(fd))
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        assert_eq!(process_origin(pid), Origin::Job(pid));
+        assert_eq!(tcp_origin(client, server), Origin::Job(pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 }
