@@ -18,7 +18,7 @@ use offstage_tests::{
 };
 use serde_json::{json, Value};
 
-use crate::agent::{host_on, messages, prompt, session};
+use crate::agent::{agent_host, host_on, messages, prompt, session};
 
 /// Two shell calls moved to the background at once; `fast` ends at once,
 /// `slow` only once the test creates `gate`, so each gets its own wake-up
@@ -135,16 +135,9 @@ fn max_wake_turns_stops_the_second_wake_up_once_and_a_prompt_still_runs() {
 
 #[test]
 fn max_tokens_per_session_stops_wake_ups_and_is_said_once() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
     // Each scripted answer reports 11 + 7 tokens: the prompt's two answers
     // (36) pass 30.
-    let server = host_on(
-        &dir.path().join("data"),
-        &model,
-        "max_tokens_per_session = 30",
-    );
-    let id = session(&server);
+    let (model, dir, server, id) = agent_host("max_tokens_per_session = 30");
     let mut events = server.events();
     let gate = dir.path().join("gate");
     model.script([
@@ -185,14 +178,7 @@ fn max_tokens_per_session_stops_wake_ups_and_is_said_once() {
 
 #[test]
 fn a_server_without_usage_is_counted_by_estimate_and_still_capped() {
-    let model = ModelServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let server = host_on(
-        &dir.path().join("data"),
-        &model,
-        "max_tokens_per_session = 1",
-    );
-    let id = session(&server);
+    let (model, _dir, server, id) = agent_host("max_tokens_per_session = 1");
     let mut events = server.events();
     model.script([
         Reply::tool_calls(&[(

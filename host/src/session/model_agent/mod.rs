@@ -295,19 +295,24 @@ impl ModelAgent {
             answered();
             return message;
         }
+        // Arguments that are not JSON, or input the tool's schema (or the
+        // tool) refuses: not made, said so the model can try again.
+        let not_made = |problem: String| async move {
+            let text = format!("The call was not made: {problem}.");
+            own_tool_message(
+                service,
+                session_id,
+                call,
+                job_id,
+                &text,
+                "invalid_arguments",
+            )
+            .await
+        };
         let input = match args::parse(&call.arguments) {
             Ok(input) => input,
             Err(problem) => {
-                let text = format!("The call was not made: {problem}.");
-                let message = own_tool_message(
-                    service,
-                    session_id,
-                    call,
-                    job_id,
-                    &text,
-                    "invalid_arguments",
-                )
-                .await;
+                let message = not_made(problem).await;
                 answered();
                 return message;
             }
@@ -325,20 +330,7 @@ impl ModelAgent {
         match result {
             // The job system recorded the tool message; this is its copy.
             Ok(result) => Ok(result_message(session_id, &call.name, &result)),
-            // Input the tool's schema (or the tool) refuses: not made, and
-            // said so as for arguments that are not JSON.
-            Err(crate::error::ServiceError::InvalidInput(problem)) => {
-                let text = format!("The call was not made: {problem}.");
-                own_tool_message(
-                    service,
-                    session_id,
-                    call,
-                    job_id,
-                    &text,
-                    "invalid_arguments",
-                )
-                .await
-            }
+            Err(crate::error::ServiceError::InvalidInput(problem)) => not_made(problem).await,
             Err(error) => {
                 let text = format!("The call was refused: {error}");
                 own_tool_message(service, session_id, call, job_id, &text, error.code()).await
