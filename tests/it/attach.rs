@@ -188,6 +188,18 @@ impl Attached {
         })
     }
 
+    /// Waits until `holds` says yes of the screen (`what` names it); returns it.
+    fn wait_until(&self, what: &str, holds: impl Fn(&str) -> bool) -> String {
+        eventually_showing(what, || {
+            let screen = self.screen();
+            if holds(&screen) {
+                Ok(screen)
+            } else {
+                Err(rows(&screen))
+            }
+        })
+    }
+
     fn send(&mut self, bytes: &[u8]) {
         let mut writer = self.writer.lock().unwrap();
         writer.write_all(bytes).unwrap();
@@ -675,16 +687,18 @@ fn a_long_permission_question_shows_whole_with_its_keys_and_wraps_at_words_when_
     // Narrower and shorter: rows wrap again at words; the job's id in its
     // notice line stays whole.
     attach.resize(20, 50);
-    let screen = attach.wait_for(&["w059", "✓ exit 0", "idle"]);
+    // The terminal cuts its old rows at the new width at once; the client
+    // redraws them wrapped a moment later: wait for the redraw (its last
+    // row of the command holds the last words, whole), then check it.
+    let last = &words[words.len() - 10..];
+    let screen = attach.wait_until("the screen redrawn at 50 columns", |screen| {
+        let shown: Vec<&str> = screen.split_whitespace().collect();
+        screen.contains("✓ exit 0")
+            && screen.contains("idle")
+            && last.iter().all(|word| shown.contains(&word.as_str()))
+    });
     for line in screen.lines() {
         assert!(line.chars().count() <= 50, "{line:?} wider than 50");
-    }
-    let shown: Vec<&str> = screen.split_whitespace().collect();
-    for word in &words[words.len() - 10..] {
-        assert!(
-            shown.contains(&word.as_str()),
-            "{word} split at 50 columns:\n{screen}"
-        );
     }
     attach.resize(24, 80);
     attach.wait_for(&["$ echo w000 w001"]);
